@@ -1,0 +1,2 @@
+//! harvester-cloud: cloud-config API and load balancers for guest clusters on Harvester.
+#![forbid(unsafe_code)]
