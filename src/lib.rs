@@ -1,2 +1,13 @@
-//! harvester-cloud: cloud-config API and load balancers for guest clusters on Harvester.
+//! harvester-cloud: cloud-config API and load balancers for guest Kubernetes clusters on SUSE
+//! Virtualization (Harvester).
 #![forbid(unsafe_code)]
+
+pub mod app;
+pub mod auth;
+pub mod certs;
+pub mod config;
+pub mod http;
+pub mod issuer;
+pub mod kubeconfig;
+pub mod store;
+pub mod validation;

@@ -1,0 +1,182 @@
+//! Command line and environment: every flag also reads a `HARVESTER_CLOUD_*` variable.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::store::embedded::Durability;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "harvester-cloud",
+    version,
+    about = "Cloud-config API and load balancers for guest Kubernetes clusters on SUSE Virtualization (Harvester)"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct GlobalArgs {
+    /// Directory of the embedded store: SQLite database, signing keys, TLS material, admin token.
+    #[arg(long, env = "HARVESTER_CLOUD_DATA_DIR", default_value = "./data", global = true)]
+    pub data_dir: PathBuf,
+    /// Log line format.
+    #[arg(long, env = "HARVESTER_CLOUD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// Log filter in tracing's EnvFilter syntax, e.g. `info` or `info,harvester_cloud=debug`.
+    #[arg(long, env = "HARVESTER_CLOUD_LOG", default_value = "info", global = true)]
+    pub log: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP API on the embedded store.
+    Serve(ServeArgs),
+    /// Manage admin API tokens of the embedded store.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token and print it (the only time its secret is shown).
+    Create {
+        /// Lifetime, e.g. `30m`, `12h`, `90d`; without it the token does not expire.
+        #[arg(long, env = "HARVESTER_CLOUD_TOKEN_TTL", value_parser = parse_duration)]
+        ttl: Option<Duration>,
+        /// A note on what the token is for.
+        #[arg(long, env = "HARVESTER_CLOUD_TOKEN_DESCRIPTION", default_value = "")]
+        description: String,
+    },
+    /// List tokens (names and state, never secrets).
+    List,
+    /// Revoke a token by name; requests with it are refused within a second.
+    Revoke {
+        /// The token name, `token-xxxxx`.
+        name: String,
+    },
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "HARVESTER_CLOUD_LISTEN", default_value = "127.0.0.1:8443")]
+    pub listen: SocketAddr,
+    /// Serve plain HTTP (behind a TLS-terminating proxy) instead of HTTPS.
+    #[arg(long, env = "HARVESTER_CLOUD_HTTP", conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub http: bool,
+    /// PEM certificate chain to serve instead of the generated self-signed one.
+    #[arg(long, env = "HARVESTER_CLOUD_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, env = "HARVESTER_CLOUD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Harvester VIP: kubeconfigs point at `https://<vip>:6443`. Stored in the `vip` ConfigMap.
+    /// Defaults to 127.0.0.1 on a fresh embedded store.
+    #[arg(long, env = "HARVESTER_CLOUD_VIP", value_parser = parse_ip)]
+    pub vip: Option<String>,
+    /// Server URL written into kubeconfigs verbatim, instead of the VIP's.
+    #[arg(long, env = "HARVESTER_CLOUD_SERVER_URL", value_parser = parse_server_url)]
+    pub server_url: Option<String>,
+    /// PEM CA bundle written into kubeconfigs, instead of the service's own CA.
+    #[arg(long, env = "HARVESTER_CLOUD_CLUSTER_CA_FILE")]
+    pub cluster_ca_file: Option<PathBuf>,
+    /// Issuer (`iss`) of the service-account tokens minted here, and the base URL of the OpenID
+    /// discovery documents. Defaults to this service's own URL.
+    #[arg(long, env = "HARVESTER_CLOUD_ISSUER_URL")]
+    pub issuer_url: Option<String>,
+    /// Namespace of Harvester's `vip` ConfigMap.
+    #[arg(long, env = "HARVESTER_CLOUD_HARVESTER_NAMESPACE", default_value = "harvester-system")]
+    pub harvester_namespace: String,
+    /// How long a POST waits for a service-account token before answering 504.
+    #[arg(long, env = "HARVESTER_CLOUD_TOKEN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub token_timeout: Duration,
+    /// SQLite durability: `full` makes every acknowledged write survive power loss.
+    #[arg(long, env = "HARVESTER_CLOUD_DURABILITY", value_enum, default_value_t = Durability::Full)]
+    pub durability: Durability,
+    /// After SIGTERM or Ctrl-C, how long in-flight requests may take before the process exits.
+    #[arg(long, env = "HARVESTER_CLOUD_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+}
+
+/// `500ms`, `30s`, `5m`, `12h`, `90d`, or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 30s, 5m, 12h or 90d"))?;
+    let secs = |k: u64| n.checked_mul(k).map(Duration::from_secs);
+    match unit {
+        "ms" => Some(Duration::from_millis(n)),
+        "" | "s" => secs(1),
+        "m" => secs(60),
+        "h" => secs(3600),
+        "d" => secs(86_400),
+        _ => None,
+    }
+    .ok_or_else(|| format!("{s:?} is not a duration like 30s, 5m, 12h or 90d"))
+}
+
+fn parse_ip(s: &str) -> Result<String, String> {
+    s.parse::<std::net::IpAddr>()
+        .map(|ip| ip.to_string())
+        .map_err(|_| format!("invalid vip {s}: it must be an IPv4 or IPv6 address"))
+}
+
+fn parse_server_url(s: &str) -> Result<String, String> {
+    let uri: axum::http::Uri = s.parse().map_err(|e| format!("invalid server URL {s:?}: {e}"))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("https" | "http"), Some(_)) => Ok(s.to_string()),
+        _ => Err(format!("invalid server URL {s:?}: it must be an absolute http(s) URL")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(90 * 86_400)));
+        for bad in ["", "x", "5w", "-1s", "1.5h"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn server_urls_and_vips() {
+        assert!(parse_server_url("https://rancher.example/k8s/clusters/local").is_ok());
+        assert!(parse_server_url("rancher.example").is_err());
+        assert!(parse_server_url("ftp://x").is_err());
+        assert_eq!(parse_ip("2001:db8::1"), Ok("2001:db8::1".into()));
+        assert!(parse_ip("not-an-ip").is_err());
+    }
+
+    #[test]
+    fn cli_parses_with_defaults() {
+        let cli = Cli::try_parse_from(["harvester-cloud", "serve"]).unwrap();
+        let Command::Serve(args) = cli.command else { panic!("serve") };
+        assert_eq!(args.listen, "127.0.0.1:8443".parse().unwrap());
+        assert_eq!(cli.global.data_dir, PathBuf::from("./data"));
+        assert!(Cli::try_parse_from(["harvester-cloud", "serve", "--http", "--tls-cert", "x", "--tls-key", "y"]).is_err());
+        assert!(Cli::try_parse_from(["harvester-cloud", "serve", "--tls-cert", "x"]).is_err());
+    }
+}

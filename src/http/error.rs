@@ -1,0 +1,136 @@
+//! The one place that decides status codes. Errors are JSON in Rancher's API error shape,
+//! `{"type":"error","status":<n>,"code":"<Code>","message":"…"}`; 5xx bodies never carry internals
+//! (those go to the log, inside the request's span).
+
+use axum::{
+    Json,
+    http::{HeaderValue, Method, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde::Serialize;
+use tracing::{error, warn};
+
+use crate::{
+    auth::AuthError,
+    kubeconfig::{CloudConfigError, RequestError},
+    store::StoreError,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Unauthorized(#[from] AuthError),
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error(transparent)]
+    CloudConfig(#[from] CloudConfigError),
+    #[error("request body is larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("cannot read the request body: {reason}")]
+    BadBody { reason: String },
+    #[error("method {method} is not allowed on {path}; allowed: {}", allowed.join(", "))]
+    MethodNotAllowed {
+        method: Method,
+        path: String,
+        allowed: Vec<&'static str>,
+    },
+    #[error("no route for {path}")]
+    NotFound { path: String },
+    #[error("{what} is not available: {reason}")]
+    Unavailable { what: &'static str, reason: String },
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    #[serde(rename = "type")]
+    type_: &'static str,
+    status: u16,
+    code: &'a str,
+    message: String,
+}
+
+/// The error shape for a status, code and message.
+pub fn error_response(status: StatusCode, code: &str, message: String) -> Response {
+    let body = Body {
+        type_: "error",
+        status: status.as_u16(),
+        code,
+        message,
+    };
+    (status, Json(body)).into_response()
+}
+
+fn store_status(e: &StoreError) -> (StatusCode, &'static str) {
+    match e {
+        StoreError::NotFound { .. } => (StatusCode::NOT_FOUND, "NotFound"),
+        StoreError::AlreadyExists { .. } | StoreError::Conflict { .. } => (StatusCode::CONFLICT, "Conflict"),
+        StoreError::Invalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
+        StoreError::TokenTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout"),
+        StoreError::Gone | StoreError::Backend(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
+    }
+}
+
+impl ApiError {
+    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
+        use CloudConfigError as C;
+        match self {
+            ApiError::Unauthorized(AuthError::Backend(_)) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
+            ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "Unauthorized"),
+            ApiError::Request(_) => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
+            ApiError::CloudConfig(e) => match e {
+                C::ClusterRoleNotFound { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
+                C::ServerUrl { .. } | C::Generate { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
+                C::NotFound { .. } => (StatusCode::NOT_FOUND, "NotFound"),
+                C::Foreign { .. } => (StatusCode::CONFLICT, "Conflict"),
+                C::TokenTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout"),
+                C::Store { source, .. } => store_status(source),
+            },
+            ApiError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge"),
+            ApiError::BadBody { .. } => (StatusCode::BAD_REQUEST, "InvalidBodyContent"),
+            ApiError::MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+            ApiError::NotFound { .. } => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable"),
+        }
+    }
+
+    /// What the client is told. Store failures behind a 5xx are summarised; the detail is logged.
+    fn public_message(&self) -> String {
+        match self {
+            ApiError::CloudConfig(CloudConfigError::Store { step, source })
+                if store_status(source).0.is_server_error() && !matches!(source, StoreError::TokenTimeout { .. }) =>
+            {
+                format!("{step}: internal error, see the server log")
+            }
+            ApiError::Unauthorized(AuthError::Backend(_)) => "authentication failed: internal error, see the server log".into(),
+            ApiError::Unavailable { what, .. } => format!("{what} is not available"),
+            other => other.to_string(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        if status.is_server_error() {
+            error!(status = status.as_u16(), error = %self, source = ?std::error::Error::source(&self), "request failed");
+        } else if let ApiError::Unauthorized(e) = &self {
+            warn!(reason = e.reason(), "authentication failed");
+        }
+        let mut response = error_response(status, code, self.public_message());
+        match &self {
+            ApiError::Unauthorized(_) if status == StatusCode::UNAUTHORIZED => {
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"harvester-cloud\""),
+                );
+            }
+            ApiError::MethodNotAllowed { allowed, .. } => {
+                if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {
+                    response.headers_mut().insert(header::ALLOW, v);
+                }
+            }
+            _ => {}
+        }
+        response
+    }
+}

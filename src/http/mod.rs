@@ -1,0 +1,223 @@
+//! The HTTP API: routing, authentication of callers, and the handlers that call the domain.
+//!
+//! Every route is declared once in [`build`], which also records the path and methods so the
+//! OpenAPI contract test can compare the router with `openapi/openapi.yaml`.
+
+pub mod error;
+pub mod tls;
+
+use std::sync::Arc;
+
+use axum::{
+    Json, Router,
+    body::Bytes,
+    extract::{DefaultBodyLimit, FromRequestParts, OriginalUri, RawQuery, State, rejection::BytesRejection},
+    http::{HeaderValue, Method, StatusCode, header, request::Parts},
+    response::{IntoResponse, Response},
+    routing::{MethodRouter, get},
+};
+use tower_http::{
+    request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer},
+    trace::TraceLayer,
+};
+use tracing::{Level, debug};
+
+pub use error::ApiError;
+
+use crate::{
+    auth::{self, Authenticator, Principal},
+    issuer::Issuer,
+    kubeconfig::{self, AccountRequest, CloudConfig, OutputFormat, render},
+    store::ObjectStore,
+};
+
+/// Largest request body accepted (Harvester's clients send a few hundred bytes).
+pub const BODY_LIMIT: usize = 64 * 1024;
+pub const KUBECONFIG_PATH: &str = "/v1/harvester/kubeconfig";
+
+#[derive(Clone)]
+pub struct AppState {
+    pub cloud_config: Arc<CloudConfig>,
+    pub authenticator: Arc<dyn Authenticator>,
+    pub store: Arc<dyn ObjectStore>,
+    /// The service-account token issuer, when this backend mints tokens itself.
+    pub issuer: Option<Arc<Issuer>>,
+}
+
+/// A route as declared: its path and the methods it serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteSpec {
+    pub path: &'static str,
+    pub methods: Vec<&'static str>,
+}
+
+struct Routes {
+    router: Router<AppState>,
+    table: Vec<RouteSpec>,
+}
+
+impl Routes {
+    fn add(mut self, path: &'static str, methods: &[&'static str], route: MethodRouter<AppState>) -> Self {
+        let allowed: Vec<&'static str> = methods.to_vec();
+        let fallback_allowed = allowed.clone();
+        let route = route.fallback(move |method: Method, OriginalUri(uri): OriginalUri| {
+            let allowed = fallback_allowed.clone();
+            async move {
+                ApiError::MethodNotAllowed {
+                    method,
+                    path: uri.path().to_string(),
+                    allowed,
+                }
+            }
+        });
+        self.router = self.router.route(path, route);
+        self.table.push(RouteSpec { path, methods: allowed });
+        self
+    }
+}
+
+/// The router and the table of what it serves.
+pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
+    let routes = Routes {
+        router: Router::new(),
+        table: Vec::new(),
+    }
+    .add(KUBECONFIG_PATH, &["GET", "POST"], get(get_kubeconfig).post(post_kubeconfig))
+    .add("/healthz", &["GET"], get(healthz))
+    .add("/readyz", &["GET"], get(readyz))
+    .add("/.well-known/openid-configuration", &["GET"], get(openid_configuration))
+    .add("/openid/v1/jwks", &["GET"], get(jwks));
+
+    let router = routes
+        .router
+        .fallback(|OriginalUri(uri): OriginalUri| async move {
+            ApiError::NotFound {
+                path: uri.path().to_string(),
+            }
+        })
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &axum::http::Request<_>| {
+                    let id = req
+                        .headers()
+                        .get("x-request-id")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default();
+                    // The path only: a query string is the caller's business, not the log's.
+                    tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
+                })
+                .on_request(())
+                .on_response(tower_http::trace::DefaultOnResponse::new().level(Level::DEBUG))
+                .on_failure(()),
+        )
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .with_state(state);
+    (router, routes.table)
+}
+
+pub fn router(state: AppState) -> Router {
+    build(state).0
+}
+
+/// An authenticated admin caller.
+pub struct Admin(pub Principal);
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let header = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .ok_or(auth::AuthError::Missing)?;
+        let token = header
+            .to_str()
+            .ok()
+            .and_then(auth::token::from_authorization)
+            .ok_or(auth::AuthError::Malformed)?;
+        let principal = state.authenticator.authenticate(&token).await?;
+        debug!(principal = %principal.name, "authenticated");
+        Ok(Admin(principal))
+    }
+}
+
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge { limit: BODY_LIMIT }
+        } else {
+            ApiError::BadBody {
+                reason: rejection.body_text(),
+            }
+        }
+    })
+}
+
+fn cloud_config_response(req: &AccountRequest, kubeconfig: &str) -> Response {
+    match req.output {
+        OutputFormat::CloudInit => (
+            [(header::CONTENT_TYPE, HeaderValue::from_static("application/x-yaml; charset=utf-8"))],
+            render::cloud_init(kubeconfig),
+        )
+            .into_response(),
+        OutputFormat::Kubeconfig => (
+            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            render::go_json_string(kubeconfig),
+        )
+            .into_response(),
+    }
+}
+
+async fn post_kubeconfig(
+    State(state): State<AppState>,
+    _admin: Admin,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_bytes(body)?;
+    let req = kubeconfig::request::from_json(&body)?;
+    let kubeconfig = state.cloud_config.ensure(&req).await?;
+    Ok(cloud_config_response(&req, &kubeconfig))
+}
+
+async fn get_kubeconfig(
+    State(state): State<AppState>,
+    _admin: Admin,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let req = kubeconfig::request::from_query(query.as_deref())?;
+    let kubeconfig = state.cloud_config.fetch(&req).await?;
+    Ok(cloud_config_response(&req, &kubeconfig))
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(state): State<AppState>) -> Result<&'static str, ApiError> {
+    state.store.ping().await.map_err(|e| ApiError::Unavailable {
+        what: "store",
+        reason: e.to_string(),
+    })?;
+    Ok("ok")
+}
+
+fn issuer(state: &AppState) -> Result<&Issuer, ApiError> {
+    state.issuer.as_deref().ok_or_else(|| ApiError::NotFound {
+        path: "this backend does not issue service-account tokens".into(),
+    })
+}
+
+async fn openid_configuration(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    Ok(Json(issuer(&state)?.openid_configuration()))
+}
+
+async fn jwks(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let body = Json(issuer(&state)?.jwks());
+    Ok((
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/jwk-set+json"))],
+        body,
+    )
+        .into_response())
+}

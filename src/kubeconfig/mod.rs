@@ -1,0 +1,11 @@
+//! The cloud-config API's domain: request parsing, object naming and shape, issuance, and the
+//! byte-exact output formats Harvester v1.9 clients expect.
+
+pub mod naming;
+pub mod objects;
+pub mod render;
+pub mod request;
+pub mod service;
+
+pub use request::{AccountRequest, OutputFormat, RequestError};
+pub use service::{CloudConfig, CloudConfigError, Settings};

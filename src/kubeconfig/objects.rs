@@ -1,0 +1,279 @@
+//! The objects that make up a cloud-config account, shaped as Harvester creates them, and the checks
+//! that decide whether an existing object of the same name is ours to reuse.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    ByteString,
+    api::{
+        core::v1::{Secret, ServiceAccount},
+        rbac::v1::{ClusterRoleBinding, RoleBinding, RoleRef, Subject},
+    },
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
+};
+
+use super::{
+    naming::AccountNames,
+    request::{CLOUDPROVIDER_ROLE, CSI_DRIVER_ROLE},
+};
+
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "harvester-cloud";
+pub const SA_TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
+pub const SA_NAME_ANNOTATION: &str = "kubernetes.io/service-account.name";
+pub const SA_UID_ANNOTATION: &str = "kubernetes.io/service-account.uid";
+const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
+
+fn managed_labels() -> Option<BTreeMap<String, String>> {
+    Some(BTreeMap::from([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())]))
+}
+
+fn owner(names: &AccountNames, sa_uid: &str) -> Option<Vec<OwnerReference>> {
+    Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "ServiceAccount".into(),
+        name: names.service_account.clone(),
+        uid: sa_uid.into(),
+        ..Default::default()
+    }])
+}
+
+fn subject(names: &AccountNames) -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: names.service_account.clone(),
+        namespace: Some(names.namespace.clone()),
+        ..Default::default()
+    }
+}
+
+fn role_ref(role: &str) -> RoleRef {
+    RoleRef {
+        api_group: RBAC_GROUP.into(),
+        kind: "ClusterRole".into(),
+        name: role.into(),
+    }
+}
+
+pub fn service_account(names: &AccountNames) -> ServiceAccount {
+    ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(names.service_account.clone()),
+            namespace: Some(names.namespace.clone()),
+            labels: managed_labels(),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+pub fn token_secret(names: &AccountNames, sa_uid: &str) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(names.secret.clone()),
+            namespace: Some(names.namespace.clone()),
+            labels: managed_labels(),
+            annotations: Some(BTreeMap::from([
+                (SA_NAME_ANNOTATION.to_string(), names.service_account.clone()),
+                (SA_UID_ANNOTATION.to_string(), sa_uid.to_string()),
+            ])),
+            owner_references: owner(names, sa_uid),
+            ..Default::default()
+        },
+        type_: Some(SA_TOKEN_TYPE.into()),
+        ..Default::default()
+    }
+}
+
+pub fn role_binding(names: &AccountNames, sa_uid: &str) -> RoleBinding {
+    RoleBinding {
+        metadata: ObjectMeta {
+            name: Some(names.binding.clone()),
+            namespace: Some(names.namespace.clone()),
+            labels: managed_labels(),
+            owner_references: owner(names, sa_uid),
+            ..Default::default()
+        },
+        role_ref: role_ref(CLOUDPROVIDER_ROLE),
+        subjects: Some(vec![subject(names)]),
+    }
+}
+
+/// No ownerReference: a namespaced owner of a cluster-scoped object is never resolved by the garbage
+/// collector. The label (and the subject) identify it instead.
+pub fn cluster_role_binding(names: &AccountNames) -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(names.binding.clone()),
+            labels: managed_labels(),
+            ..Default::default()
+        },
+        role_ref: role_ref(CSI_DRIVER_ROLE),
+        subjects: Some(vec![subject(names)]),
+    }
+}
+
+/// Whether an existing token Secret can be used for the account.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecretCheck {
+    /// The token Secret of this service account.
+    Ours,
+    /// A token Secret of an earlier service account of the same name (its uid differs): replaceable.
+    Stale,
+    /// Something else; the reason says what.
+    Foreign(String),
+}
+
+pub fn check_secret(secret: &Secret, names: &AccountNames, sa_uid: Option<&str>) -> SecretCheck {
+    let name = format!("{}/{}", names.namespace, names.secret);
+    if secret.type_.as_deref() != Some(SA_TOKEN_TYPE) {
+        return SecretCheck::Foreign(format!(
+            "secret {name} exists with type {:?}, not {SA_TOKEN_TYPE}; delete it or choose another serviceAccountName",
+            secret.type_.as_deref().unwrap_or("")
+        ));
+    }
+    let annotations = secret.metadata.annotations.clone().unwrap_or_default();
+    let for_sa = annotations.get(SA_NAME_ANNOTATION).map(String::as_str);
+    if for_sa != Some(names.service_account.as_str()) {
+        return SecretCheck::Foreign(format!(
+            "secret {name} is the token of serviceAccount {:?}, not {:?}; delete it or choose another serviceAccountName",
+            for_sa.unwrap_or(""),
+            names.service_account
+        ));
+    }
+    match (annotations.get(SA_UID_ANNOTATION), sa_uid) {
+        (Some(have), Some(want)) if have != want => SecretCheck::Stale,
+        (Some(_), None) => SecretCheck::Stale,
+        _ => SecretCheck::Ours,
+    }
+}
+
+fn binds_only(subjects: &Option<Vec<Subject>>, names: &AccountNames) -> bool {
+    matches!(subjects.as_deref(), Some([s])
+        if s.kind == "ServiceAccount"
+            && s.name == names.service_account
+            && s.namespace.as_deref() == Some(names.namespace.as_str())
+            && s.api_group.as_deref().unwrap_or("").is_empty())
+}
+
+fn describe(role_ref: &RoleRef, subjects: &Option<Vec<Subject>>) -> String {
+    let subjects: Vec<String> = subjects
+        .iter()
+        .flatten()
+        .map(|s| match &s.namespace {
+            Some(ns) => format!("{} {ns}/{}", s.kind, s.name),
+            None => format!("{} {}", s.kind, s.name),
+        })
+        .collect();
+    format!(
+        "it binds {} {} to [{}]",
+        role_ref.kind,
+        role_ref.name,
+        subjects.join(", ")
+    )
+}
+
+fn binding_matches(role_ref: &RoleRef, subjects: &Option<Vec<Subject>>, role: &str, names: &AccountNames) -> bool {
+    role_ref.kind == "ClusterRole"
+        && role_ref.name == role
+        && role_ref.api_group == RBAC_GROUP
+        && binds_only(subjects, names)
+}
+
+fn owner_text(names: &AccountNames, sa_uid: Option<&str>) -> String {
+    match sa_uid {
+        Some(uid) => format!("name:{} UID:{uid}", names.service_account),
+        None => format!("name:{}", names.service_account),
+    }
+}
+
+/// Upstream's wording for a binding that is not the account's, with what it binds instead.
+pub fn check_role_binding(rb: &RoleBinding, names: &AccountNames, sa_uid: Option<&str>) -> Result<(), String> {
+    if binding_matches(&rb.role_ref, &rb.subjects, CLOUDPROVIDER_ROLE, names) {
+        return Ok(());
+    }
+    Err(format!(
+        "rolebinding {}/{} is not owned by serviceAccount {}, try to delete and recreate ({})",
+        names.namespace,
+        names.binding,
+        owner_text(names, sa_uid),
+        describe(&rb.role_ref, &rb.subjects)
+    ))
+}
+
+pub fn check_cluster_role_binding(
+    crb: &ClusterRoleBinding,
+    names: &AccountNames,
+    sa_uid: Option<&str>,
+) -> Result<(), String> {
+    if binding_matches(&crb.role_ref, &crb.subjects, CSI_DRIVER_ROLE, names) {
+        return Ok(());
+    }
+    Err(format!(
+        "clusterrolebinding {} is not owned by serviceAccount {}, try to delete and recreate ({})",
+        names.binding,
+        owner_text(names, sa_uid),
+        describe(&crb.role_ref, &crb.subjects)
+    ))
+}
+
+/// Reads `key` of a Secret's data as text.
+pub fn secret_data(secret: &Secret, key: &str) -> Option<Vec<u8>> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|ByteString(b)| b.clone())
+        .filter(|b| !b.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mk_names() -> AccountNames {
+        AccountNames::new("a-b", "c")
+    }
+
+    #[test]
+    fn built_objects_pass_their_own_checks() {
+        let n = mk_names();
+        let s = token_secret(&n, "uid-1");
+        assert_eq!(check_secret(&s, &n, Some("uid-1")), SecretCheck::Ours);
+        assert_eq!(check_secret(&s, &n, Some("uid-2")), SecretCheck::Stale);
+        assert_eq!(check_secret(&s, &n, None), SecretCheck::Stale);
+        assert!(check_role_binding(&role_binding(&n, "uid-1"), &n, Some("uid-1")).is_ok());
+        assert!(check_cluster_role_binding(&cluster_role_binding(&n), &n, None).is_ok());
+        assert!(cluster_role_binding(&n).metadata.owner_references.is_none());
+    }
+
+    #[test]
+    fn colliding_account_is_foreign() {
+        // ns=a-b, sa=c and ns=a, sa=b-c both name their ClusterRoleBinding a-b-c.
+        let (mine, theirs) = (AccountNames::new("a", "b-c"), mk_names());
+        assert_eq!(mine.binding, theirs.binding);
+        let err = check_cluster_role_binding(&cluster_role_binding(&theirs), &mine, Some("u")).unwrap_err();
+        assert_eq!(
+            err,
+            "clusterrolebinding a-b-c is not owned by serviceAccount name:b-c UID:u, try to delete and recreate (it binds ClusterRole harvesterhci.io:csi-driver to [ServiceAccount a-b/c])"
+        );
+    }
+
+    #[test]
+    fn foreign_secrets_and_roles() {
+        let n = mk_names();
+        let mut s = token_secret(&n, "u");
+        s.type_ = Some("Opaque".into());
+        assert!(matches!(check_secret(&s, &n, Some("u")), SecretCheck::Foreign(m) if m.contains("Opaque")));
+        let mut rb = role_binding(&n, "u");
+        rb.role_ref.name = "cluster-admin".into();
+        assert!(check_role_binding(&rb, &n, Some("u")).unwrap_err().contains("cluster-admin"));
+        let mut rb = role_binding(&n, "u");
+        rb.subjects.as_mut().unwrap().push(Subject {
+            kind: "User".into(),
+            name: "eve".into(),
+            ..Default::default()
+        });
+        assert!(check_role_binding(&rb, &n, Some("u")).unwrap_err().contains("User eve"));
+    }
+}

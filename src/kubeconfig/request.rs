@@ -1,0 +1,381 @@
+//! Parsing and validation of a cloud-config request, with the leniency Harvester's clients rely on:
+//! the JSON body is read like Go's `encoding/json` decoder (first value only, case-insensitive field
+//! names, unknown fields ignored, `null` as empty), the GET query like `url.ParseQuery`.
+
+use std::fmt;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::Value;
+
+use crate::validation;
+
+pub const CLOUDPROVIDER_ROLE: &str = "harvesterhci.io:cloudprovider";
+pub const CSI_DRIVER_ROLE: &str = "harvesterhci.io:csi-driver";
+
+/// What the response body carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// The kubeconfig text as a JSON string (`application/json`).
+    Kubeconfig,
+    /// Cloud-init user data (`outputFormat=yaml`).
+    CloudInit,
+}
+
+/// A validated request for the cloud-config of one service account.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccountRequest {
+    pub namespace: String,
+    pub service_account: String,
+    pub output: OutputFormat,
+}
+
+/// A request that cannot be served; the message keeps Harvester's wording.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("fail to decode request: {reason}")]
+pub struct RequestError {
+    pub reason: String,
+}
+
+fn err(reason: impl Into<String>) -> RequestError {
+    RequestError {
+        reason: reason.into(),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Field {
+    Namespace,
+    ServiceAccountName,
+    ClusterRoleName,
+    CsiClusterRoleName,
+    OutputFormat,
+}
+
+impl Field {
+    const ALL: [(Field, &'static str); 5] = [
+        (Field::Namespace, "namespace"),
+        (Field::ServiceAccountName, "serviceAccountName"),
+        (Field::ClusterRoleName, "clusterRoleName"),
+        (Field::CsiClusterRoleName, "csiClusterRoleName"),
+        (Field::OutputFormat, "outputFormat"),
+    ];
+
+    /// An exact name wins; otherwise names match case-insensitively, as Go's decoder does.
+    fn lookup(key: &str) -> Option<(Field, &'static str)> {
+        Field::ALL
+            .iter()
+            .find(|(_, n)| *n == key)
+            .or_else(|| Field::ALL.iter().find(|(_, n)| n.eq_ignore_ascii_case(key)))
+            .copied()
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Fields {
+    namespace: String,
+    service_account: String,
+    cluster_role: String,
+    csi_cluster_role: String,
+    output_format: String,
+}
+
+impl Fields {
+    fn set(&mut self, field: Field, value: String) {
+        *match field {
+            Field::Namespace => &mut self.namespace,
+            Field::ServiceAccountName => &mut self.service_account,
+            Field::ClusterRoleName => &mut self.cluster_role,
+            Field::CsiClusterRoleName => &mut self.csi_cluster_role,
+            Field::OutputFormat => &mut self.output_format,
+        } = value;
+    }
+}
+
+fn go_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// The first JSON value of a body, read without failing on what Go would accept.
+enum Decoded {
+    Fields(Fields),
+    /// The first field whose value is not a string (Go reports the first type error).
+    WrongFieldType { field: &'static str, found: &'static str },
+    NotAnObject(&'static str),
+}
+
+impl<'de> Deserialize<'de> for Decoded {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Decoded;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Decoded, A::Error> {
+                let mut fields = Fields::default();
+                let mut type_error = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    let value: Value = map.next_value()?;
+                    let Some((field, name)) = Field::lookup(&key) else {
+                        continue;
+                    };
+                    match value {
+                        Value::String(s) => fields.set(field, s),
+                        // Go leaves a string field untouched for a JSON null.
+                        Value::Null => {}
+                        other => {
+                            type_error.get_or_insert((name, go_type(&other)));
+                        }
+                    }
+                }
+                Ok(match type_error {
+                    Some((field, found)) => Decoded::WrongFieldType { field, found },
+                    None => Decoded::Fields(fields),
+                })
+            }
+            fn visit_unit<E>(self) -> Result<Decoded, E> {
+                Ok(Decoded::Fields(Fields::default()))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Decoded, E> {
+                Ok(Decoded::NotAnObject("bool"))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Decoded, E> {
+                Ok(Decoded::NotAnObject("number"))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Decoded, E> {
+                Ok(Decoded::NotAnObject("number"))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Decoded, E> {
+                Ok(Decoded::NotAnObject("number"))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Decoded, E> {
+                Ok(Decoded::NotAnObject("string"))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Decoded, A::Error> {
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                Ok(Decoded::NotAnObject("array"))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Parses a POST body.
+pub fn from_json(body: &[u8]) -> Result<AccountRequest, RequestError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(err("EOF: the request body is empty; send a JSON object"));
+    }
+    let first = serde_json::Deserializer::from_slice(body)
+        .into_iter::<Decoded>()
+        .next();
+    let fields = match first {
+        Some(Ok(Decoded::Fields(f))) => f,
+        Some(Ok(Decoded::WrongFieldType { field, found })) => {
+            return Err(err(format!(
+                "json: cannot unmarshal {found} into Go struct field req.{field} of type string"
+            )));
+        }
+        Some(Ok(Decoded::NotAnObject(found))) => {
+            return Err(err(format!(
+                "json: cannot unmarshal {found} into Go value of type req"
+            )));
+        }
+        Some(Err(e)) if e.is_eof() => {
+            return Err(err(format!("unexpected EOF: the JSON body is incomplete ({e})")));
+        }
+        Some(Err(e)) => return Err(err(format!("the body is not valid JSON: {e}"))),
+        None => return Err(err("EOF: the request body is empty; send a JSON object")),
+    };
+    validate(fields)
+}
+
+/// Parses a GET query string (everything after `?`).
+pub fn from_query(query: Option<&str>) -> Result<AccountRequest, RequestError> {
+    let mut exact: Vec<Option<String>> = vec![None; Field::ALL.len()];
+    let mut folded: Vec<Option<String>> = vec![None; Field::ALL.len()];
+    for pair in query.unwrap_or_default().split('&') {
+        if pair.is_empty() {
+            continue;
+        }
+        if pair.contains(';') {
+            return Err(err("invalid semicolon separator in query"));
+        }
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let (k, v) = (unescape(k)?, unescape(v)?);
+        let Some((field, name)) = Field::lookup(&k) else {
+            continue;
+        };
+        let idx = Field::ALL.iter().position(|(f, _)| *f == field).unwrap_or(0);
+        // The first value of a repeated parameter wins.
+        let slot = if k == name { &mut exact[idx] } else { &mut folded[idx] };
+        slot.get_or_insert(v);
+    }
+    let mut fields = Fields::default();
+    for (i, (field, _)) in Field::ALL.iter().enumerate() {
+        if let Some(v) = exact[i].take().or_else(|| folded[i].take()) {
+            fields.set(*field, v);
+        }
+    }
+    validate(fields)
+}
+
+/// `url.QueryUnescape`: `+` is a space, `%XX` a byte; the result must be UTF-8.
+fn unescape(s: &str) -> Result<String, RequestError> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+                let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok()).ok_or_else(|| {
+                    let bad: String = s[i..].chars().take(3).collect();
+                    err(format!("invalid URL escape {bad:?}"))
+                })?;
+                out.push(byte);
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| err("the query string is not valid UTF-8 after percent-decoding"))
+}
+
+fn shown(v: &str) -> String {
+    const MAX: usize = 80;
+    if v.chars().count() <= MAX {
+        v.to_string()
+    } else {
+        format!("{}…", v.chars().take(MAX).collect::<String>())
+    }
+}
+
+fn validate(f: Fields) -> Result<AccountRequest, RequestError> {
+    if f.namespace.is_empty() || f.service_account.is_empty() {
+        return Err(err("invalid request: namespace and serviceAccountName cannot be empty"));
+    }
+    if !f.cluster_role.is_empty() && f.cluster_role != CLOUDPROVIDER_ROLE {
+        return Err(err(format!(
+            "invalid request: clusterRoleName can only be {CLOUDPROVIDER_ROLE}"
+        )));
+    }
+    if !f.csi_cluster_role.is_empty() && f.csi_cluster_role != CSI_DRIVER_ROLE {
+        return Err(err(format!(
+            "invalid request: csiClusterRoleName can only be {CSI_DRIVER_ROLE}"
+        )));
+    }
+    validation::dns1123_label(&f.namespace).map_err(|e| {
+        err(format!(
+            "invalid request: namespace {:?} is not a valid namespace name: {e}",
+            shown(&f.namespace)
+        ))
+    })?;
+    validation::dns1123_subdomain(&f.service_account).map_err(|e| {
+        err(format!(
+            "invalid request: serviceAccountName {:?} is not a valid service account name: {e}",
+            shown(&f.service_account)
+        ))
+    })?;
+    Ok(AccountRequest {
+        namespace: f.namespace,
+        service_account: f.service_account,
+        // Exactly `yaml`, case-sensitive, as upstream; anything else is the raw kubeconfig.
+        output: if f.output_format == "yaml" {
+            OutputFormat::CloudInit
+        } else {
+            OutputFormat::Kubeconfig
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mk_ok(ns: &str, sa: &str, output: OutputFormat) -> Result<AccountRequest, RequestError> {
+        Ok(AccountRequest {
+            namespace: ns.into(),
+            service_account: sa.into(),
+            output,
+        })
+    }
+
+    fn reason(r: Result<AccountRequest, RequestError>) -> String {
+        r.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn dashboard_body() {
+        let body = br#"{"csiClusterRoleName":"harvesterhci.io:csi-driver","clusterRoleName":"harvesterhci.io:cloudprovider","namespace":"default","serviceAccountName":"gc4"}"#;
+        assert_eq!(from_json(body), mk_ok("default", "gc4", OutputFormat::Kubeconfig));
+    }
+
+    #[test]
+    fn lenient_json() {
+        use OutputFormat::*;
+        let cases: &[(&[u8], Result<AccountRequest, RequestError>)] = &[
+            (br#"{"Namespace":"a","SERVICEACCOUNTNAME":"b"}"#, mk_ok("a", "b", Kubeconfig)),
+            (br#"{"namespace":"a","serviceAccountName":"b","x":[1,{"y":2}]}"#, mk_ok("a", "b", Kubeconfig)),
+            (br#"{"namespace":"a","serviceAccountName":"b"} trailing garbage"#, mk_ok("a", "b", Kubeconfig)),
+            (br#"{"namespace":"a","serviceAccountName":"b"}{"namespace":"c"}"#, mk_ok("a", "b", Kubeconfig)),
+            (br#"{"namespace":"a","serviceAccountName":"b","outputFormat":"yaml"}"#, mk_ok("a", "b", CloudInit)),
+            (br#"{"namespace":"a","serviceAccountName":"b","outputFormat":"YAML"}"#, mk_ok("a", "b", Kubeconfig)),
+            (br#"{"namespace":"a","serviceAccountName":"b","clusterRoleName":null}"#, mk_ok("a", "b", Kubeconfig)),
+            (br#"{"namespace":"a","serviceAccountName":"b","csiclusterRoleName":"harvesterhci.io:csi-driver"}"#, mk_ok("a", "b", Kubeconfig)),
+            // The exact name wins over a case-insensitive one, whatever the order.
+            (br#"{"NAMESPACE":"x","namespace":"a","serviceAccountName":"b"}"#, mk_ok("a", "b", Kubeconfig)),
+        ];
+        for (body, want) in cases {
+            assert_eq!(&from_json(body), want, "{}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn json_errors_keep_upstream_wording() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"", "fail to decode request: EOF"),
+            (b"  \n", "fail to decode request: EOF"),
+            (b"null", "fail to decode request: invalid request: namespace and serviceAccountName cannot be empty"),
+            (b"{}", "fail to decode request: invalid request: namespace and serviceAccountName cannot be empty"),
+            (br#"{"namespace":1,"serviceAccountName":"b"}"#, "fail to decode request: json: cannot unmarshal number into Go struct field req.namespace of type string"),
+            (br#"{"namespace":"a","serviceAccountName":true}"#, "fail to decode request: json: cannot unmarshal bool into Go struct field req.serviceAccountName of type string"),
+            (br#"[1,2]"#, "fail to decode request: json: cannot unmarshal array into Go value of type req"),
+            (br#""x""#, "fail to decode request: json: cannot unmarshal string into Go value of type req"),
+            (br#"{"namespace":"a","#, "fail to decode request: unexpected EOF"),
+            (br#"{namespace:"a"}"#, "fail to decode request: the body is not valid JSON"),
+            (br#"{"namespace":"a","serviceAccountName":"b","clusterRoleName":"admin"}"#, "fail to decode request: invalid request: clusterRoleName can only be harvesterhci.io:cloudprovider"),
+            (br#"{"namespace":"a","serviceAccountName":"b","csiClusterRoleName":"admin"}"#, "fail to decode request: invalid request: csiClusterRoleName can only be harvesterhci.io:csi-driver"),
+            (br#"{"namespace":"Bad_NS","serviceAccountName":"b"}"#, "fail to decode request: invalid request: namespace \"Bad_NS\" is not a valid namespace name: a lowercase RFC 1123 label"),
+            (br#"{"namespace":"a","serviceAccountName":"b/c"}"#, "fail to decode request: invalid request: serviceAccountName \"b/c\" is not a valid service account name: a lowercase RFC 1123 subdomain"),
+            (b"{\"namespace\":\"\xff\"}", "fail to decode request: the body is not valid JSON"),
+        ];
+        for (body, want) in cases {
+            let got = reason(from_json(body));
+            assert!(got.starts_with(want), "{}: {got}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn query_strings() {
+        use OutputFormat::*;
+        assert_eq!(from_query(Some("namespace=a&serviceAccountName=b")), mk_ok("a", "b", Kubeconfig));
+        assert_eq!(from_query(Some("NAMESPACE=a&serviceaccountname=b&outputFormat=yaml")), mk_ok("a", "b", CloudInit));
+        assert_eq!(from_query(Some("namespace=a&namespace=z&serviceAccountName=b")), mk_ok("a", "b", Kubeconfig));
+        assert_eq!(from_query(Some("Namespace=z&namespace=a&serviceAccountName=b")), mk_ok("a", "b", Kubeconfig));
+        assert_eq!(from_query(Some("namespace=%61&serviceAccountName=b&&x")), mk_ok("a", "b", Kubeconfig));
+        assert!(reason(from_query(None)).ends_with("namespace and serviceAccountName cannot be empty"));
+        assert!(reason(from_query(Some("namespace=%zz"))).contains("invalid URL escape \"%zz\""));
+        assert!(reason(from_query(Some("namespace=%ff&serviceAccountName=b"))).contains("not valid UTF-8"));
+        assert!(reason(from_query(Some("namespace=a+b&serviceAccountName=b"))).contains("namespace \"a b\""));
+        assert!(reason(from_query(Some("namespace=a;serviceAccountName=b"))).contains("semicolon"));
+    }
+}

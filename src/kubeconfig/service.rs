@@ -1,0 +1,382 @@
+//! Issuing cloud-configs: ensuring an account's objects (POST), reading them back (GET), and turning
+//! its token into a kubeconfig. Backend-neutral: everything goes through the store port.
+//!
+//! POST checks every existing object before it creates anything, so a conflict leaves nothing
+//! behind; if a later step still fails, the objects this request created are removed again.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use k8s_openapi::api::{
+    core::v1::{ConfigMap, Secret, ServiceAccount},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding},
+};
+use tracing::{info, warn};
+
+use super::{
+    naming::AccountNames,
+    objects::{self, SecretCheck},
+    render,
+    request::{AccountRequest, CLOUDPROVIDER_ROLE, CSI_DRIVER_ROLE},
+};
+use crate::store::{Api, Kind, Object, ObjectStore, Preconditions, StoreError};
+
+/// Where the kubeconfig's server and CA come from, and how long to wait for a token.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Namespace of the `vip` ConfigMap.
+    pub harvester_namespace: String,
+    /// Used verbatim instead of the VIP when set.
+    pub server_url: Option<String>,
+    /// Used instead of the token Secret's `ca.crt` when set.
+    pub cluster_ca: Option<Vec<u8>>,
+    pub token_timeout: Duration,
+}
+
+/// Why a cloud-config could not be issued. Messages keep Harvester's wording and are safe to return,
+/// except `Store` whose source is for the log.
+#[derive(Debug, thiserror::Error)]
+pub enum CloudConfigError {
+    #[error("clusterRole {name} is not found")]
+    ClusterRoleNotFound { name: String },
+    #[error("failed to get server url: {reason}")]
+    ServerUrl { reason: String },
+    #[error("{step}: {message}")]
+    NotFound { step: &'static str, message: String },
+    #[error("{step}: {message}")]
+    Foreign { step: &'static str, message: String },
+    #[error(
+        "fail to create serviceAccount: timeout while waiting for secret {namespace}/{name}: its token was not issued within {timeout:?}"
+    )]
+    TokenTimeout {
+        namespace: String,
+        name: String,
+        timeout: Duration,
+    },
+    #[error("fail to generate kubeconfig: {reason}")]
+    Generate { reason: String },
+    #[error("{step}: {source}")]
+    Store {
+        step: &'static str,
+        #[source]
+        source: StoreError,
+    },
+}
+
+const CREATE_SA: &str = "fail to create serviceAccount";
+const CREATE_RB: &str = "fail to create roleBinding";
+const CREATE_CRB: &str = "fail to create clusterRoleBinding";
+const GET_SA: &str = "fail to get serviceAccount";
+const GET_RB: &str = "fail to get roleBinding";
+const GET_CRB: &str = "fail to get clusterRoleBinding";
+
+fn store_err(step: &'static str) -> impl FnOnce(StoreError) -> CloudConfigError {
+    move |source| CloudConfigError::Store { step, source }
+}
+
+fn uid_of<K: Object>(obj: &K) -> Result<String, CloudConfigError> {
+    obj.metadata().uid.clone().ok_or_else(|| CloudConfigError::Store {
+        step: CREATE_SA,
+        source: StoreError::Invalid {
+            kind: K::KIND.to_lowercase(),
+            name: obj.metadata().name.clone().unwrap_or_default(),
+            reason: "metadata.uid is missing".into(),
+        },
+    })
+}
+
+/// An object this request created, to remove again if the request fails.
+struct Created {
+    kind: Kind,
+    namespace: String,
+    name: String,
+    uid: Option<String>,
+}
+
+pub struct CloudConfig {
+    store: Arc<dyn ObjectStore>,
+    settings: Settings,
+}
+
+impl CloudConfig {
+    pub fn new(store: Arc<dyn ObjectStore>, settings: Settings) -> Self {
+        CloudConfig { store, settings }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn api<K: Object>(&self) -> Api<K> {
+        Api::new(self.store.clone())
+    }
+
+    async fn check_cluster_roles(&self) -> Result<(), CloudConfigError> {
+        let roles = self.api::<ClusterRole>();
+        for name in [CLOUDPROVIDER_ROLE, CSI_DRIVER_ROLE] {
+            let found = roles
+                .get("", name)
+                .await
+                .map_err(store_err("fail to get clusterRole"))?;
+            if found.is_none() {
+                return Err(CloudConfigError::ClusterRoleNotFound { name: name.into() });
+            }
+        }
+        Ok(())
+    }
+
+    /// `https://<vip>:6443` from the `vip` ConfigMap, or the configured URL.
+    pub async fn server_url(&self) -> Result<String, CloudConfigError> {
+        if let Some(url) = &self.settings.server_url {
+            return Ok(url.clone());
+        }
+        let ns = &self.settings.harvester_namespace;
+        let reason = |reason: String| CloudConfigError::ServerUrl { reason };
+        let cm = self
+            .api::<ConfigMap>()
+            .get(ns, "vip")
+            .await
+            .map_err(|e| reason(format!("cannot read configmap {ns}/vip: {e}")))?
+            .ok_or_else(|| reason(format!("configmap \"vip\" not found in namespace {ns}")))?;
+        let vip = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get("ip"))
+            .ok_or_else(|| reason(format!("configmap {ns}/vip has no key \"ip\"")))?;
+        vip_url(vip).map_err(reason)
+    }
+
+    /// POST: ensures the account's objects and returns its kubeconfig.
+    pub async fn ensure(&self, req: &AccountRequest) -> Result<String, CloudConfigError> {
+        let names = AccountNames::new(&req.namespace, &req.service_account);
+        self.check_cluster_roles().await?;
+        let server = self.server_url().await?;
+        let mut created = Vec::new();
+        let result = self.ensure_objects(&names, &server, &mut created).await;
+        if result.is_err() {
+            self.roll_back(created).await;
+        } else {
+            info!(namespace = %names.namespace, service_account = %names.service_account,
+                "kubeconfig for service account {}/{} is created", names.namespace, names.service_account);
+        }
+        result
+    }
+
+    async fn ensure_objects(
+        &self,
+        names: &AccountNames,
+        server: &str,
+        created: &mut Vec<Created>,
+    ) -> Result<String, CloudConfigError> {
+        let (sas, secrets) = (self.api::<ServiceAccount>(), self.api::<Secret>());
+        let (rbs, crbs) = (self.api::<RoleBinding>(), self.api::<ClusterRoleBinding>());
+        let ns = names.namespace.as_str();
+
+        // Check everything that exists before writing anything.
+        let sa = sas.get(ns, &names.service_account).await.map_err(store_err(CREATE_SA))?;
+        let sa_uid = sa.as_ref().and_then(|s| s.metadata.uid.clone());
+        let secret = secrets.get(ns, &names.secret).await.map_err(store_err(CREATE_SA))?;
+        let secret_check = secret
+            .as_ref()
+            .map(|s| objects::check_secret(s, names, sa_uid.as_deref()));
+        if let Some(SecretCheck::Foreign(message)) = &secret_check {
+            return Err(CloudConfigError::Foreign { step: CREATE_SA, message: message.clone() });
+        }
+        let rb = rbs.get(ns, &names.binding).await.map_err(store_err(CREATE_RB))?;
+        if let Some(rb) = &rb {
+            objects::check_role_binding(rb, names, sa_uid.as_deref())
+                .map_err(|message| CloudConfigError::Foreign { step: CREATE_RB, message })?;
+        }
+        let crb = crbs.get("", &names.binding).await.map_err(store_err(CREATE_CRB))?;
+        if let Some(crb) = &crb {
+            objects::check_cluster_role_binding(crb, names, sa_uid.as_deref())
+                .map_err(|message| CloudConfigError::Foreign { step: CREATE_CRB, message })?;
+        }
+
+        let sa = match sa {
+            Some(sa) => sa,
+            None => self.create_or_get(&sas, &objects::service_account(names), created).await.map_err(store_err(CREATE_SA))?,
+        };
+        let sa_uid = uid_of(&sa)?;
+
+        match secret_check {
+            Some(SecretCheck::Ours) => {}
+            Some(SecretCheck::Stale) => {
+                // A token of an earlier service account of this name: it would not authenticate.
+                let old_uid = secret.as_ref().and_then(|s| s.metadata.uid.clone());
+                match secrets
+                    .delete(ns, &names.secret, &Preconditions { uid: old_uid, ..Default::default() })
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(e) if e.is_not_found() || matches!(e, StoreError::Conflict { .. }) => {}
+                    Err(e) => return Err(store_err(CREATE_SA)(e)),
+                }
+                self.ensure_secret(&secrets, names, &sa_uid, created).await?;
+            }
+            Some(SecretCheck::Foreign(_)) | None => {
+                self.ensure_secret(&secrets, names, &sa_uid, created).await?;
+            }
+        }
+        if rb.is_none() {
+            let rb = self.create_or_get(&rbs, &objects::role_binding(names, &sa_uid), created).await.map_err(store_err(CREATE_RB))?;
+            objects::check_role_binding(&rb, names, Some(&sa_uid))
+                .map_err(|message| CloudConfigError::Foreign { step: CREATE_RB, message })?;
+        }
+        if crb.is_none() {
+            let crb = self.create_or_get(&crbs, &objects::cluster_role_binding(names), created).await.map_err(store_err(CREATE_CRB))?;
+            objects::check_cluster_role_binding(&crb, names, Some(&sa_uid))
+                .map_err(|message| CloudConfigError::Foreign { step: CREATE_CRB, message })?;
+        }
+
+        let secret = self
+            .store
+            .wait_for_token(ns, &names.secret, self.settings.token_timeout)
+            .await
+            .map_err(|e| match e {
+                StoreError::TokenTimeout { namespace, name } => CloudConfigError::TokenTimeout {
+                    namespace,
+                    name,
+                    timeout: self.settings.token_timeout,
+                },
+                e => store_err(CREATE_SA)(e),
+            })?;
+        let secret: Secret = serde_json::from_value(secret).map_err(|e| CloudConfigError::Generate {
+            reason: format!("secret {} does not decode: {e}", names.secret),
+        })?;
+        self.build(names, server, &secret)
+    }
+
+    async fn ensure_secret(
+        &self,
+        secrets: &Api<Secret>,
+        names: &AccountNames,
+        sa_uid: &str,
+        created: &mut Vec<Created>,
+    ) -> Result<(), CloudConfigError> {
+        let secret = self
+            .create_or_get(secrets, &objects::token_secret(names, sa_uid), created)
+            .await
+            .map_err(store_err(CREATE_SA))?;
+        match objects::check_secret(&secret, names, Some(sa_uid)) {
+            SecretCheck::Ours => Ok(()),
+            SecretCheck::Foreign(message) => Err(CloudConfigError::Foreign { step: CREATE_SA, message }),
+            SecretCheck::Stale => Err(CloudConfigError::Foreign {
+                step: CREATE_SA,
+                message: format!(
+                    "secret {}/{} was recreated concurrently for another serviceAccount {}; retry",
+                    names.namespace, names.secret, names.service_account
+                ),
+            }),
+        }
+    }
+
+    /// Creates `obj`; if another request created it first, returns that one.
+    async fn create_or_get<K: Object>(
+        &self,
+        api: &Api<K>,
+        obj: &K,
+        created: &mut Vec<Created>,
+    ) -> Result<K, StoreError> {
+        let meta = obj.metadata();
+        let (ns, name) = (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default());
+        match api.create(obj).await {
+            Ok(new) => {
+                created.push(Created {
+                    kind: api.kind().clone(),
+                    namespace: ns,
+                    name,
+                    uid: new.metadata().uid.clone(),
+                });
+                Ok(new)
+            }
+            Err(e) if e.is_already_exists() => api.get(&ns, &name).await?.ok_or(StoreError::Conflict {
+                kind: api.kind().singular.to_string(),
+                name,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn roll_back(&self, created: Vec<Created>) {
+        for c in created.into_iter().rev() {
+            let pre = Preconditions { uid: c.uid, ..Default::default() };
+            match self.store.delete(&c.kind, &c.namespace, &c.name, &pre).await {
+                Ok(_) => info!(kind = %c.kind, namespace = %c.namespace, name = %c.name, "rolled back object of a failed request"),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => warn!(kind = %c.kind, namespace = %c.namespace, name = %c.name, error = %e, "cannot roll back object of a failed request"),
+            }
+        }
+    }
+
+    /// GET: the kubeconfig of an account that POST made; creates nothing.
+    pub async fn fetch(&self, req: &AccountRequest) -> Result<String, CloudConfigError> {
+        let names = AccountNames::new(&req.namespace, &req.service_account);
+        self.check_cluster_roles().await?;
+        let server = self.server_url().await?;
+        let ns = names.namespace.as_str();
+        let not_found = |step, message| CloudConfigError::NotFound { step, message };
+
+        let sa = self.api::<ServiceAccount>().get(ns, &names.service_account).await.map_err(store_err(GET_SA))?
+            .ok_or_else(|| not_found(GET_SA, format!("serviceaccount \"{}\" not found", names.service_account)))?;
+        let sa_uid = uid_of(&sa)?;
+        let secret = self.api::<Secret>().get(ns, &names.secret).await.map_err(store_err(GET_SA))?
+            .ok_or_else(|| not_found(GET_SA, format!("secret \"{}\" not found", names.secret)))?;
+        match objects::check_secret(&secret, &names, Some(&sa_uid)) {
+            SecretCheck::Ours => {}
+            SecretCheck::Foreign(message) => return Err(CloudConfigError::Foreign { step: GET_SA, message }),
+            SecretCheck::Stale => {
+                return Err(CloudConfigError::Foreign {
+                    step: GET_SA,
+                    message: format!(
+                        "secret {ns}/{} holds the token of an earlier serviceAccount {}; POST to replace it",
+                        names.secret, names.service_account
+                    ),
+                });
+            }
+        }
+        let rb = self.api::<RoleBinding>().get(ns, &names.binding).await.map_err(store_err(GET_RB))?
+            .ok_or_else(|| not_found(GET_RB, format!("rolebinding \"{}\" not found", names.binding)))?;
+        objects::check_role_binding(&rb, &names, Some(&sa_uid))
+            .map_err(|message| CloudConfigError::Foreign { step: GET_RB, message })?;
+        let crb = self.api::<ClusterRoleBinding>().get("", &names.binding).await.map_err(store_err(GET_CRB))?
+            .ok_or_else(|| not_found(GET_CRB, format!("clusterrolebinding \"{}\" not found", names.binding)))?;
+        objects::check_cluster_role_binding(&crb, &names, Some(&sa_uid))
+            .map_err(|message| CloudConfigError::Foreign { step: GET_CRB, message })?;
+        let kubeconfig = self.build(&names, &server, &secret)?;
+        info!(namespace = %ns, service_account = %names.service_account,
+            "kubeconfig for service account {ns}/{} is fetched", names.service_account);
+        Ok(kubeconfig)
+    }
+
+    fn build(&self, names: &AccountNames, server: &str, secret: &Secret) -> Result<String, CloudConfigError> {
+        let generate = |reason: String| CloudConfigError::Generate { reason };
+        let ca = match &self.settings.cluster_ca {
+            Some(ca) => ca.clone(),
+            None => objects::secret_data(secret, "ca.crt")
+                .ok_or_else(|| generate(format!("ca.crt is not found in secret {}", names.secret)))?,
+        };
+        let token = objects::secret_data(secret, "token")
+            .ok_or_else(|| generate(format!("token is not found in secret {}", names.secret)))?;
+        let token = String::from_utf8(token)
+            .map_err(|_| generate(format!("token in secret {} is not text", names.secret)))?;
+        Ok(render::kubeconfig(server, &ca, &names.namespace, &token))
+    }
+}
+
+/// `https://` + host:port of the VIP, IPv6 in brackets; the VIP must be an IP address.
+pub fn vip_url(vip: &str) -> Result<String, String> {
+    let ip: std::net::IpAddr = vip.trim().parse().map_err(|_| format!("invalid vip {vip}"))?;
+    Ok(format!("https://{}", SocketAddr::new(ip, 6443)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vip_urls() {
+        assert_eq!(vip_url("192.168.1.10").unwrap(), "https://192.168.1.10:6443");
+        assert_eq!(vip_url("2001:db8::1").unwrap(), "https://[2001:db8::1]:6443");
+        assert_eq!(vip_url("not-an-ip").unwrap_err(), "invalid vip not-an-ip");
+    }
+}

@@ -1,0 +1,317 @@
+//! The store port: Kubernetes-shaped objects with resourceVersion, optimistic concurrency and a change
+//! feed, behind one trait that both backends implement (embedded SQLite, and later the Kubernetes API).
+//!
+//! The port speaks JSON objects plus a [`Kind`] descriptor so it stays object-safe; [`Api`] is the typed
+//! facade that domain code uses.
+
+pub mod embedded;
+pub mod selector;
+
+use std::{any::TypeId, fmt, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use k8s_openapi::{NamespaceResourceScope, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::Value;
+
+pub use selector::LabelSelector;
+
+/// Identifies a resource type: what a Kubernetes client would call its GroupVersionKind plus scope.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Kind {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    /// Lower-case singular name used in Kubernetes-style messages (`serviceaccount "x" not found`).
+    pub singular: &'static str,
+    pub namespaced: bool,
+    /// Whether `status` is a subresource: plain replaces keep the stored status.
+    pub status_subresource: bool,
+}
+
+impl Kind {
+    /// The descriptor of a k8s-openapi (or kube-derive) type.
+    pub fn of<K: Object>() -> Kind {
+        Kind {
+            api_version: K::API_VERSION,
+            kind: K::KIND,
+            singular: singular_of(K::URL_PATH_SEGMENT),
+            namespaced: TypeId::of::<K::Scope>() == TypeId::of::<NamespaceResourceScope>(),
+            status_subresource: false,
+        }
+    }
+}
+
+fn singular_of(plural: &'static str) -> &'static str {
+    // Kubernetes messages use the resource name; our kinds all pluralise with a trailing "s".
+    plural.strip_suffix('s').unwrap_or(plural)
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.singular)
+    }
+}
+
+/// Any typed object the store can hold.
+pub trait Object:
+    k8s_openapi::Resource
+    + k8s_openapi::Metadata<Ty = ObjectMeta>
+    + Serialize
+    + DeserializeOwned
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> Object for T where
+    T: k8s_openapi::Resource
+        + k8s_openapi::Metadata<Ty = ObjectMeta>
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// Failures of store operations, with Kubernetes' reasons.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{kind} \"{name}\" not found")]
+    NotFound { kind: String, name: String },
+    #[error("{kind} \"{name}\" already exists")]
+    AlreadyExists { kind: String, name: String },
+    #[error(
+        "Operation cannot be fulfilled on {kind} \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+    )]
+    Conflict { kind: String, name: String },
+    #[error("{kind} \"{name}\" is invalid: {reason}")]
+    Invalid {
+        kind: String,
+        name: String,
+        reason: String,
+    },
+    #[error("the requested resource version is too old")]
+    Gone,
+    #[error("timed out waiting for the token of secret {namespace}/{name}")]
+    TokenTimeout { namespace: String, name: String },
+    #[error("store backend failed: {0}")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl StoreError {
+    pub fn backend(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StoreError::Backend(Box::new(e))
+    }
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, StoreError::NotFound { .. })
+    }
+    pub fn is_already_exists(&self) -> bool {
+        matches!(self, StoreError::AlreadyExists { .. })
+    }
+}
+
+/// Conditions a delete must meet, as Kubernetes `DeleteOptions.preconditions`.
+#[derive(Clone, Debug, Default)]
+pub struct Preconditions {
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+}
+
+/// What a delete did: objects with finalizers are only marked for deletion.
+#[derive(Clone, Debug)]
+pub enum Deleted {
+    Gone(Value),
+    Pending(Value),
+}
+
+/// A list and the resourceVersion to watch from so that no change is missed.
+#[derive(Clone, Debug)]
+pub struct ObjectList {
+    pub items: Vec<Value>,
+    pub resource_version: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One entry of the change feed.
+#[derive(Clone, Debug)]
+pub struct Change {
+    pub change: ChangeType,
+    pub api_version: String,
+    pub kind: String,
+    pub object: Arc<Value>,
+    pub resource_version: u64,
+}
+
+pub type ChangeStream = BoxStream<'static, Result<Change, StoreError>>;
+
+/// The port. Namespaces of cluster-scoped kinds are `""`.
+#[async_trait]
+pub trait ObjectStore: Send + Sync + 'static {
+    async fn get(&self, kind: &Kind, namespace: &str, name: &str) -> Result<Option<Value>, StoreError>;
+    async fn list(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+    ) -> Result<ObjectList, StoreError>;
+    /// Creates the object; `AlreadyExists` when the name is taken.
+    async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError>;
+    /// Replaces the object; `Conflict` when its resourceVersion is stale. A replace that changes nothing
+    /// returns the stored object and emits no change.
+    async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError>;
+    /// Replaces only `status` (the status subresource).
+    async fn replace_status(&self, kind: &Kind, object: Value) -> Result<Value, StoreError>;
+    async fn delete(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        preconditions: &Preconditions,
+    ) -> Result<Deleted, StoreError>;
+    /// Changes after `resource_version` (`Gone` if that is older than the retained history).
+    async fn watch(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        resource_version: &str,
+    ) -> Result<ChangeStream, StoreError>;
+    /// Waits until the service-account token Secret carries `token` and `ca.crt`.
+    async fn wait_for_token(
+        &self,
+        namespace: &str,
+        secret_name: &str,
+        timeout: Duration,
+    ) -> Result<Value, StoreError>;
+    /// Cheap check that the backend answers (readiness).
+    async fn ping(&self) -> Result<(), StoreError>;
+}
+
+/// Typed access to one kind, like `kube::Api`.
+pub struct Api<K> {
+    store: Arc<dyn ObjectStore>,
+    kind: Kind,
+    _k: std::marker::PhantomData<fn() -> K>,
+}
+
+impl<K> Clone for Api<K> {
+    fn clone(&self) -> Self {
+        Api {
+            store: self.store.clone(),
+            kind: self.kind.clone(),
+            _k: std::marker::PhantomData,
+        }
+    }
+}
+
+fn decode<K: Object>(kind: &Kind, v: Value) -> Result<K, StoreError> {
+    serde_json::from_value(v).map_err(|e| StoreError::Invalid {
+        kind: kind.singular.to_string(),
+        name: String::new(),
+        reason: format!("stored object does not decode: {e}"),
+    })
+}
+
+fn encode<K: Object>(kind: &Kind, obj: &K) -> Result<Value, StoreError> {
+    let mut v = serde_json::to_value(obj).map_err(|e| StoreError::Invalid {
+        kind: kind.singular.to_string(),
+        name: obj.metadata().name.clone().unwrap_or_default(),
+        reason: e.to_string(),
+    })?;
+    if let Some(m) = v.as_object_mut() {
+        m.insert("apiVersion".into(), Value::from(kind.api_version));
+        m.insert("kind".into(), Value::from(kind.kind));
+    }
+    Ok(v)
+}
+
+impl<K: Object> Api<K> {
+    pub fn new(store: Arc<dyn ObjectStore>) -> Self {
+        Self::with_kind(store, Kind::of::<K>())
+    }
+
+    pub fn with_kind(store: Arc<dyn ObjectStore>, kind: Kind) -> Self {
+        Api {
+            store,
+            kind,
+            _k: std::marker::PhantomData,
+        }
+    }
+
+    pub fn kind(&self) -> &Kind {
+        &self.kind
+    }
+
+    pub async fn get(&self, namespace: &str, name: &str) -> Result<Option<K>, StoreError> {
+        match self.store.get(&self.kind, namespace, name).await? {
+            Some(v) => decode(&self.kind, v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    pub async fn list(
+        &self,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+    ) -> Result<Vec<K>, StoreError> {
+        let list = self.store.list(&self.kind, namespace, selector).await?;
+        list.items
+            .into_iter()
+            .map(|v| decode(&self.kind, v))
+            .collect()
+    }
+
+    pub async fn create(&self, obj: &K) -> Result<K, StoreError> {
+        let v = self.store.create(&self.kind, encode(&self.kind, obj)?).await?;
+        decode(&self.kind, v)
+    }
+
+    pub async fn replace(&self, obj: &K) -> Result<K, StoreError> {
+        let v = self
+            .store
+            .replace(&self.kind, encode(&self.kind, obj)?)
+            .await?;
+        decode(&self.kind, v)
+    }
+
+    pub async fn replace_status(&self, obj: &K) -> Result<K, StoreError> {
+        let v = self
+            .store
+            .replace_status(&self.kind, encode(&self.kind, obj)?)
+            .await?;
+        decode(&self.kind, v)
+    }
+
+    pub async fn delete(
+        &self,
+        namespace: &str,
+        name: &str,
+        preconditions: &Preconditions,
+    ) -> Result<Deleted, StoreError> {
+        self.store
+            .delete(&self.kind, namespace, name, preconditions)
+            .await
+    }
+}
+
+/// The namespace/name key of an object, `""` namespace for cluster-scoped ones.
+pub fn object_key(v: &Value) -> (String, String) {
+    let meta = v.get("metadata");
+    let field = |f: &str| {
+        meta.and_then(|m| m.get(f))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    (field("namespace"), field("name"))
+}
