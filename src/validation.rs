@@ -41,6 +41,26 @@ pub fn dns1123_subdomain(s: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a name that only has to be a usable URL path segment (RBAC objects, e.g.
+/// `harvesterhci.io:cloudprovider`).
+pub fn path_segment_name(s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("name or generateName is required".into());
+    }
+    if s == "." || s == ".." {
+        return Err(format!("may not be '{s}'"));
+    }
+    for bad in ["/", "%"] {
+        if s.contains(bad) {
+            return Err(format!("may not contain '{bad}'"));
+        }
+    }
+    if s.len() > DNS1123_SUBDOMAIN_MAX {
+        return Err(format!("must be no more than {DNS1123_SUBDOMAIN_MAX} characters"));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,6 +77,14 @@ mod tests {
             dns1123_label(&"x".repeat(64)).unwrap_err(),
             "must be no more than 63 characters"
         );
+    }
+
+    #[test]
+    fn path_segments() {
+        assert!(path_segment_name("harvesterhci.io:cloudprovider").is_ok());
+        for bad in ["", ".", "..", "a/b", "a%b"] {
+            assert!(path_segment_name(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -27,6 +27,26 @@ pub struct Kind {
     pub namespaced: bool,
     /// Whether `status` is a subresource: plain replaces keep the stored status.
     pub status_subresource: bool,
+    /// How Kubernetes validates names of this kind.
+    pub names: NameRule,
+}
+
+/// Kubernetes' name validation differs per kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NameRule {
+    /// RFC 1123 subdomain: most kinds.
+    Subdomain,
+    /// Any URL path segment: RBAC roles and bindings (`harvesterhci.io:cloudprovider`).
+    PathSegment,
+}
+
+impl NameRule {
+    pub fn check(self, name: &str) -> Result<(), String> {
+        match self {
+            NameRule::Subdomain => crate::validation::dns1123_subdomain(name),
+            NameRule::PathSegment => crate::validation::path_segment_name(name),
+        }
+    }
 }
 
 impl Kind {
@@ -38,6 +58,11 @@ impl Kind {
             singular: singular_of(K::URL_PATH_SEGMENT),
             namespaced: TypeId::of::<K::Scope>() == TypeId::of::<NamespaceResourceScope>(),
             status_subresource: false,
+            names: if K::GROUP == "rbac.authorization.k8s.io" {
+                NameRule::PathSegment
+            } else {
+                NameRule::Subdomain
+            },
         }
     }
 }

@@ -512,7 +512,8 @@ fn checked_key(kind: &Kind, obj: &mut Value) -> Result<(String, String), StoreEr
     if name.is_empty() {
         return Err(invalid(kind, "", "metadata.name: Required value: name or generateName is required"));
     }
-    validation::dns1123_subdomain(&name)
+    kind.names
+        .check(&name)
         .map_err(|e| invalid(kind, &name, format!("metadata.name: Invalid value: \"{name}\": {e}")))?;
     let namespace = if kind.namespaced {
         let ns = meta.get("namespace").and_then(Value::as_str).unwrap_or_default().to_string();
