@@ -1,0 +1,470 @@
+//! The cloud-config API over HTTP. The `cases` run on every backend through [`support::Backend`];
+//! embedded-only behaviour (token minting, admin token store) is tested below them.
+
+mod support;
+
+use axum::{
+    body::Body,
+    http::{Method, StatusCode},
+};
+use base64::{Engine, engine::general_purpose::STANDARD as B64};
+use serde_json::Value;
+use harvester_cloud::store::{Kind, LabelSelector};
+use k8s_openapi::api::{
+    core::v1::{Secret, ServiceAccount},
+    rbac::v1::{ClusterRoleBinding, RoleBinding},
+};
+use support::{Backend, EmbeddedBackend, Reply, VIP, account, account_yaml};
+
+fn yaml(text: &str) -> Value {
+    yaml_serde::from_str(text).unwrap_or_else(|e| panic!("not YAML ({e}):\n{text}"))
+}
+
+/// The cloud-init body Harvester v1.9 writes for a kubeconfig, spelled out independently of the
+/// templates under test.
+fn expected_cloud_init(kubeconfig: &str) -> String {
+    let b64 = B64.encode(kubeconfig);
+    format!(
+        "########## cloud-init user data ############\nwrite_files:\n- encoding: b64\n  content: {b64}\n  owner: root:root\n  path: /etc/kubernetes/cloud-config\n  permissions: '0644'\n- encoding: b64\n  content: {b64}\n  owner: root:root\n  path: /var/lib/rancher/rke2/etc/config-files/cloud-provider-config\n  permissions: '0644'\n"
+    )
+}
+
+pub mod cases {
+    use super::*;
+
+    pub async fn raw_kubeconfig_shape<B: Backend>(b: B) {
+        let r = b.post(&account("gc-test", "gc4")).await;
+        let k = r.kubeconfig();
+        // Go's encoder escapes '<', '>' and '&'; none appear, and the body ends at the quote.
+        assert!(r.body.ends_with(b"\\n\""), "{}", r.text());
+        let v = yaml(&k);
+        assert_eq!(v["apiVersion"], "v1");
+        assert_eq!(v["kind"], "Config");
+        assert_eq!(v["current-context"], "default");
+        assert_eq!(v["clusters"][0]["name"], "default");
+        assert_eq!(v["clusters"][0]["cluster"]["server"], format!("https://{VIP}:6443"));
+        let ca = B64
+            .decode(v["clusters"][0]["cluster"]["certificate-authority-data"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(ca, b.expected_ca());
+        assert_eq!(v["contexts"][0]["name"], "default");
+        assert_eq!(v["contexts"][0]["context"]["namespace"], "gc-test");
+        assert_eq!(v["contexts"][0]["context"]["cluster"], "default");
+        assert_eq!(v["contexts"][0]["context"]["user"], "default");
+        assert_eq!(v["users"][0]["name"], "default");
+        assert!(v["users"][0]["user"]["token"].as_str().is_some_and(|t| t.len() > 20));
+        // Keys in client-go's order, two-space indent, no preferences line (v1.9).
+        let keys: Vec<&str> = k.lines().filter(|l| !l.starts_with(' ') && !l.starts_with('-')).collect();
+        assert_eq!(keys, ["apiVersion: v1", "clusters:", "contexts:", "current-context: default", "kind: Config", "users:"]);
+        assert!(!k.contains("preferences"));
+    }
+
+    pub async fn post_is_idempotent_and_get_matches<B: Backend>(b: B) {
+        let first = b.post(&account("gc-test", "gc4")).await.kubeconfig();
+        let again = b.post(&account("gc-test", "gc4")).await.kubeconfig();
+        assert_eq!(first, again, "repeated POSTs return the same kubeconfig");
+        let got = b.get("namespace=gc-test&serviceAccountName=gc4").await.kubeconfig();
+        assert_eq!(first, got);
+        // The dashboard's exact body is accepted too.
+        let dashboard = r#"{"csiClusterRoleName":"harvesterhci.io:csi-driver","clusterRoleName":"harvesterhci.io:cloudprovider","namespace":"gc-test","serviceAccountName":"gc4"}"#;
+        assert_eq!(b.post(dashboard).await.kubeconfig(), first);
+    }
+
+    pub async fn yaml_output_is_byte_exact<B: Backend>(b: B) {
+        let k = b.post(&account("gc-test", "gc4")).await.kubeconfig();
+        for r in [
+            b.post(&account_yaml("gc-test", "gc4")).await,
+            b.get("namespace=gc-test&serviceAccountName=gc4&outputFormat=yaml").await,
+        ] {
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+            assert_eq!(r.content_type(), "application/x-yaml; charset=utf-8");
+            assert_eq!(r.text(), expected_cloud_init(&k));
+        }
+        // Only the exact, case-sensitive `yaml` selects cloud-init.
+        let r = b.get("namespace=gc-test&serviceAccountName=gc4&outputFormat=YAML").await;
+        assert_eq!(r.kubeconfig(), k);
+    }
+
+    pub async fn get_unknown_account_is_404<B: Backend>(b: B) {
+        let m = b
+            .get("namespace=gc-test&serviceAccountName=nobody")
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
+        assert_eq!(m, "fail to get serviceAccount: serviceaccount \"nobody\" not found");
+        // GET creates nothing: a POST afterwards is the first to create the account.
+        let m2 = b
+            .get("namespace=gc-test&serviceAccountName=nobody")
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
+        assert_eq!(m, m2);
+    }
+
+    pub async fn authentication_errors<B: Backend>(b: B) {
+        let path = "/v1/harvester/kubeconfig";
+        let body = account("gc-test", "gc4");
+        for (token, why) in [
+            (None, "must authenticate"),
+            (Some("not-a-token"), "must authenticate"),
+            (Some("token-zzzzz:nope"), "invalid token"),
+        ] {
+            let r = b.call(Method::POST, path, token, body.clone()).await;
+            let m = r.error(StatusCode::UNAUTHORIZED, "Unauthorized");
+            assert!(m.contains(why), "{m}");
+            assert_eq!(r.headers.get("www-authenticate").unwrap(), "Bearer realm=\"harvester-cloud\"");
+        }
+        // The right name with a wrong secret says nothing more than an unknown token.
+        let name = b.admin_token().split(':').next().unwrap().to_string();
+        let r = b.call(Method::GET, path, Some(&format!("{name}:wrong")), Body::empty()).await;
+        assert_eq!(r.error(StatusCode::UNAUTHORIZED, "Unauthorized"), "invalid token");
+        // Basic auth with the token's name and secret works, as Terraform sends it.
+        let basic = B64.encode(b.admin_token());
+        let req = axum::http::Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header("authorization", format!("Basic {basic}"))
+            .body(Body::from(body))
+            .unwrap();
+        use tower::ServiceExt;
+        let resp = b.router().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+
+    pub async fn invalid_requests_are_422<B: Backend>(b: B) {
+        let cases: &[(&str, &str)] = &[
+            ("", "fail to decode request: EOF"),
+            ("null", "fail to decode request: invalid request: namespace and serviceAccountName cannot be empty"),
+            (r#"{"namespace":"gc-test"}"#, "fail to decode request: invalid request: namespace and serviceAccountName cannot be empty"),
+            (r#"{"namespace":"gc-test","serviceAccountName":"gc4","clusterRoleName":"cluster-admin"}"#,
+                "fail to decode request: invalid request: clusterRoleName can only be harvesterhci.io:cloudprovider"),
+            (r#"{"namespace":"gc-test","serviceAccountName":"gc4","csiClusterRoleName":"cluster-admin"}"#,
+                "fail to decode request: invalid request: csiClusterRoleName can only be harvesterhci.io:csi-driver"),
+            (r#"{"namespace":7,"serviceAccountName":"gc4"}"#,
+                "fail to decode request: json: cannot unmarshal number into Go struct field req.namespace of type string"),
+            (r#"["gc-test"]"#, "fail to decode request: json: cannot unmarshal array into Go value of type req"),
+            (r#"{"namespace":"gc-test","#, "fail to decode request: unexpected EOF"),
+            ("namespace=gc-test", "fail to decode request: the body is not valid JSON"),
+            (r#"{"namespace":"GC_Test","serviceAccountName":"gc4"}"#, "fail to decode request: invalid request: namespace \"GC_Test\" is not a valid namespace name"),
+            (r#"{"namespace":"gc-test","serviceAccountName":"gc4/x"}"#, "fail to decode request: invalid request: serviceAccountName \"gc4/x\" is not a valid service account name"),
+        ];
+        for (body, want) in cases {
+            let m = b.post(body).await.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+            assert!(m.starts_with(want), "body {body:?}: {m}");
+        }
+        let long_ns = format!(r#"{{"namespace":"{}","serviceAccountName":"gc4"}}"#, "n".repeat(64));
+        let m = b.post(&long_ns).await.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert!(m.contains("must be no more than 63 characters"), "{m}");
+        // A body that is not UTF-8 is malformed JSON, not a crash.
+        let t = b.admin_token();
+        let r = b.call(Method::POST, "/v1/harvester/kubeconfig", Some(&t), vec![0xff, 0xfe, b'{']).await;
+        r.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+
+        let queries: &[(&str, &str)] = &[
+            ("", "namespace and serviceAccountName cannot be empty"),
+            ("namespace=gc-test&serviceAccountName=%ff%fe", "not valid UTF-8"),
+            ("namespace=%zz&serviceAccountName=gc4", "invalid URL escape"),
+            ("namespace=gc-test&serviceAccountName=gc4&clusterRoleName=x", "clusterRoleName can only be"),
+            ("namespace=Bad&serviceAccountName=gc4", "is not a valid namespace name"),
+        ];
+        for (q, want) in queries {
+            let m = b.get(q).await.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+            assert!(m.contains(want), "query {q:?}: {m}");
+        }
+    }
+
+    pub async fn foreign_binding_is_409_and_leaves_nothing<B: Backend>(b: B) {
+        // ns=a-b, sa=c and ns=a, sa=b-c both name their ClusterRoleBinding `a-b-c`.
+        b.post(&account("a-b", "c")).await.kubeconfig();
+        let r = b.post(&account("a", "b-c")).await;
+        let m = r.error(StatusCode::CONFLICT, "Conflict");
+        assert!(
+            m.starts_with("fail to create clusterRoleBinding: clusterrolebinding a-b-c is not owned by serviceAccount name:b-c"),
+            "{m}"
+        );
+        assert!(m.contains("ServiceAccount a-b/c"), "{m}");
+        // Checked before anything was created: the second account does not exist.
+        let m = b.get("namespace=a&serviceAccountName=b-c").await.error(StatusCode::NOT_FOUND, "NotFound");
+        assert!(m.contains("serviceaccount \"b-c\" not found"), "{m}");
+        // The first account is untouched.
+        b.get("namespace=a-b&serviceAccountName=c").await.kubeconfig();
+    }
+
+    pub async fn oversized_body_is_413<B: Backend>(b: B) {
+        let big = format!(r#"{{"namespace":"gc-test","serviceAccountName":"gc4","pad":"{}"}}"#, "x".repeat(64 * 1024));
+        let m = b.post(&big).await.error(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge");
+        assert!(m.contains("65536"), "{m}");
+        // Just under the limit is fine.
+        let fits = format!(r#"{{"namespace":"gc-test","serviceAccountName":"gc4","pad":"{}"}}"#, "x".repeat(60 * 1024));
+        b.post(&fits).await.kubeconfig();
+    }
+
+    pub async fn other_methods_are_405<B: Backend>(b: B) {
+        let t = b.admin_token();
+        // HEAD is GET without a body, as HTTP defines it; everything else is refused.
+        for m in [Method::PUT, Method::PATCH, Method::DELETE, Method::OPTIONS] {
+            let r = b.call(m.clone(), "/v1/harvester/kubeconfig", Some(&t), Body::empty()).await;
+            assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{m}");
+            let allow = r.headers.get("allow").unwrap().to_str().unwrap().to_string();
+            assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
+            r.error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed");
+        }
+        let r = b.call(Method::GET, "/v1/harvester/nothing", Some(&t), Body::empty()).await;
+        r.error(StatusCode::NOT_FOUND, "NotFound");
+    }
+
+    pub async fn concurrent_posts_create_one_account<B: Backend>(b: B) {
+        let body = account("gc-test", "racer");
+        let replies: Vec<Reply> = futures::future::join_all((0..32).map(|_| b.post(&body))).await;
+        let first = replies[0].kubeconfig();
+        for r in &replies {
+            assert_eq!(r.kubeconfig(), first, "every concurrent POST returns the same kubeconfig");
+        }
+        assert_eq!(b.get("namespace=gc-test&serviceAccountName=racer").await.kubeconfig(), first);
+        // Exactly one of each object, whatever names a buggy path might have used.
+        let store = b.store();
+        let everything = LabelSelector::everything();
+        let count = |items: Vec<Value>, pred: &dyn Fn(&Value) -> bool| items.iter().filter(|v| pred(v)).count();
+        let sas = store.list(&Kind::of::<ServiceAccount>(), Some("gc-test"), &everything).await.unwrap().items;
+        assert_eq!(count(sas, &|v| v["metadata"]["name"] == "racer"), 1);
+        let secrets = store.list(&Kind::of::<Secret>(), Some("gc-test"), &everything).await.unwrap().items;
+        assert_eq!(
+            count(secrets, &|v| v["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "racer"),
+            1
+        );
+        let subject_is_racer = |v: &Value| v["subjects"][0]["name"] == "racer";
+        let rbs = store.list(&Kind::of::<RoleBinding>(), Some("gc-test"), &everything).await.unwrap().items;
+        assert_eq!(count(rbs, &subject_is_racer), 1);
+        let crbs = store.list(&Kind::of::<ClusterRoleBinding>(), None, &everything).await.unwrap().items;
+        assert_eq!(count(crbs, &subject_is_racer), 1);
+    }
+
+    pub async fn restart_keeps_accounts_and_tokens<B: Backend>(b: B) {
+        let before = b.post(&account("gc-test", "gc4")).await.kubeconfig();
+        let b = b.restart().await;
+        let after = b.get("namespace=gc-test&serviceAccountName=gc4").await.kubeconfig();
+        assert_eq!(before, after);
+        assert_eq!(b.post(&account("gc-test", "gc4")).await.kubeconfig(), before);
+    }
+
+    pub async fn health_endpoints<B: Backend>(b: B) {
+        for path in ["/healthz", "/readyz"] {
+            let r = b.call(Method::GET, path, None, Body::empty()).await;
+            assert_eq!(r.status, StatusCode::OK, "{path}");
+            assert_eq!(r.text(), "ok");
+        }
+    }
+
+    pub async fn names_are_safely_concatenated<B: Backend>(b: B) {
+        let (ns, sa) = ("guest-cluster-namespace-with-a-rather-long-name", "guest-cluster-service-account-name");
+        let k = b.post(&account(ns, sa)).await.kubeconfig();
+        assert_eq!(b.get(&format!("namespace={ns}&serviceAccountName={sa}")).await.kubeconfig(), k);
+        // A 253-character service account name still works (its token Secret name is cut to 63).
+        let long_sa = format!("{}.{}.{}.{}", "a".repeat(63), "b".repeat(63), "c".repeat(63), "d".repeat(61));
+        assert_eq!(long_sa.len(), 253);
+        b.post(&account("gc-test", &long_sa)).await.kubeconfig();
+    }
+}
+
+macro_rules! suite {
+    ($backend:ident, $start:expr, [$($case:ident),* $(,)?]) => {
+        mod $backend {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    cases::$case($start.await).await
+                }
+            )*
+        }
+    };
+}
+
+suite!(embedded, EmbeddedBackend::start(), [
+    raw_kubeconfig_shape,
+    post_is_idempotent_and_get_matches,
+    yaml_output_is_byte_exact,
+    get_unknown_account_is_404,
+    authentication_errors,
+    invalid_requests_are_422,
+    foreign_binding_is_409_and_leaves_nothing,
+    oversized_body_is_413,
+    other_methods_are_405,
+    concurrent_posts_create_one_account,
+    restart_keeps_accounts_and_tokens,
+    health_endpoints,
+    names_are_safely_concatenated,
+]);
+
+// --- Embedded-only behaviour ---------------------------------------------------------------------
+
+mod embedded_only {
+    use super::*;
+    use harvester_cloud::store::embedded::tokens;
+    use jsonwebtoken::{DecodingKey, Validation, jwk::JwkSet};
+
+    #[tokio::test]
+    async fn tokens_are_jwts_verifiable_from_the_published_keys() {
+        let b = EmbeddedBackend::start().await;
+        let k = b.post(&account("gc-test", "gc4")).await.kubeconfig();
+        let token = yaml(&k)["users"][0]["user"]["token"].as_str().unwrap().to_string();
+
+        let config = b.call(Method::GET, "/.well-known/openid-configuration", None, Body::empty()).await.json();
+        let issuer = config["issuer"].as_str().unwrap().to_string();
+        assert!(config["jwks_uri"].as_str().unwrap().ends_with("/openid/v1/jwks"));
+        let jwks: JwkSet = serde_json::from_slice(
+            &b.call(Method::GET, "/openid/v1/jwks", None, Body::empty()).await.body,
+        )
+        .unwrap();
+        let header = jsonwebtoken::decode_header(&token).unwrap();
+        let jwk = jwks.find(header.kid.as_deref().unwrap()).expect("the signing key is published");
+        let mut v = Validation::new(header.alg);
+        v.set_issuer(&[&issuer]);
+        v.set_audience(&[&issuer]);
+        v.validate_exp = false;
+        v.set_required_spec_claims(&["iss", "sub"]);
+        let claims = jsonwebtoken::decode::<Value>(&token, &DecodingKey::from_jwk(jwk).unwrap(), &v)
+            .expect("token verifies")
+            .claims;
+        assert_eq!(claims["sub"], "system:serviceaccount:gc-test:gc4");
+        assert_eq!(claims["kubernetes.io"]["namespace"], "gc-test");
+        assert_eq!(claims["kubernetes.io"]["serviceaccount"]["name"], "gc4");
+        assert!(claims["kubernetes.io"]["serviceaccount"]["uid"].as_str().is_some_and(|u| u.len() == 36));
+    }
+
+    #[tokio::test]
+    async fn expired_and_revoked_tokens_are_refused() {
+        let b = EmbeddedBackend::start().await;
+        let pool = b.app.store.pool().clone();
+        let body = account("gc-test", "gc4");
+        let path = "/v1/harvester/kubeconfig";
+
+        let (expired, _) = tokens::create(&pool, "", Some(time::Duration::ZERO)).await.unwrap();
+        let r = b.call(Method::POST, path, Some(&expired.expose()), body.clone()).await;
+        assert_eq!(r.error(StatusCode::UNAUTHORIZED, "Unauthorized"), format!("token {} is expired", expired.name));
+
+        let (live, _) = tokens::create(&pool, "", Some(time::Duration::hours(1))).await.unwrap();
+        let r = b.call(Method::POST, path, Some(&live.expose()), body.clone()).await;
+        assert_eq!(r.status, StatusCode::OK);
+
+        let (revoked, _) = tokens::create(&pool, "", None).await.unwrap();
+        tokens::revoke(&pool, &revoked.name).await.unwrap();
+        let r = b.call(Method::POST, path, Some(&revoked.expose()), body.clone()).await;
+        assert_eq!(r.error(StatusCode::UNAUTHORIZED, "Unauthorized"), format!("token {} is revoked", revoked.name));
+
+        // Revoking a token in use takes effect once the one-second cache entry lapses.
+        tokens::revoke(&pool, &live.name).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        let r = b.call(Method::POST, path, Some(&live.expose()), body).await;
+        r.error(StatusCode::UNAUTHORIZED, "Unauthorized");
+    }
+
+    #[tokio::test]
+    async fn tokens_are_stored_hashed() {
+        let b = EmbeddedBackend::start().await;
+        let token = b.admin_token();
+        let secret = token.split(':').nth(1).unwrap();
+        let rows: Vec<(String, String)> = sqlx::query_as("SELECT name, hash FROM admin_tokens")
+            .fetch_all(b.app.store.pool())
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1);
+        assert!(rows[0].1.starts_with("$3:1:"));
+        assert!(!rows[0].1.contains(secret));
+        let db = std::fs::read(b.data_dir().join("harvester-cloud.db")).unwrap();
+        assert!(!db.windows(secret.len()).any(|w| w == secret.as_bytes()));
+        // The admin-token file holds the token on one line, readable by its owner only.
+        let file = b.data_dir().join("admin-token");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), format!("{token}\n"));
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    #[tokio::test]
+    async fn server_url_and_cluster_ca_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\nY2E=\n-----END CERTIFICATE-----\n").unwrap();
+        let b = EmbeddedBackend::start_with(&[
+            "--server-url",
+            "https://rancher.example/k8s/clusters/c-1",
+            "--cluster-ca-file",
+            ca.to_str().unwrap(),
+        ])
+        .await;
+        let k = yaml(&b.post(&account("gc-test", "gc4")).await.kubeconfig());
+        assert_eq!(k["clusters"][0]["cluster"]["server"], "https://rancher.example/k8s/clusters/c-1");
+        let got = B64.decode(k["clusters"][0]["cluster"]["certificate-authority-data"].as_str().unwrap()).unwrap();
+        assert_eq!(got, std::fs::read(&ca).unwrap());
+    }
+
+    #[tokio::test]
+    async fn ipv6_vip_is_bracketed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (global, serve) = support::cli(dir.path(), &["--vip".into(), "2001:db8::1".into()]);
+        let app = harvester_cloud::app::open_embedded(&global, &serve).await.unwrap();
+        let token = app.admin_token.clone().unwrap().expose();
+        let r = tower::ServiceExt::oneshot(
+            harvester_cloud::http::router(app.state.clone()),
+            axum::http::Request::post("/v1/harvester/kubeconfig")
+                .header("authorization", format!("Bearer {token}"))
+                .body(Body::from(account("gc-test", "gc4")))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+        let body = http_body_util::BodyExt::collect(r.into_body()).await.unwrap().to_bytes();
+        let k: String = serde_json::from_slice(&body).unwrap();
+        assert!(k.contains("server: https://[2001:db8::1]:6443\n"), "{k}");
+    }
+}
+
+/// The real checkers of generated output: `kubectl config view --minify --raw` and `cloud-init schema`.
+mod external_checkers {
+    use super::*;
+    use std::process::Command;
+
+    fn run(cmd: &mut Command) -> String {
+        let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?} (is it installed? .ci/run installs it): {e}"));
+        assert!(
+            out.status.success(),
+            "{cmd:?} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    #[tokio::test]
+    async fn kubectl_accepts_the_kubeconfig() {
+        let b = EmbeddedBackend::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        // Namespaces that YAML would read as other types must come back as strings.
+        for ns in ["gc-test", "123", "true", "2024-01-02", "0x1f", "1e3"] {
+            let k = b.post(&account(ns, "gc4")).await.kubeconfig();
+            let path = dir.path().join(format!("{ns}.kubeconfig"));
+            std::fs::write(&path, &k).unwrap();
+            let out = run(Command::new("kubectl").args(["config", "view", "--minify", "--raw", "-o", "json", "--kubeconfig"]).arg(&path));
+            let v: Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(v["contexts"][0]["context"]["namespace"], ns, "{k}");
+            assert_eq!(v["clusters"][0]["cluster"]["server"], format!("https://{VIP}:6443"));
+            let token = yaml(&k)["users"][0]["user"]["token"].clone();
+            assert_eq!(v["users"][0]["user"]["token"], token);
+            let ns_out = run(Command::new("kubectl").args(["config", "view", "--minify", "-o", "jsonpath={.contexts[0].context.namespace}", "--kubeconfig"]).arg(&path));
+            assert_eq!(ns_out, ns);
+        }
+    }
+
+    #[tokio::test]
+    async fn cloud_init_accepts_the_user_data() {
+        let b = EmbeddedBackend::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let body = b.post(&account_yaml("gc-test", "gc4")).await.text();
+        let path = dir.path().join("user-data");
+        std::fs::write(&path, format!("#cloud-config\n{body}")).unwrap();
+        let out = run(Command::new("cloud-init").args(["schema", "--config-file"]).arg(&path));
+        assert!(out.contains("Valid cloud-config"), "{out}");
+        // The checker is real: a broken document fails it.
+        std::fs::write(&path, "#cloud-config\nwrite_files: 5\n").unwrap();
+        let out = Command::new("cloud-init").args(["schema", "--config-file"]).arg(&path).output().unwrap();
+        assert!(!out.status.success());
+    }
+}

@@ -1,0 +1,182 @@
+//! Shared helpers for the integration tests: backends behind one interface so that the same
+//! HTTP suite runs on each, and small request/response utilities.
+#![allow(dead_code, async_fn_in_trait)]
+
+use std::path::{Path, PathBuf};
+
+use axum::{
+    Router,
+    body::Body,
+    http::{HeaderMap, Method, Request, StatusCode},
+};
+use clap::Parser;
+use harvester_cloud::{
+    app::{self, Embedded},
+    config::{Cli, Command},
+};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tower::ServiceExt;
+
+pub const VIP: &str = "192.168.1.10";
+
+/// A response, fully read.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn text(&self) -> String {
+        String::from_utf8(self.body.clone()).expect("UTF-8 body")
+    }
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+    pub fn content_type(&self) -> &str {
+        self.headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    }
+    /// The raw kubeconfig of a 200 JSON-string body.
+    pub fn kubeconfig(&self) -> String {
+        assert_eq!(self.status, StatusCode::OK, "{}", self.text());
+        assert_eq!(self.content_type(), "application/json");
+        serde_json::from_slice::<String>(&self.body).expect("body is a JSON string")
+    }
+    /// Asserts Rancher's error shape with this status and code, and returns the message.
+    pub fn error(&self, status: StatusCode, code: &str) -> String {
+        assert_eq!(self.status, status, "{}", self.text());
+        assert_eq!(self.content_type(), "application/json", "{}", self.text());
+        let v = self.json();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["status"], status.as_u16());
+        assert_eq!(v["code"], code, "{v}");
+        v["message"].as_str().expect("message").to_string()
+    }
+}
+
+/// A service under test, reached through its router.
+pub trait Backend: Sized {
+    fn router(&self) -> Router;
+    fn admin_token(&self) -> String;
+    /// Stops the service and starts it again on the same state.
+    async fn restart(self) -> Self;
+    /// The CA that kubeconfigs must carry.
+    fn expected_ca(&self) -> Vec<u8>;
+    /// The store behind the service, to inspect what a request left behind.
+    fn store(&self) -> std::sync::Arc<dyn harvester_cloud::store::ObjectStore>;
+
+    async fn call(&self, method: Method, uri: &str, token: Option<&str>, body: impl Into<Body>) -> Reply {
+        let mut req = Request::builder().method(method).uri(uri);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let resp = self
+            .router()
+            .oneshot(req.body(body.into()).expect("request"))
+            .await
+            .expect("infallible");
+        let (parts, body) = resp.into_parts();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await.expect("body").to_bytes().to_vec(),
+        }
+    }
+
+    async fn post(&self, body: &str) -> Reply {
+        let t = self.admin_token();
+        self.call(Method::POST, "/v1/harvester/kubeconfig", Some(&t), body.to_string()).await
+    }
+
+    async fn get(&self, query: &str) -> Reply {
+        let t = self.admin_token();
+        self.call(Method::GET, &format!("/v1/harvester/kubeconfig?{query}"), Some(&t), Body::empty()).await
+    }
+}
+
+/// The embedded backend on a real SQLite file in a temporary directory.
+pub struct EmbeddedBackend {
+    pub dir: tempfile::TempDir,
+    pub app: Embedded,
+    pub extra_args: Vec<String>,
+    token: String,
+}
+
+pub fn cli(data_dir: &Path, extra: &[String]) -> (harvester_cloud::config::GlobalArgs, harvester_cloud::config::ServeArgs) {
+    let mut args: Vec<String> = vec![
+        "harvester-cloud".into(),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+        "serve".into(),
+        "--http".into(),
+    ];
+    if !extra.iter().any(|a| a == "--vip") {
+        args.extend(["--vip".into(), VIP.into()]);
+    }
+    args.extend(extra.iter().cloned());
+    let cli = Cli::try_parse_from(args).expect("valid test arguments");
+    match cli.command {
+        Command::Serve(serve) => (cli.global, serve),
+        _ => unreachable!(),
+    }
+}
+
+impl EmbeddedBackend {
+    pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    pub async fn start_with(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let (global, serve) = cli(dir.path(), &extra);
+        let app = app::open_embedded(&global, &serve).await.expect("open embedded");
+        let token = app.admin_token.as_ref().expect("first start creates a token").expose();
+        EmbeddedBackend { dir, app, extra_args: extra, token }
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+}
+
+impl Backend for EmbeddedBackend {
+    fn router(&self) -> Router {
+        harvester_cloud::http::router(self.app.state.clone())
+    }
+
+    fn admin_token(&self) -> String {
+        self.token.clone()
+    }
+
+    async fn restart(self) -> Self {
+        let EmbeddedBackend { dir, app, extra_args, token } = self;
+        app.store.close().await;
+        drop(app);
+        let (global, serve) = cli(dir.path(), &extra_args);
+        let app = app::open_embedded(&global, &serve).await.expect("reopen embedded");
+        assert!(app.admin_token.is_none(), "a restart must not create another admin token");
+        EmbeddedBackend { dir, app, extra_args, token }
+    }
+
+    fn store(&self) -> std::sync::Arc<dyn harvester_cloud::store::ObjectStore> {
+        self.app.state.store.clone()
+    }
+
+    fn expected_ca(&self) -> Vec<u8> {
+        std::fs::read(self.dir.path().join("tls/ca.crt")).expect("generated CA")
+    }
+}
+
+pub fn account(ns: &str, sa: &str) -> String {
+    serde_json::json!({"namespace": ns, "serviceAccountName": sa}).to_string()
+}
+
+pub fn account_yaml(ns: &str, sa: &str) -> String {
+    serde_json::json!({"namespace": ns, "serviceAccountName": sa, "outputFormat": "yaml"}).to_string()
+}
