@@ -36,6 +36,8 @@ pub enum ApiError {
     },
     #[error("no route for {path}")]
     NotFound { path: String },
+    #[error("this backend does not issue service-account tokens; ask the cluster's own issuer")]
+    NoIssuer,
     #[error("{what} is not available: {reason}")]
     Unavailable { what: &'static str, reason: String },
 }
@@ -88,7 +90,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge"),
             ApiError::BadBody { .. } => (StatusCode::BAD_REQUEST, "InvalidBodyContent"),
             ApiError::MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
-            ApiError::NotFound { .. } => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::NotFound { .. } | ApiError::NoIssuer => (StatusCode::NOT_FOUND, "NotFound"),
             ApiError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable"),
         }
     }

@@ -204,9 +204,7 @@ async fn readyz(State(state): State<AppState>) -> Result<&'static str, ApiError>
 }
 
 fn issuer(state: &AppState) -> Result<&Issuer, ApiError> {
-    state.issuer.as_deref().ok_or_else(|| ApiError::NotFound {
-        path: "this backend does not issue service-account tokens".into(),
-    })
+    state.issuer.as_deref().ok_or(ApiError::NoIssuer)
 }
 
 async fn openid_configuration(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
