@@ -53,6 +53,7 @@ fn init_logging(global: &GlobalArgs) -> anyhow::Result<()> {
         .with_context(|| format!("invalid --log filter {:?}", global.log))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let result = match global.log_format {
         LogFormat::Text => builder.try_init(),

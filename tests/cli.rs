@@ -1,0 +1,159 @@
+//! The binary as an operator runs it: `serve` over HTTPS with its generated CA, the first admin
+//! token, `token create|list|revoke`, the data-directory lock, and a clean stop on SIGTERM.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_harvester-cloud");
+
+struct Server {
+    child: Child,
+    url: String,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// Starts `serve` on a free port and waits for its "listening" log line.
+    fn start(data_dir: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(BIN)
+            .args(["--data-dir"])
+            .arg(data_dir)
+            .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0", "--vip", "10.0.0.1"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn harvester-cloud");
+        let (tx, lines) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = lines.recv_timeout(left).expect("server logs that it listens");
+            let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
+            if v["message"].as_str().is_some_and(|m| m.starts_with("listening")) {
+                let url = v["url"].as_str().expect("url field").to_string();
+                return Server { child, url, lines };
+            }
+        }
+    }
+
+    fn stop(mut self) -> Vec<String> {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "exit after SIGTERM: {status}");
+        self.lines.try_iter().collect()
+    }
+}
+
+fn client(data_dir: &Path) -> reqwest::Client {
+    let ca = std::fs::read(data_dir.join("tls/ca.crt")).unwrap();
+    reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .build()
+        .unwrap()
+}
+
+fn token_cmd(data_dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(BIN).arg("--data-dir").arg(data_dir).arg("token").args(args).output().unwrap()
+}
+
+#[tokio::test]
+async fn serve_over_https_with_tokens_lock_and_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    assert!(server.url.starts_with("https://127.0.0.1:"), "{}", server.url);
+
+    let admin = std::fs::read_to_string(data.join("admin-token")).unwrap().trim().to_string();
+    let http = client(&data);
+    let post = |token: String| {
+        let http = http.clone();
+        let url = format!("{}/v1/harvester/kubeconfig", server.url);
+        async move {
+            http.post(url)
+                .bearer_auth(token)
+                .body(r#"{"namespace":"default","serviceAccountName":"gc4"}"#)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let r = post(admin.clone()).await;
+    assert_eq!(r.status(), 200);
+    let kubeconfig: String = r.json().await.unwrap();
+    assert!(kubeconfig.contains("server: https://10.0.0.1:6443\n"));
+
+    // A second server cannot open the same data directory.
+    let out = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use by another harvester-cloud process"));
+
+    // token create / list / revoke while the server runs.
+    let out = token_cmd(&data, &["create", "--ttl", "1h", "--description", "ci"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let created = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let name = created.split(':').next().unwrap().to_string();
+    assert!(name.starts_with("token-") && name.len() == 11, "{created}");
+    assert_eq!(post(created.clone()).await.status(), 200);
+    let list = String::from_utf8(token_cmd(&data, &["list"]).stdout).unwrap();
+    assert!(list.contains(&name) && list.contains("active") && list.contains("ci"), "{list}");
+    assert!(!list.contains(created.split(':').nth(1).unwrap()), "list never shows secrets");
+    let out = token_cmd(&data, &["revoke", &name]);
+    assert!(out.status.success());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(post(created.clone()).await.status(), 401);
+    let list = String::from_utf8(token_cmd(&data, &["list"]).stdout).unwrap();
+    assert!(list.lines().any(|l| l.contains(&name) && l.contains("revoked")), "{list}");
+    let out = token_cmd(&data, &["revoke", "token-nope0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("token token-nope0 not found"));
+
+    let logs = server.stop();
+    assert!(logs.iter().any(|l| l.contains("\"stopped\"")), "{logs:?}");
+    // Secrets never reach the logs.
+    for l in &logs {
+        assert!(!l.contains(admin.split(':').nth(1).unwrap()) && !l.contains(created.split(':').nth(1).unwrap()));
+    }
+
+    // A restarted process serves the same account and accepts the same admin token.
+    let server = Server::start(&data, &[]);
+    let http = client(&data);
+    let r = http
+        .get(format!("{}/v1/harvester/kubeconfig?namespace=default&serviceAccountName=gc4", server.url))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<String>().await.unwrap(), kubeconfig);
+    server.stop();
+}
+
+#[tokio::test]
+async fn plain_http_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--http"]);
+    assert!(server.url.starts_with("http://127.0.0.1:"));
+    let r = reqwest::get(format!("{}/healthz", server.url)).await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "ok");
+    server.stop();
+}
