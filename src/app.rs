@@ -57,7 +57,11 @@ fn init_logging(global: &GlobalArgs) -> anyhow::Result<()> {
         .with_writer(std::io::stderr);
     let result = match global.log_format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .try_init(),
     };
     // Already initialised (tests): keep the existing subscriber.
     drop(result);
@@ -92,13 +96,23 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
     let tls = if args.http {
         None
     } else if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
-        let cert_chain_pem = std::fs::read(cert).with_context(|| format!("cannot read --tls-cert {}", cert.display()))?;
-        let key_pem = std::fs::read(key).with_context(|| format!("cannot read --tls-key {}", key.display()))?;
+        let cert_chain_pem = std::fs::read(cert)
+            .with_context(|| format!("cannot read --tls-cert {}", cert.display()))?;
+        let key_pem = std::fs::read(key)
+            .with_context(|| format!("cannot read --tls-key {}", key.display()))?;
         let ca_pem = certs::last_certificate_pem(&cert_chain_pem)
             .with_context(|| format!("--tls-cert {} holds no PEM certificate", cert.display()))?;
-        Some(certs::TlsMaterial { cert_chain_pem, key_pem, ca_pem })
+        Some(certs::TlsMaterial {
+            cert_chain_pem,
+            key_pem,
+            ca_pem,
+        })
     } else {
-        let mut hosts = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+        let mut hosts = vec![
+            "localhost".to_string(),
+            "127.0.0.1".to_string(),
+            "::1".to_string(),
+        ];
         if !args.listen.ip().is_unspecified() && !args.listen.ip().is_loopback() {
             hosts.push(args.listen.ip().to_string());
         }
@@ -107,7 +121,8 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
 
     let cluster_ca = match &args.cluster_ca_file {
         Some(path) => Some(
-            std::fs::read(path).with_context(|| format!("cannot read --cluster-ca-file {}", path.display()))?,
+            std::fs::read(path)
+                .with_context(|| format!("cannot read --cluster-ca-file {}", path.display()))?,
         ),
         None => None,
     };
@@ -115,14 +130,19 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
     let token_ca = match (&cluster_ca, &tls) {
         (Some(ca), _) => ca.clone(),
         (None, Some(tls)) => tls.ca_pem.clone(),
-        (None, None) => certs::ensure_self_signed(&data_dir.join("tls"), &["localhost".into()])?.ca_pem,
+        (None, None) => {
+            certs::ensure_self_signed(&data_dir.join("tls"), &["localhost".into()])?.ca_pem
+        }
     };
 
     let scheme = if args.http { "http" } else { "https" };
-    let issuer_url = args
-        .issuer_url
-        .clone()
-        .unwrap_or_else(|| format!("{scheme}://{}:{}", public_host(args.listen), args.listen.port()));
+    let issuer_url = args.issuer_url.clone().unwrap_or_else(|| {
+        format!(
+            "{scheme}://{}:{}",
+            public_host(args.listen),
+            args.listen.port()
+        )
+    });
     let issuer = Arc::new(Issuer::new(issuer_url, &store.signing_keys().await?)?);
     store.set_token_controller(Arc::new(TokenController {
         issuer: issuer.clone(),
@@ -156,7 +176,10 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
 }
 
 /// On first start (no token at all) creates an admin token and writes it to `<data-dir>/admin-token`.
-async fn ensure_admin_token(store: &EmbeddedStore, data_dir: &Path) -> anyhow::Result<Option<ApiToken>> {
+async fn ensure_admin_token(
+    store: &EmbeddedStore,
+    data_dir: &Path,
+) -> anyhow::Result<Option<ApiToken>> {
     if tokens::count(store.pool()).await? > 0 {
         return Ok(None);
     }
@@ -166,16 +189,27 @@ async fn ensure_admin_token(store: &EmbeddedStore, data_dir: &Path) -> anyhow::R
     info!(token = %rec.name, path = %path.display(), "created the first admin token");
     // The secret goes to an interactive terminal only, never into logs.
     if std::io::stdout().is_terminal() {
-        println!("Admin token (shown once; also in {}):\n{}", path.display(), token.expose());
+        println!(
+            "Admin token (shown once; also in {}):\n{}",
+            path.display(),
+            token.expose()
+        );
     }
     Ok(Some(token))
 }
 
 /// Objects a Harvester cluster has that the embedded store must provide: the two ClusterRoles the
 /// bindings refer to, and the `vip` ConfigMap.
-async fn seed(store: &Arc<dyn ObjectStore>, harvester_namespace: &str, vip: Option<&str>) -> anyhow::Result<()> {
+async fn seed(
+    store: &Arc<dyn ObjectStore>,
+    harvester_namespace: &str,
+    vip: Option<&str>,
+) -> anyhow::Result<()> {
     let roles = Api::<ClusterRole>::new(store.clone());
-    for (name, rules) in [(CLOUDPROVIDER_ROLE, cloudprovider_rules()), (CSI_DRIVER_ROLE, csi_driver_rules())] {
+    for (name, rules) in [
+        (CLOUDPROVIDER_ROLE, cloudprovider_rules()),
+        (CSI_DRIVER_ROLE, csi_driver_rules()),
+    ] {
         let role = ClusterRole {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -198,7 +232,10 @@ async fn seed(store: &Arc<dyn ObjectStore>, harvester_namespace: &str, vip: Opti
         (Some(vip), _) => vip.to_string(),
         (None, Some(_)) => return Ok(()),
         (None, None) => {
-            info!(vip = DEFAULT_VIP, "no --vip given: kubeconfigs will point at https://127.0.0.1:6443");
+            info!(
+                vip = DEFAULT_VIP,
+                "no --vip given: kubeconfigs will point at https://127.0.0.1:6443"
+            );
             DEFAULT_VIP.to_string()
         }
     };
@@ -233,11 +270,23 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
 fn cloudprovider_rules() -> Vec<PolicyRule> {
     let read = ["get", "list", "watch"];
     vec![
-        rule(&["loadbalancer.harvesterhci.io"], &["loadbalancers"], &["*"]),
-        rule(&["kubevirt.io"], &["virtualmachines", "virtualmachineinstances"], &read),
+        rule(
+            &["loadbalancer.harvesterhci.io"],
+            &["loadbalancers"],
+            &["*"],
+        ),
+        rule(
+            &["kubevirt.io"],
+            &["virtualmachines", "virtualmachineinstances"],
+            &read,
+        ),
         rule(
             &["subresources.kubevirt.io"],
-            &["virtualmachines/addvolume", "virtualmachines/removevolume", "virtualmachineinstances/guestosinfo"],
+            &[
+                "virtualmachines/addvolume",
+                "virtualmachines/removevolume",
+                "virtualmachineinstances/guestosinfo",
+            ],
             &["update"],
         ),
         rule(&[""], &["pods"], &read),
@@ -248,8 +297,16 @@ fn cloudprovider_rules() -> Vec<PolicyRule> {
 fn csi_driver_rules() -> Vec<PolicyRule> {
     let read = ["get", "list", "watch"];
     vec![
-        rule(&["storage.k8s.io"], &["storageclasses", "volumeattachments"], &read),
-        rule(&["harvesterhci.io"], &["networkfilesystems", "volumeremotes"], &["*"]),
+        rule(
+            &["storage.k8s.io"],
+            &["storageclasses", "volumeattachments"],
+            &read,
+        ),
+        rule(
+            &["harvesterhci.io"],
+            &["networkfilesystems", "volumeremotes"],
+            &["*"],
+        ),
         rule(&["longhorn.io"], &["volumes"], &read),
         rule(&["snapshot.storage.k8s.io"], &["*"], &["*"]),
         rule(&["kubevirt.io"], &["virtualmachines"], &["patch"]),
@@ -317,11 +374,15 @@ pub async fn serve_on(
                     .map_err(|e| anyhow::anyhow!("invalid TLS certificate or key: {e}"))?;
                 info!(address = %local, url = %format!("https://{}:{}", public_host(local), local.port()), "listening (HTTPS)");
                 let listener = http::tls::TlsListener::new(listener, config)?;
-                axum::serve(listener, router).with_graceful_shutdown(drained).await?;
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(drained)
+                    .await?;
             }
             None => {
                 info!(address = %local, url = %format!("http://{}:{}", public_host(local), local.port()), "listening (plain HTTP)");
-                axum::serve(listener, router).with_graceful_shutdown(drained).await?;
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(drained)
+                    .await?;
             }
         }
         anyhow::Ok(())
@@ -358,10 +419,14 @@ async fn token_command(global: &GlobalArgs, command: TokenCommand) -> anyhow::Re
         }
         TokenCommand::List => {
             let now = time::OffsetDateTime::now_utc();
-            println!("{:<12} {:<8} {:<21} {:<21} DESCRIPTION", "NAME", "STATUS", "CREATED", "EXPIRES");
+            println!(
+                "{:<12} {:<8} {:<21} {:<21} DESCRIPTION",
+                "NAME", "STATUS", "CREATED", "EXPIRES"
+            );
             for t in tokens::list(&pool).await? {
                 let fmt = |t: time::OffsetDateTime| {
-                    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+                    t.format(&time::format_description::well_known::Rfc3339)
+                        .unwrap_or_default()
                 };
                 println!(
                     "{:<12} {:<8} {:<21} {:<21} {}",

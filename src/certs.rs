@@ -7,14 +7,23 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot write {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot generate a certificate: {0}")]
     Generate(#[from] rcgen::Error),
 }
@@ -55,7 +64,8 @@ pub fn write_private(path: &Path, contents: &[u8]) -> Result<(), CertError> {
 
 /// Loads the generated material from `dir`, creating it on first use for `hosts` (DNS names or IPs).
 pub fn ensure_self_signed(dir: &Path, hosts: &[String]) -> Result<TlsMaterial, CertError> {
-    let (ca_path, cert_path, key_path) = (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"));
+    let (ca_path, cert_path, key_path) =
+        (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"));
     if ca_path.exists() && cert_path.exists() && key_path.exists() {
         return Ok(TlsMaterial {
             cert_chain_pem: read(&cert_path)?,
@@ -70,9 +80,15 @@ pub fn ensure_self_signed(dir: &Path, hosts: &[String]) -> Result<TlsMaterial, C
 
     let ca_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params.distinguished_name.push(DnType::CommonName, "harvester-cloud CA");
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "harvester-cloud CA");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     ca_params.not_before = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
     ca_params.not_after = time::OffsetDateTime::now_utc() + time::Duration::days(3650);
     let ca_cert = ca_params.self_signed(&ca_key)?;
@@ -80,7 +96,9 @@ pub fn ensure_self_signed(dir: &Path, hosts: &[String]) -> Result<TlsMaterial, C
 
     let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let mut params = CertificateParams::new(hosts.to_vec())?;
-    params.distinguished_name.push(DnType::CommonName, "harvester-cloud");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "harvester-cloud");
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     params.not_before = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
@@ -125,7 +143,10 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(dir.path().join("tls.key")).unwrap().permissions().mode();
+            let mode = std::fs::metadata(dir.path().join("tls.key"))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o777, 0o600);
         }
     }

@@ -22,13 +22,23 @@ pub struct Cli {
 #[derive(Debug, Args, Clone)]
 pub struct GlobalArgs {
     /// Directory of the embedded store: SQLite database, signing keys, TLS material, admin token.
-    #[arg(long, env = "HARVESTER_CLOUD_DATA_DIR", default_value = "./data", global = true)]
+    #[arg(
+        long,
+        env = "HARVESTER_CLOUD_DATA_DIR",
+        default_value = "./data",
+        global = true
+    )]
     pub data_dir: PathBuf,
     /// Log line format.
     #[arg(long, env = "HARVESTER_CLOUD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
     /// Log filter in tracing's EnvFilter syntax, e.g. `info` or `info,harvester_cloud=debug`.
-    #[arg(long, env = "HARVESTER_CLOUD_LOG", default_value = "info", global = true)]
+    #[arg(
+        long,
+        env = "HARVESTER_CLOUD_LOG",
+        default_value = "info",
+        global = true
+    )]
     pub log: String,
 }
 
@@ -98,7 +108,11 @@ pub struct ServeArgs {
     #[arg(long, env = "HARVESTER_CLOUD_ISSUER_URL")]
     pub issuer_url: Option<String>,
     /// Namespace of Harvester's `vip` ConfigMap.
-    #[arg(long, env = "HARVESTER_CLOUD_HARVESTER_NAMESPACE", default_value = "harvester-system")]
+    #[arg(
+        long,
+        env = "HARVESTER_CLOUD_HARVESTER_NAMESPACE",
+        default_value = "harvester-system"
+    )]
     pub harvester_namespace: String,
     /// How long a POST waits for a service-account token before answering 504.
     #[arg(long, env = "HARVESTER_CLOUD_TOKEN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
@@ -138,10 +152,14 @@ fn parse_ip(s: &str) -> Result<String, String> {
 }
 
 fn parse_server_url(s: &str) -> Result<String, String> {
-    let uri: axum::http::Uri = s.parse().map_err(|e| format!("invalid server URL {s:?}: {e}"))?;
+    let uri: axum::http::Uri = s
+        .parse()
+        .map_err(|e| format!("invalid server URL {s:?}: {e}"))?;
     match (uri.scheme_str(), uri.authority()) {
         (Some("https" | "http"), Some(_)) => Ok(s.to_string()),
-        _ => Err(format!("invalid server URL {s:?}: it must be an absolute http(s) URL")),
+        _ => Err(format!(
+            "invalid server URL {s:?}: it must be an absolute http(s) URL"
+        )),
     }
 }
 
@@ -173,10 +191,23 @@ mod tests {
     #[test]
     fn cli_parses_with_defaults() {
         let cli = Cli::try_parse_from(["harvester-cloud", "serve"]).unwrap();
-        let Command::Serve(args) = cli.command else { panic!("serve") };
+        let Command::Serve(args) = cli.command else {
+            panic!("serve")
+        };
         assert_eq!(args.listen, "127.0.0.1:8443".parse().unwrap());
         assert_eq!(cli.global.data_dir, PathBuf::from("./data"));
-        assert!(Cli::try_parse_from(["harvester-cloud", "serve", "--http", "--tls-cert", "x", "--tls-key", "y"]).is_err());
+        assert!(
+            Cli::try_parse_from([
+                "harvester-cloud",
+                "serve",
+                "--http",
+                "--tls-cert",
+                "x",
+                "--tls-key",
+                "y"
+            ])
+            .is_err()
+        );
         assert!(Cli::try_parse_from(["harvester-cloud", "serve", "--tls-cert", "x"]).is_err());
     }
 }

@@ -84,9 +84,10 @@ impl Issuer {
                 }
                 // Kubernetes derives the key id from the SHA-256 of the DER public key.
                 let kid = B64URL.encode(Sha256::digest(pair.subject_public_key_info()));
-                let encoding = EncodingKey::from_ec_pem(pem.as_bytes()).map_err(|e| err(e.to_string()))?;
-                let mut jwk =
-                    Jwk::from_encoding_key(&encoding, Algorithm::ES256).map_err(|e| err(e.to_string()))?;
+                let encoding =
+                    EncodingKey::from_ec_pem(pem.as_bytes()).map_err(|e| err(e.to_string()))?;
+                let mut jwk = Jwk::from_encoding_key(&encoding, Algorithm::ES256)
+                    .map_err(|e| err(e.to_string()))?;
                 jwk.common.key_id = Some(kid.clone());
                 jwk.common.public_key_use = Some(jsonwebtoken::jwk::PublicKeyUse::Signature);
                 let decoding = DecodingKey::from_jwk(&jwk).map_err(|e| err(e.to_string()))?;
@@ -200,7 +201,13 @@ mod tests {
         let c = issuer.verify(&t).unwrap();
         assert_eq!(c.sub, "system:serviceaccount:gc-test:gc4");
         assert_eq!(c.kubernetes.namespace, "gc-test");
-        assert_eq!(c.kubernetes.serviceaccount, Ref { name: "gc4".into(), uid: "sa-uid".into() });
+        assert_eq!(
+            c.kubernetes.serviceaccount,
+            Ref {
+                name: "gc4".into(),
+                uid: "sa-uid".into()
+            }
+        );
         assert_eq!(c.kubernetes.secret.unwrap().name, "gc4-token");
         assert_eq!(c.iss, "https://issuer.test");
     }
@@ -211,7 +218,8 @@ mod tests {
         let t = a.mint_secret_token("n", "s", "u", "s-token", "v").unwrap();
         assert!(b.verify(&t).is_err());
         let mut parts: Vec<String> = t.split('.').map(str::to_string).collect();
-        parts[1] = B64URL.encode(br#"{"iss":"https://issuer.test","sub":"system:serviceaccount:n:admin"}"#);
+        parts[1] = B64URL
+            .encode(br#"{"iss":"https://issuer.test","sub":"system:serviceaccount:n:admin"}"#);
         assert!(a.verify(&parts.join(".")).is_err());
     }
 

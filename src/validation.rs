@@ -10,7 +10,8 @@ const SUBDOMAIN_FMT: &str = "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]
 fn is_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
 }
@@ -18,7 +19,9 @@ fn is_label(s: &str) -> bool {
 /// Checks an RFC 1123 label (namespaces, most names); returns the API server's message on failure.
 pub fn dns1123_label(s: &str) -> Result<(), String> {
     if s.len() > DNS1123_LABEL_MAX {
-        return Err(format!("must be no more than {DNS1123_LABEL_MAX} characters"));
+        return Err(format!(
+            "must be no more than {DNS1123_LABEL_MAX} characters"
+        ));
     }
     if !is_label(s) {
         return Err(format!(
@@ -31,7 +34,9 @@ pub fn dns1123_label(s: &str) -> Result<(), String> {
 /// Checks an RFC 1123 subdomain (service accounts, secrets, bindings).
 pub fn dns1123_subdomain(s: &str) -> Result<(), String> {
     if s.len() > DNS1123_SUBDOMAIN_MAX {
-        return Err(format!("must be no more than {DNS1123_SUBDOMAIN_MAX} characters"));
+        return Err(format!(
+            "must be no more than {DNS1123_SUBDOMAIN_MAX} characters"
+        ));
     }
     if s.is_empty() || !s.split('.').all(is_label) {
         return Err(format!(
@@ -56,7 +61,9 @@ pub fn path_segment_name(s: &str) -> Result<(), String> {
         }
     }
     if s.len() > DNS1123_SUBDOMAIN_MAX {
-        return Err(format!("must be no more than {DNS1123_SUBDOMAIN_MAX} characters"));
+        return Err(format!(
+            "must be no more than {DNS1123_SUBDOMAIN_MAX} characters"
+        ));
     }
     Ok(())
 }
@@ -89,10 +96,25 @@ mod tests {
 
     #[test]
     fn subdomains() {
-        for ok in ["a", "a.b", "harvester-cloud-provider", "a-1.b-2.c", &"x".repeat(253)] {
+        for ok in [
+            "a",
+            "a.b",
+            "harvester-cloud-provider",
+            "a-1.b-2.c",
+            &"x".repeat(253),
+        ] {
             assert!(dns1123_subdomain(ok).is_ok(), "{ok}");
         }
-        for bad in ["", ".a", "a.", "a..b", "A.b", "a_b", "a b", &"x".repeat(254)] {
+        for bad in [
+            "",
+            ".a",
+            "a.",
+            "a..b",
+            "A.b",
+            "a_b",
+            "a b",
+            &"x".repeat(254),
+        ] {
             assert!(dns1123_subdomain(bad).is_err(), "{bad}");
         }
     }

@@ -25,27 +25,51 @@ impl Server {
         let mut child = Command::new(BIN)
             .args(["--data-dir"])
             .arg(data_dir)
-            .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0", "--vip", "10.0.0.1"])
+            .args([
+                "--log-format",
+                "json",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--vip",
+                "10.0.0.1",
+            ])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn harvester-cloud");
         let (tx, lines) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
+        let stderr = child.stderr.take();
         std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            for line in stderr
+                .into_iter()
+                .flat_map(|s| BufReader::new(s).lines().map_while(Result::ok))
+            {
                 let _ = tx.send(line);
             }
         });
+        // Owned by `Server` from here on, so a failed wait below still kills the process.
+        let mut server = Server {
+            child,
+            url: String::new(),
+            lines,
+        };
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let line = lines.recv_timeout(left).expect("server logs that it listens");
-            let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
-            if v["message"].as_str().is_some_and(|m| m.starts_with("listening")) {
-                let url = v["url"].as_str().expect("url field").to_string();
-                return Server { child, url, lines };
+            let line = server
+                .lines
+                .recv_timeout(left)
+                .expect("server logs that it listens");
+            let v: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
+            if v["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("listening"))
+            {
+                server.url = v["url"].as_str().expect("url field").to_string();
+                return server;
             }
         }
     }
@@ -59,6 +83,16 @@ impl Server {
     }
 }
 
+impl Drop for Server {
+    /// A failed test must not leave a server running.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 fn client(data_dir: &Path) -> reqwest::Client {
     let ca = std::fs::read(data_dir.join("tls/ca.crt")).unwrap();
     reqwest::Client::builder()
@@ -68,7 +102,13 @@ fn client(data_dir: &Path) -> reqwest::Client {
 }
 
 fn token_cmd(data_dir: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(BIN).arg("--data-dir").arg(data_dir).arg("token").args(args).output().unwrap()
+    Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("token")
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -76,9 +116,16 @@ async fn serve_over_https_with_tokens_lock_and_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let server = Server::start(&data, &[]);
-    assert!(server.url.starts_with("https://127.0.0.1:"), "{}", server.url);
+    assert!(
+        server.url.starts_with("https://127.0.0.1:"),
+        "{}",
+        server.url
+    );
 
-    let admin = std::fs::read_to_string(data.join("admin-token")).unwrap().trim().to_string();
+    let admin = std::fs::read_to_string(data.join("admin-token"))
+        .unwrap()
+        .trim()
+        .to_string();
     let http = client(&data);
     let post = |token: String| {
         let http = http.clone();
@@ -105,24 +152,40 @@ async fn serve_over_https_with_tokens_lock_and_sigterm() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("in use by another harvester-cloud process"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("in use by another harvester-cloud process")
+    );
 
     // token create / list / revoke while the server runs.
     let out = token_cmd(&data, &["create", "--ttl", "1h", "--description", "ci"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let created = String::from_utf8(out.stdout).unwrap().trim().to_string();
     let name = created.split(':').next().unwrap().to_string();
     assert!(name.starts_with("token-") && name.len() == 11, "{created}");
     assert_eq!(post(created.clone()).await.status(), 200);
     let list = String::from_utf8(token_cmd(&data, &["list"]).stdout).unwrap();
-    assert!(list.contains(&name) && list.contains("active") && list.contains("ci"), "{list}");
-    assert!(!list.contains(created.split(':').nth(1).unwrap()), "list never shows secrets");
+    assert!(
+        list.contains(&name) && list.contains("active") && list.contains("ci"),
+        "{list}"
+    );
+    assert!(
+        !list.contains(created.split(':').nth(1).unwrap()),
+        "list never shows secrets"
+    );
     let out = token_cmd(&data, &["revoke", &name]);
     assert!(out.status.success());
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(post(created.clone()).await.status(), 401);
     let list = String::from_utf8(token_cmd(&data, &["list"]).stdout).unwrap();
-    assert!(list.lines().any(|l| l.contains(&name) && l.contains("revoked")), "{list}");
+    assert!(
+        list.lines()
+            .any(|l| l.contains(&name) && l.contains("revoked")),
+        "{list}"
+    );
     let out = token_cmd(&data, &["revoke", "token-nope0"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("token token-nope0 not found"));
@@ -131,14 +194,20 @@ async fn serve_over_https_with_tokens_lock_and_sigterm() {
     assert!(logs.iter().any(|l| l.contains("\"stopped\"")), "{logs:?}");
     // Secrets never reach the logs.
     for l in &logs {
-        assert!(!l.contains(admin.split(':').nth(1).unwrap()) && !l.contains(created.split(':').nth(1).unwrap()));
+        assert!(
+            !l.contains(admin.split(':').nth(1).unwrap())
+                && !l.contains(created.split(':').nth(1).unwrap())
+        );
     }
 
     // A restarted process serves the same account and accepts the same admin token.
     let server = Server::start(&data, &[]);
     let http = client(&data);
     let r = http
-        .get(format!("{}/v1/harvester/kubeconfig?namespace=default&serviceAccountName=gc4", server.url))
+        .get(format!(
+            "{}/v1/harvester/kubeconfig?namespace=default&serviceAccountName=gc4",
+            server.url
+        ))
         .bearer_auth(&admin)
         .send()
         .await
@@ -153,7 +222,9 @@ async fn plain_http_mode() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &["--http"]);
     assert!(server.url.starts_with("http://127.0.0.1:"));
-    let r = reqwest::get(format!("{}/healthz", server.url)).await.unwrap();
+    let r = reqwest::get(format!("{}/healthz", server.url))
+        .await
+        .unwrap();
     assert_eq!(r.text().await.unwrap(), "ok");
     server.stop();
 }

@@ -8,12 +8,12 @@ use axum::{
     http::{Method, StatusCode},
 };
 use base64::{Engine, engine::general_purpose::STANDARD as B64};
-use serde_json::Value;
 use harvester_cloud::store::{Kind, LabelSelector};
 use k8s_openapi::api::{
     core::v1::{Secret, ServiceAccount},
     rbac::v1::{ClusterRoleBinding, RoleBinding},
 };
+use serde_json::Value;
 use support::{Backend, EmbeddedBackend, Reply, VIP, account, account_yaml};
 
 fn yaml(text: &str) -> Value {
@@ -42,9 +42,16 @@ pub mod cases {
         assert_eq!(v["kind"], "Config");
         assert_eq!(v["current-context"], "default");
         assert_eq!(v["clusters"][0]["name"], "default");
-        assert_eq!(v["clusters"][0]["cluster"]["server"], format!("https://{VIP}:6443"));
+        assert_eq!(
+            v["clusters"][0]["cluster"]["server"],
+            format!("https://{VIP}:6443")
+        );
         let ca = B64
-            .decode(v["clusters"][0]["cluster"]["certificate-authority-data"].as_str().unwrap())
+            .decode(
+                v["clusters"][0]["cluster"]["certificate-authority-data"]
+                    .as_str()
+                    .unwrap(),
+            )
             .unwrap();
         assert_eq!(ca, b.expected_ca());
         assert_eq!(v["contexts"][0]["name"], "default");
@@ -52,10 +59,27 @@ pub mod cases {
         assert_eq!(v["contexts"][0]["context"]["cluster"], "default");
         assert_eq!(v["contexts"][0]["context"]["user"], "default");
         assert_eq!(v["users"][0]["name"], "default");
-        assert!(v["users"][0]["user"]["token"].as_str().is_some_and(|t| t.len() > 20));
+        assert!(
+            v["users"][0]["user"]["token"]
+                .as_str()
+                .is_some_and(|t| t.len() > 20)
+        );
         // Keys in client-go's order, two-space indent, no preferences line (v1.9).
-        let keys: Vec<&str> = k.lines().filter(|l| !l.starts_with(' ') && !l.starts_with('-')).collect();
-        assert_eq!(keys, ["apiVersion: v1", "clusters:", "contexts:", "current-context: default", "kind: Config", "users:"]);
+        let keys: Vec<&str> = k
+            .lines()
+            .filter(|l| !l.starts_with(' ') && !l.starts_with('-'))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "apiVersion: v1",
+                "clusters:",
+                "contexts:",
+                "current-context: default",
+                "kind: Config",
+                "users:"
+            ]
+        );
         assert!(!k.contains("preferences"));
     }
 
@@ -63,7 +87,10 @@ pub mod cases {
         let first = b.post(&account("gc-test", "gc4")).await.kubeconfig();
         let again = b.post(&account("gc-test", "gc4")).await.kubeconfig();
         assert_eq!(first, again, "repeated POSTs return the same kubeconfig");
-        let got = b.get("namespace=gc-test&serviceAccountName=gc4").await.kubeconfig();
+        let got = b
+            .get("namespace=gc-test&serviceAccountName=gc4")
+            .await
+            .kubeconfig();
         assert_eq!(first, got);
         // The dashboard's exact body is accepted too.
         let dashboard = r#"{"csiClusterRoleName":"harvesterhci.io:csi-driver","clusterRoleName":"harvesterhci.io:cloudprovider","namespace":"gc-test","serviceAccountName":"gc4"}"#;
@@ -74,14 +101,17 @@ pub mod cases {
         let k = b.post(&account("gc-test", "gc4")).await.kubeconfig();
         for r in [
             b.post(&account_yaml("gc-test", "gc4")).await,
-            b.get("namespace=gc-test&serviceAccountName=gc4&outputFormat=yaml").await,
+            b.get("namespace=gc-test&serviceAccountName=gc4&outputFormat=yaml")
+                .await,
         ] {
             assert_eq!(r.status, StatusCode::OK, "{}", r.text());
             assert_eq!(r.content_type(), "application/x-yaml; charset=utf-8");
             assert_eq!(r.text(), expected_cloud_init(&k));
         }
         // Only the exact, case-sensitive `yaml` selects cloud-init.
-        let r = b.get("namespace=gc-test&serviceAccountName=gc4&outputFormat=YAML").await;
+        let r = b
+            .get("namespace=gc-test&serviceAccountName=gc4&outputFormat=YAML")
+            .await;
         assert_eq!(r.kubeconfig(), k);
     }
 
@@ -90,7 +120,10 @@ pub mod cases {
             .get("namespace=gc-test&serviceAccountName=nobody")
             .await
             .error(StatusCode::NOT_FOUND, "NotFound");
-        assert_eq!(m, "fail to get serviceAccount: serviceaccount \"nobody\" not found");
+        assert_eq!(
+            m,
+            "fail to get serviceAccount: serviceaccount \"nobody\" not found"
+        );
         // GET creates nothing: a POST afterwards is the first to create the account.
         let m2 = b
             .get("namespace=gc-test&serviceAccountName=nobody")
@@ -110,12 +143,25 @@ pub mod cases {
             let r = b.call(Method::POST, path, token, body.clone()).await;
             let m = r.error(StatusCode::UNAUTHORIZED, "Unauthorized");
             assert!(m.contains(why), "{m}");
-            assert_eq!(r.headers.get("www-authenticate").unwrap(), "Bearer realm=\"harvester-cloud\"");
+            assert_eq!(
+                r.headers.get("www-authenticate").unwrap(),
+                "Bearer realm=\"harvester-cloud\""
+            );
         }
         // The right name with a wrong secret says nothing more than an unknown token.
         let name = b.admin_token().split(':').next().unwrap().to_string();
-        let r = b.call(Method::GET, path, Some(&format!("{name}:wrong")), Body::empty()).await;
-        assert_eq!(r.error(StatusCode::UNAUTHORIZED, "Unauthorized"), "invalid token");
+        let r = b
+            .call(
+                Method::GET,
+                path,
+                Some(&format!("{name}:wrong")),
+                Body::empty(),
+            )
+            .await;
+        assert_eq!(
+            r.error(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            "invalid token"
+        );
         // Basic auth with the token's name and secret works, as Terraform sends it.
         let basic = B64.encode(b.admin_token());
         let req = axum::http::Request::builder()
@@ -132,41 +178,96 @@ pub mod cases {
     pub async fn invalid_requests_are_422<B: Backend>(b: B) {
         let cases: &[(&str, &str)] = &[
             ("", "fail to decode request: EOF"),
-            ("null", "fail to decode request: invalid request: namespace and serviceAccountName cannot be empty"),
-            (r#"{"namespace":"gc-test"}"#, "fail to decode request: invalid request: namespace and serviceAccountName cannot be empty"),
-            (r#"{"namespace":"gc-test","serviceAccountName":"gc4","clusterRoleName":"cluster-admin"}"#,
-                "fail to decode request: invalid request: clusterRoleName can only be harvesterhci.io:cloudprovider"),
-            (r#"{"namespace":"gc-test","serviceAccountName":"gc4","csiClusterRoleName":"cluster-admin"}"#,
-                "fail to decode request: invalid request: csiClusterRoleName can only be harvesterhci.io:csi-driver"),
-            (r#"{"namespace":7,"serviceAccountName":"gc4"}"#,
-                "fail to decode request: json: cannot unmarshal number into Go struct field req.namespace of type string"),
-            (r#"["gc-test"]"#, "fail to decode request: json: cannot unmarshal array into Go value of type req"),
-            (r#"{"namespace":"gc-test","#, "fail to decode request: unexpected EOF"),
-            ("namespace=gc-test", "fail to decode request: the body is not valid JSON"),
-            (r#"{"namespace":"GC_Test","serviceAccountName":"gc4"}"#, "fail to decode request: invalid request: namespace \"GC_Test\" is not a valid namespace name"),
-            (r#"{"namespace":"gc-test","serviceAccountName":"gc4/x"}"#, "fail to decode request: invalid request: serviceAccountName \"gc4/x\" is not a valid service account name"),
+            (
+                "null",
+                "fail to decode request: invalid request: namespace and serviceAccountName cannot be empty",
+            ),
+            (
+                r#"{"namespace":"gc-test"}"#,
+                "fail to decode request: invalid request: namespace and serviceAccountName cannot be empty",
+            ),
+            (
+                r#"{"namespace":"gc-test","serviceAccountName":"gc4","clusterRoleName":"cluster-admin"}"#,
+                "fail to decode request: invalid request: clusterRoleName can only be harvesterhci.io:cloudprovider",
+            ),
+            (
+                r#"{"namespace":"gc-test","serviceAccountName":"gc4","csiClusterRoleName":"cluster-admin"}"#,
+                "fail to decode request: invalid request: csiClusterRoleName can only be harvesterhci.io:csi-driver",
+            ),
+            (
+                r#"{"namespace":7,"serviceAccountName":"gc4"}"#,
+                "fail to decode request: json: cannot unmarshal number into Go struct field req.namespace of type string",
+            ),
+            (
+                r#"["gc-test"]"#,
+                "fail to decode request: json: cannot unmarshal array into Go value of type req",
+            ),
+            (
+                r#"{"namespace":"gc-test","#,
+                "fail to decode request: unexpected EOF",
+            ),
+            (
+                "namespace=gc-test",
+                "fail to decode request: the body is not valid JSON",
+            ),
+            (
+                r#"{"namespace":"GC_Test","serviceAccountName":"gc4"}"#,
+                "fail to decode request: invalid request: namespace \"GC_Test\" is not a valid namespace name",
+            ),
+            (
+                r#"{"namespace":"gc-test","serviceAccountName":"gc4/x"}"#,
+                "fail to decode request: invalid request: serviceAccountName \"gc4/x\" is not a valid service account name",
+            ),
         ];
         for (body, want) in cases {
-            let m = b.post(body).await.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+            let m = b
+                .post(body)
+                .await
+                .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
             assert!(m.starts_with(want), "body {body:?}: {m}");
         }
-        let long_ns = format!(r#"{{"namespace":"{}","serviceAccountName":"gc4"}}"#, "n".repeat(64));
-        let m = b.post(&long_ns).await.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        let long_ns = format!(
+            r#"{{"namespace":"{}","serviceAccountName":"gc4"}}"#,
+            "n".repeat(64)
+        );
+        let m = b
+            .post(&long_ns)
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
         assert!(m.contains("must be no more than 63 characters"), "{m}");
         // A body that is not UTF-8 is malformed JSON, not a crash.
         let t = b.admin_token();
-        let r = b.call(Method::POST, "/v1/harvester/kubeconfig", Some(&t), vec![0xff, 0xfe, b'{']).await;
+        let r = b
+            .call(
+                Method::POST,
+                "/v1/harvester/kubeconfig",
+                Some(&t),
+                vec![0xff, 0xfe, b'{'],
+            )
+            .await;
         r.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
 
         let queries: &[(&str, &str)] = &[
             ("", "namespace and serviceAccountName cannot be empty"),
-            ("namespace=gc-test&serviceAccountName=%ff%fe", "not valid UTF-8"),
+            (
+                "namespace=gc-test&serviceAccountName=%ff%fe",
+                "not valid UTF-8",
+            ),
             ("namespace=%zz&serviceAccountName=gc4", "invalid URL escape"),
-            ("namespace=gc-test&serviceAccountName=gc4&clusterRoleName=x", "clusterRoleName can only be"),
-            ("namespace=Bad&serviceAccountName=gc4", "is not a valid namespace name"),
+            (
+                "namespace=gc-test&serviceAccountName=gc4&clusterRoleName=x",
+                "clusterRoleName can only be",
+            ),
+            (
+                "namespace=Bad&serviceAccountName=gc4",
+                "is not a valid namespace name",
+            ),
         ];
         for (q, want) in queries {
-            let m = b.get(q).await.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+            let m = b
+                .get(q)
+                .await
+                .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
             assert!(m.contains(want), "query {q:?}: {m}");
         }
     }
@@ -182,18 +283,32 @@ pub mod cases {
         );
         assert!(m.contains("ServiceAccount a-b/c"), "{m}");
         // Checked before anything was created: the second account does not exist.
-        let m = b.get("namespace=a&serviceAccountName=b-c").await.error(StatusCode::NOT_FOUND, "NotFound");
+        let m = b
+            .get("namespace=a&serviceAccountName=b-c")
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
         assert!(m.contains("serviceaccount \"b-c\" not found"), "{m}");
         // The first account is untouched.
-        b.get("namespace=a-b&serviceAccountName=c").await.kubeconfig();
+        b.get("namespace=a-b&serviceAccountName=c")
+            .await
+            .kubeconfig();
     }
 
     pub async fn oversized_body_is_413<B: Backend>(b: B) {
-        let big = format!(r#"{{"namespace":"gc-test","serviceAccountName":"gc4","pad":"{}"}}"#, "x".repeat(64 * 1024));
-        let m = b.post(&big).await.error(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge");
+        let big = format!(
+            r#"{{"namespace":"gc-test","serviceAccountName":"gc4","pad":"{}"}}"#,
+            "x".repeat(64 * 1024)
+        );
+        let m = b
+            .post(&big)
+            .await
+            .error(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge");
         assert!(m.contains("65536"), "{m}");
         // Just under the limit is fine.
-        let fits = format!(r#"{{"namespace":"gc-test","serviceAccountName":"gc4","pad":"{}"}}"#, "x".repeat(60 * 1024));
+        let fits = format!(
+            r#"{{"namespace":"gc-test","serviceAccountName":"gc4","pad":"{}"}}"#,
+            "x".repeat(60 * 1024)
+        );
         b.post(&fits).await.kubeconfig();
     }
 
@@ -201,13 +316,33 @@ pub mod cases {
         let t = b.admin_token();
         // HEAD is GET without a body, as HTTP defines it; everything else is refused.
         for m in [Method::PUT, Method::PATCH, Method::DELETE, Method::OPTIONS] {
-            let r = b.call(m.clone(), "/v1/harvester/kubeconfig", Some(&t), Body::empty()).await;
+            let r = b
+                .call(
+                    m.clone(),
+                    "/v1/harvester/kubeconfig",
+                    Some(&t),
+                    Body::empty(),
+                )
+                .await;
             assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{m}");
-            let allow = r.headers.get("allow").unwrap().to_str().unwrap().to_string();
+            let allow = r
+                .headers
+                .get("allow")
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_string();
             assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
             r.error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed");
         }
-        let r = b.call(Method::GET, "/v1/harvester/nothing", Some(&t), Body::empty()).await;
+        let r = b
+            .call(
+                Method::GET,
+                "/v1/harvester/nothing",
+                Some(&t),
+                Body::empty(),
+            )
+            .await;
         r.error(StatusCode::NOT_FOUND, "NotFound");
     }
 
@@ -216,33 +351,69 @@ pub mod cases {
         let replies: Vec<Reply> = futures::future::join_all((0..32).map(|_| b.post(&body))).await;
         let first = replies[0].kubeconfig();
         for r in &replies {
-            assert_eq!(r.kubeconfig(), first, "every concurrent POST returns the same kubeconfig");
+            assert_eq!(
+                r.kubeconfig(),
+                first,
+                "every concurrent POST returns the same kubeconfig"
+            );
         }
-        assert_eq!(b.get("namespace=gc-test&serviceAccountName=racer").await.kubeconfig(), first);
+        assert_eq!(
+            b.get("namespace=gc-test&serviceAccountName=racer")
+                .await
+                .kubeconfig(),
+            first
+        );
         // Exactly one of each object, whatever names a buggy path might have used.
         let store = b.store();
         let everything = LabelSelector::everything();
-        let count = |items: Vec<Value>, pred: &dyn Fn(&Value) -> bool| items.iter().filter(|v| pred(v)).count();
-        let sas = store.list(&Kind::of::<ServiceAccount>(), Some("gc-test"), &everything).await.unwrap().items;
+        let count = |items: Vec<Value>, pred: &dyn Fn(&Value) -> bool| {
+            items.iter().filter(|v| pred(v)).count()
+        };
+        let sas = store
+            .list(&Kind::of::<ServiceAccount>(), Some("gc-test"), &everything)
+            .await
+            .unwrap()
+            .items;
         assert_eq!(count(sas, &|v| v["metadata"]["name"] == "racer"), 1);
-        let secrets = store.list(&Kind::of::<Secret>(), Some("gc-test"), &everything).await.unwrap().items;
+        let secrets = store
+            .list(&Kind::of::<Secret>(), Some("gc-test"), &everything)
+            .await
+            .unwrap()
+            .items;
         assert_eq!(
-            count(secrets, &|v| v["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "racer"),
+            count(
+                secrets,
+                &|v| v["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "racer"
+            ),
             1
         );
         let subject_is_racer = |v: &Value| v["subjects"][0]["name"] == "racer";
-        let rbs = store.list(&Kind::of::<RoleBinding>(), Some("gc-test"), &everything).await.unwrap().items;
+        let rbs = store
+            .list(&Kind::of::<RoleBinding>(), Some("gc-test"), &everything)
+            .await
+            .unwrap()
+            .items;
         assert_eq!(count(rbs, &subject_is_racer), 1);
-        let crbs = store.list(&Kind::of::<ClusterRoleBinding>(), None, &everything).await.unwrap().items;
+        let crbs = store
+            .list(&Kind::of::<ClusterRoleBinding>(), None, &everything)
+            .await
+            .unwrap()
+            .items;
         assert_eq!(count(crbs, &subject_is_racer), 1);
     }
 
     pub async fn restart_keeps_accounts_and_tokens<B: Backend>(b: B) {
         let before = b.post(&account("gc-test", "gc4")).await.kubeconfig();
         let b = b.restart().await;
-        let after = b.get("namespace=gc-test&serviceAccountName=gc4").await.kubeconfig();
+        let after = b
+            .get("namespace=gc-test&serviceAccountName=gc4")
+            .await
+            .kubeconfig();
         assert_eq!(before, after);
-        assert_eq!(b.post(&account("gc-test", "gc4")).await.kubeconfig(), before);
+        assert_eq!(
+            b.post(&account("gc-test", "gc4")).await.kubeconfig(),
+            before
+        );
     }
 
     pub async fn health_endpoints<B: Backend>(b: B) {
@@ -254,11 +425,25 @@ pub mod cases {
     }
 
     pub async fn names_are_safely_concatenated<B: Backend>(b: B) {
-        let (ns, sa) = ("guest-cluster-namespace-with-a-rather-long-name", "guest-cluster-service-account-name");
+        let (ns, sa) = (
+            "guest-cluster-namespace-with-a-rather-long-name",
+            "guest-cluster-service-account-name",
+        );
         let k = b.post(&account(ns, sa)).await.kubeconfig();
-        assert_eq!(b.get(&format!("namespace={ns}&serviceAccountName={sa}")).await.kubeconfig(), k);
+        assert_eq!(
+            b.get(&format!("namespace={ns}&serviceAccountName={sa}"))
+                .await
+                .kubeconfig(),
+            k
+        );
         // A 253-character service account name still works (its token Secret name is cut to 63).
-        let long_sa = format!("{}.{}.{}.{}", "a".repeat(63), "b".repeat(63), "c".repeat(63), "d".repeat(61));
+        let long_sa = format!(
+            "{}.{}.{}.{}",
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(61)
+        );
         assert_eq!(long_sa.len(), 253);
         b.post(&account("gc-test", &long_sa)).await.kubeconfig();
     }
@@ -278,21 +463,25 @@ macro_rules! suite {
     };
 }
 
-suite!(embedded, EmbeddedBackend::start(), [
-    raw_kubeconfig_shape,
-    post_is_idempotent_and_get_matches,
-    yaml_output_is_byte_exact,
-    get_unknown_account_is_404,
-    authentication_errors,
-    invalid_requests_are_422,
-    foreign_binding_is_409_and_leaves_nothing,
-    oversized_body_is_413,
-    other_methods_are_405,
-    concurrent_posts_create_one_account,
-    restart_keeps_accounts_and_tokens,
-    health_endpoints,
-    names_are_safely_concatenated,
-]);
+suite!(
+    embedded,
+    EmbeddedBackend::start(),
+    [
+        raw_kubeconfig_shape,
+        post_is_idempotent_and_get_matches,
+        yaml_output_is_byte_exact,
+        get_unknown_account_is_404,
+        authentication_errors,
+        invalid_requests_are_422,
+        foreign_binding_is_409_and_leaves_nothing,
+        oversized_body_is_413,
+        other_methods_are_405,
+        concurrent_posts_create_one_account,
+        restart_keeps_accounts_and_tokens,
+        health_endpoints,
+        names_are_safely_concatenated,
+    ]
+);
 
 // --- Embedded-only behaviour ---------------------------------------------------------------------
 
@@ -305,29 +494,54 @@ mod embedded_only {
     async fn tokens_are_jwts_verifiable_from_the_published_keys() {
         let b = EmbeddedBackend::start().await;
         let k = b.post(&account("gc-test", "gc4")).await.kubeconfig();
-        let token = yaml(&k)["users"][0]["user"]["token"].as_str().unwrap().to_string();
+        let token = yaml(&k)["users"][0]["user"]["token"]
+            .as_str()
+            .unwrap()
+            .to_string();
 
-        let config = b.call(Method::GET, "/.well-known/openid-configuration", None, Body::empty()).await.json();
+        let config = b
+            .call(
+                Method::GET,
+                "/.well-known/openid-configuration",
+                None,
+                Body::empty(),
+            )
+            .await
+            .json();
         let issuer = config["issuer"].as_str().unwrap().to_string();
-        assert!(config["jwks_uri"].as_str().unwrap().ends_with("/openid/v1/jwks"));
+        assert!(
+            config["jwks_uri"]
+                .as_str()
+                .unwrap()
+                .ends_with("/openid/v1/jwks")
+        );
         let jwks: JwkSet = serde_json::from_slice(
-            &b.call(Method::GET, "/openid/v1/jwks", None, Body::empty()).await.body,
+            &b.call(Method::GET, "/openid/v1/jwks", None, Body::empty())
+                .await
+                .body,
         )
         .unwrap();
         let header = jsonwebtoken::decode_header(&token).unwrap();
-        let jwk = jwks.find(header.kid.as_deref().unwrap()).expect("the signing key is published");
+        let jwk = jwks
+            .find(header.kid.as_deref().unwrap())
+            .expect("the signing key is published");
         let mut v = Validation::new(header.alg);
         v.set_issuer(&[&issuer]);
         v.set_audience(&[&issuer]);
         v.validate_exp = false;
         v.set_required_spec_claims(&["iss", "sub"]);
-        let claims = jsonwebtoken::decode::<Value>(&token, &DecodingKey::from_jwk(jwk).unwrap(), &v)
-            .expect("token verifies")
-            .claims;
+        let claims =
+            jsonwebtoken::decode::<Value>(&token, &DecodingKey::from_jwk(jwk).unwrap(), &v)
+                .expect("token verifies")
+                .claims;
         assert_eq!(claims["sub"], "system:serviceaccount:gc-test:gc4");
         assert_eq!(claims["kubernetes.io"]["namespace"], "gc-test");
         assert_eq!(claims["kubernetes.io"]["serviceaccount"]["name"], "gc4");
-        assert!(claims["kubernetes.io"]["serviceaccount"]["uid"].as_str().is_some_and(|u| u.len() == 36));
+        assert!(
+            claims["kubernetes.io"]["serviceaccount"]["uid"]
+                .as_str()
+                .is_some_and(|u| u.len() == 36)
+        );
     }
 
     #[tokio::test]
@@ -337,18 +551,34 @@ mod embedded_only {
         let body = account("gc-test", "gc4");
         let path = "/v1/harvester/kubeconfig";
 
-        let (expired, _) = tokens::create(&pool, "", Some(time::Duration::ZERO)).await.unwrap();
-        let r = b.call(Method::POST, path, Some(&expired.expose()), body.clone()).await;
-        assert_eq!(r.error(StatusCode::UNAUTHORIZED, "Unauthorized"), format!("token {} is expired", expired.name));
+        let (expired, _) = tokens::create(&pool, "", Some(time::Duration::ZERO))
+            .await
+            .unwrap();
+        let r = b
+            .call(Method::POST, path, Some(&expired.expose()), body.clone())
+            .await;
+        assert_eq!(
+            r.error(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            format!("token {} is expired", expired.name)
+        );
 
-        let (live, _) = tokens::create(&pool, "", Some(time::Duration::hours(1))).await.unwrap();
-        let r = b.call(Method::POST, path, Some(&live.expose()), body.clone()).await;
+        let (live, _) = tokens::create(&pool, "", Some(time::Duration::hours(1)))
+            .await
+            .unwrap();
+        let r = b
+            .call(Method::POST, path, Some(&live.expose()), body.clone())
+            .await;
         assert_eq!(r.status, StatusCode::OK);
 
         let (revoked, _) = tokens::create(&pool, "", None).await.unwrap();
         tokens::revoke(&pool, &revoked.name).await.unwrap();
-        let r = b.call(Method::POST, path, Some(&revoked.expose()), body.clone()).await;
-        assert_eq!(r.error(StatusCode::UNAUTHORIZED, "Unauthorized"), format!("token {} is revoked", revoked.name));
+        let r = b
+            .call(Method::POST, path, Some(&revoked.expose()), body.clone())
+            .await;
+        assert_eq!(
+            r.error(StatusCode::UNAUTHORIZED, "Unauthorized"),
+            format!("token {} is revoked", revoked.name)
+        );
 
         // Revoking a token in use takes effect once the one-second cache entry lapses.
         tokens::revoke(&pool, &live.name).await.unwrap();
@@ -373,16 +603,26 @@ mod embedded_only {
         assert!(!db.windows(secret.len()).any(|w| w == secret.as_bytes()));
         // The admin-token file holds the token on one line, readable by its owner only.
         let file = b.data_dir().join("admin-token");
-        assert_eq!(std::fs::read_to_string(&file).unwrap(), format!("{token}\n"));
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            format!("{token}\n")
+        );
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 
     #[tokio::test]
     async fn server_url_and_cluster_ca_overrides() {
         let dir = tempfile::tempdir().unwrap();
         let ca = dir.path().join("ca.pem");
-        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\nY2E=\n-----END CERTIFICATE-----\n").unwrap();
+        std::fs::write(
+            &ca,
+            "-----BEGIN CERTIFICATE-----\nY2E=\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
         let b = EmbeddedBackend::start_with(&[
             "--server-url",
             "https://rancher.example/k8s/clusters/c-1",
@@ -391,8 +631,17 @@ mod embedded_only {
         ])
         .await;
         let k = yaml(&b.post(&account("gc-test", "gc4")).await.kubeconfig());
-        assert_eq!(k["clusters"][0]["cluster"]["server"], "https://rancher.example/k8s/clusters/c-1");
-        let got = B64.decode(k["clusters"][0]["cluster"]["certificate-authority-data"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            k["clusters"][0]["cluster"]["server"],
+            "https://rancher.example/k8s/clusters/c-1"
+        );
+        let got = B64
+            .decode(
+                k["clusters"][0]["cluster"]["certificate-authority-data"]
+                    .as_str()
+                    .unwrap(),
+            )
+            .unwrap();
         assert_eq!(got, std::fs::read(&ca).unwrap());
     }
 
@@ -400,7 +649,9 @@ mod embedded_only {
     async fn ipv6_vip_is_bracketed() {
         let dir = tempfile::tempdir().unwrap();
         let (global, serve) = support::cli(dir.path(), &["--vip".into(), "2001:db8::1".into()]);
-        let app = harvester_cloud::app::open_embedded(&global, &serve).await.unwrap();
+        let app = harvester_cloud::app::open_embedded(&global, &serve)
+            .await
+            .unwrap();
         let token = app.admin_token.clone().unwrap().expose();
         let r = tower::ServiceExt::oneshot(
             harvester_cloud::http::router(app.state.clone()),
@@ -411,7 +662,10 @@ mod embedded_only {
         )
         .await
         .unwrap();
-        let body = http_body_util::BodyExt::collect(r.into_body()).await.unwrap().to_bytes();
+        let body = http_body_util::BodyExt::collect(r.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
         let k: String = serde_json::from_slice(&body).unwrap();
         assert!(k.contains("server: https://[2001:db8::1]:6443\n"), "{k}");
     }
@@ -423,7 +677,9 @@ mod external_checkers {
     use std::process::Command;
 
     fn run(cmd: &mut Command) -> String {
-        let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?} (is it installed? .ci/run installs it): {e}"));
+        let out = cmd.output().unwrap_or_else(|e| {
+            panic!("cannot run {cmd:?} (is it installed? .ci/run installs it): {e}")
+        });
         assert!(
             out.status.success(),
             "{cmd:?} failed:\n{}{}",
@@ -442,13 +698,35 @@ mod external_checkers {
             let k = b.post(&account(ns, "gc4")).await.kubeconfig();
             let path = dir.path().join(format!("{ns}.kubeconfig"));
             std::fs::write(&path, &k).unwrap();
-            let out = run(Command::new("kubectl").args(["config", "view", "--minify", "--raw", "-o", "json", "--kubeconfig"]).arg(&path));
+            let out = run(Command::new("kubectl")
+                .args([
+                    "config",
+                    "view",
+                    "--minify",
+                    "--raw",
+                    "-o",
+                    "json",
+                    "--kubeconfig",
+                ])
+                .arg(&path));
             let v: Value = serde_json::from_str(&out).unwrap();
             assert_eq!(v["contexts"][0]["context"]["namespace"], ns, "{k}");
-            assert_eq!(v["clusters"][0]["cluster"]["server"], format!("https://{VIP}:6443"));
+            assert_eq!(
+                v["clusters"][0]["cluster"]["server"],
+                format!("https://{VIP}:6443")
+            );
             let token = yaml(&k)["users"][0]["user"]["token"].clone();
             assert_eq!(v["users"][0]["user"]["token"], token);
-            let ns_out = run(Command::new("kubectl").args(["config", "view", "--minify", "-o", "jsonpath={.contexts[0].context.namespace}", "--kubeconfig"]).arg(&path));
+            let ns_out = run(Command::new("kubectl")
+                .args([
+                    "config",
+                    "view",
+                    "--minify",
+                    "-o",
+                    "jsonpath={.contexts[0].context.namespace}",
+                    "--kubeconfig",
+                ])
+                .arg(&path));
             assert_eq!(ns_out, ns);
         }
     }
@@ -460,11 +738,17 @@ mod external_checkers {
         let body = b.post(&account_yaml("gc-test", "gc4")).await.text();
         let path = dir.path().join("user-data");
         std::fs::write(&path, format!("#cloud-config\n{body}")).unwrap();
-        let out = run(Command::new("cloud-init").args(["schema", "--config-file"]).arg(&path));
+        let out = run(Command::new("cloud-init")
+            .args(["schema", "--config-file"])
+            .arg(&path));
         assert!(out.contains("Valid cloud-config"), "{out}");
         // The checker is real: a broken document fails it.
         std::fs::write(&path, "#cloud-config\nwrite_files: 5\n").unwrap();
-        let out = Command::new("cloud-init").args(["schema", "--config-file"]).arg(&path).output().unwrap();
+        let out = Command::new("cloud-init")
+            .args(["schema", "--config-file"])
+            .arg(&path)
+            .output()
+            .unwrap();
         assert!(!out.status.success());
     }
 }

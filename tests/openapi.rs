@@ -15,7 +15,9 @@ use support::{Backend, EmbeddedBackend};
 const METHODS: [&str; 5] = ["get", "post", "put", "patch", "delete"];
 
 fn spec() -> Value {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.yaml")).unwrap();
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.yaml"))
+            .unwrap();
     yaml_serde::from_str(&text).expect("openapi.yaml is YAML")
 }
 
@@ -53,10 +55,17 @@ async fn router_and_spec_declare_the_same_routes() {
         .iter()
         .map(|r| {
             // axum writes parameters as `{name}` too.
-            (r.path.to_string(), r.methods.iter().map(|m| m.to_string()).collect())
+            (
+                r.path.to_string(),
+                r.methods.iter().map(|m| m.to_string()).collect(),
+            )
         })
         .collect();
-    assert_eq!(declared, spec_routes(&spec()), "router (left) and openapi.yaml (right) differ");
+    assert_eq!(
+        declared,
+        spec_routes(&spec()),
+        "router (left) and openapi.yaml (right) differ"
+    );
 }
 
 #[tokio::test]
@@ -67,13 +76,24 @@ async fn router_serves_exactly_the_documented_methods() {
         let uri = concrete(&path);
         for m in METHODS {
             let method = Method::from_bytes(m.to_uppercase().as_bytes()).unwrap();
-            let r = b.call(method.clone(), &uri, Some(&token), Body::empty()).await;
+            let r = b
+                .call(method.clone(), &uri, Some(&token), Body::empty())
+                .await;
             let refused = r.status == StatusCode::METHOD_NOT_ALLOWED;
             let unrouted = r.status == StatusCode::NOT_FOUND && r.text().contains("no route for");
             if methods.contains(&m.to_uppercase()) {
-                assert!(!refused && !unrouted, "{method} {uri} is documented but not served: {} {}", r.status, r.text());
+                assert!(
+                    !refused && !unrouted,
+                    "{method} {uri} is documented but not served: {} {}",
+                    r.status,
+                    r.text()
+                );
             } else {
-                assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{method} {uri} is served but not documented");
+                assert_eq!(
+                    r.status,
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {uri} is served but not documented"
+                );
             }
         }
     }
@@ -83,7 +103,8 @@ fn resolve<'a>(spec: &'a Value, v: &'a Value) -> &'a Value {
     match v.get("$ref").and_then(Value::as_str) {
         Some(r) => {
             let pointer = r.trim_start_matches('#');
-            spec.pointer(pointer).unwrap_or_else(|| panic!("dangling $ref {r}"))
+            spec.pointer(pointer)
+                .unwrap_or_else(|| panic!("dangling $ref {r}"))
         }
         None => v,
     }
@@ -93,22 +114,40 @@ fn resolve<'a>(spec: &'a Value, v: &'a Value) -> &'a Value {
 fn every_operation_documents_its_errors_in_the_error_shape() {
     let spec = spec();
     let error_schema = &spec["components"]["schemas"]["Error"];
-    let props: BTreeSet<&str> = error_schema["properties"].as_object().unwrap().keys().map(String::as_str).collect();
+    let props: BTreeSet<&str> = error_schema["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     assert_eq!(props, BTreeSet::from(["type", "status", "code", "message"]));
     for (path, item) in spec["paths"].as_object().unwrap() {
         for (method, op) in item.as_object().unwrap() {
             if !METHODS.contains(&method.as_str()) {
                 continue;
             }
-            let responses = op["responses"].as_object().unwrap_or_else(|| panic!("{method} {path}: responses"));
-            assert!(responses.contains_key("405"), "{method} {path} must document 405");
-            let secured = op.get("security").is_none_or(|s| s.as_array().is_some_and(|a| !a.is_empty()));
+            let responses = op["responses"]
+                .as_object()
+                .unwrap_or_else(|| panic!("{method} {path}: responses"));
+            assert!(
+                responses.contains_key("405"),
+                "{method} {path} must document 405"
+            );
+            let secured = op
+                .get("security")
+                .is_none_or(|s| s.as_array().is_some_and(|a| !a.is_empty()));
             if secured {
-                assert!(responses.contains_key("401"), "{method} {path} is authenticated and must document 401");
+                assert!(
+                    responses.contains_key("401"),
+                    "{method} {path} is authenticated and must document 401"
+                );
             }
             if method == "post" {
                 for code in ["413", "422"] {
-                    assert!(responses.contains_key(code), "{method} {path} takes a body and must document {code}");
+                    assert!(
+                        responses.contains_key(code),
+                        "{method} {path} takes a body and must document {code}"
+                    );
                 }
             }
             for (code, resp) in responses {
@@ -144,7 +183,9 @@ async fn get_parameters_match_what_the_handler_reads() {
     // And the handler reads each of them: a bad value of each optional role field is rejected.
     let b = EmbeddedBackend::start().await;
     for p in ["clusterRoleName", "csiClusterRoleName"] {
-        let r = b.get(&format!("namespace=a&serviceAccountName=b&{p}=x")).await;
+        let r = b
+            .get(&format!("namespace=a&serviceAccountName=b&{p}=x"))
+            .await;
         let m = r.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
         assert!(m.contains(p), "{m}");
     }

@@ -35,10 +35,10 @@ impl EmbeddedAuthenticator {
     async fn record(&self, name: &str) -> Result<Option<TokenRecord>, AuthError> {
         {
             let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((at, rec)) = cache.get(name) {
-                if at.elapsed() < CACHE_TTL {
-                    return Ok(Some(rec.clone()));
-                }
+            if let Some((at, rec)) = cache.get(name)
+                && at.elapsed() < CACHE_TTL
+            {
+                return Ok(Some(rec.clone()));
             }
         }
         let rec = tokens::get(&self.pool, name)
@@ -74,7 +74,10 @@ impl Authenticator for EmbeddedAuthenticator {
         if rec.revoked_at.is_some() {
             return Err(AuthError::Revoked { name: rec.name });
         }
-        if rec.expires_at.is_some_and(|e| e <= OffsetDateTime::now_utc()) {
+        if rec
+            .expires_at
+            .is_some_and(|e| e <= OffsetDateTime::now_utc())
+        {
             return Err(AuthError::Expired { name: rec.name });
         }
         Ok(Principal { name: rec.name })

@@ -43,7 +43,8 @@ fn sha256(salt: &[u8], secret: &str) -> Vec<u8> {
 }
 
 fn b64(s: &str, what: &'static str) -> Result<Vec<u8>, HashError> {
-    B64.decode(s.trim_end_matches('=')).map_err(|_| HashError::Malformed(what))
+    B64.decode(s.trim_end_matches('='))
+        .map_err(|_| HashError::Malformed(what))
 }
 
 fn equal(a: &[u8], b: &[u8]) -> bool {
@@ -100,7 +101,11 @@ mod tests {
     #[test]
     fn sha256_format() {
         let salt = b"saltsalt";
-        let h = format!("$2:{}:{}", B64.encode(salt), B64.encode(sha256(salt, "abc")));
+        let h = format!(
+            "$2:{}:{}",
+            B64.encode(salt),
+            B64.encode(sha256(salt, "abc"))
+        );
         assert_eq!(verify("abc", &h), Ok(true));
         assert_eq!(verify("abd", &h), Ok(false));
     }

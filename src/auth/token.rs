@@ -107,11 +107,24 @@ mod tests {
     #[test]
     fn authorization_headers() {
         let want = ApiToken::parse("token-abcde:s3cret").unwrap();
-        assert_eq!(from_authorization("Bearer token-abcde:s3cret"), Some(want.clone()));
-        assert_eq!(from_authorization("bearer  token-abcde:s3cret "), Some(want.clone()));
+        assert_eq!(
+            from_authorization("Bearer token-abcde:s3cret"),
+            Some(want.clone())
+        );
+        assert_eq!(
+            from_authorization("bearer  token-abcde:s3cret "),
+            Some(want.clone())
+        );
         let basic = format!("Basic {}", B64.encode("token-abcde:s3cret"));
         assert_eq!(from_authorization(&basic), Some(want));
-        for bad in ["", "Bearer", "Bearer token-abcde", "Bearer :x", "Digest a:b", "Basic !!!"] {
+        for bad in [
+            "",
+            "Bearer",
+            "Bearer token-abcde",
+            "Bearer :x",
+            "Digest a:b",
+            "Basic !!!",
+        ] {
             assert_eq!(from_authorization(bad), None, "{bad}");
         }
     }

@@ -65,10 +65,14 @@ pub fn error_response(status: StatusCode, code: &str, message: String) -> Respon
 fn store_status(e: &StoreError) -> (StatusCode, &'static str) {
     match e {
         StoreError::NotFound { .. } => (StatusCode::NOT_FOUND, "NotFound"),
-        StoreError::AlreadyExists { .. } | StoreError::Conflict { .. } => (StatusCode::CONFLICT, "Conflict"),
+        StoreError::AlreadyExists { .. } | StoreError::Conflict { .. } => {
+            (StatusCode::CONFLICT, "Conflict")
+        }
         StoreError::Invalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
         StoreError::TokenTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout"),
-        StoreError::Gone | StoreError::Backend(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
+        StoreError::Gone | StoreError::Backend(_) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "ServerError")
+        }
     }
 }
 
@@ -76,20 +80,30 @@ impl ApiError {
     pub fn status_and_code(&self) -> (StatusCode, &'static str) {
         use CloudConfigError as C;
         match self {
-            ApiError::Unauthorized(AuthError::Backend(_)) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
+            ApiError::Unauthorized(AuthError::Backend(_)) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "ServerError")
+            }
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "Unauthorized"),
             ApiError::Request(_) => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
             ApiError::CloudConfig(e) => match e {
-                C::ClusterRoleNotFound { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
-                C::ServerUrl { .. } | C::Generate { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
+                C::ClusterRoleNotFound { .. } => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
+                }
+                C::ServerUrl { .. } | C::Generate { .. } => {
+                    (StatusCode::INTERNAL_SERVER_ERROR, "ServerError")
+                }
                 C::NotFound { .. } => (StatusCode::NOT_FOUND, "NotFound"),
                 C::Foreign { .. } => (StatusCode::CONFLICT, "Conflict"),
                 C::TokenTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout"),
                 C::Store { source, .. } => store_status(source),
             },
-            ApiError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge"),
+            ApiError::PayloadTooLarge { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge")
+            }
             ApiError::BadBody { .. } => (StatusCode::BAD_REQUEST, "InvalidBodyContent"),
-            ApiError::MethodNotAllowed { .. } => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+            ApiError::MethodNotAllowed { .. } => {
+                (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed")
+            }
             ApiError::NotFound { .. } | ApiError::NoIssuer => (StatusCode::NOT_FOUND, "NotFound"),
             ApiError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable"),
         }
@@ -99,11 +113,14 @@ impl ApiError {
     fn public_message(&self) -> String {
         match self {
             ApiError::CloudConfig(CloudConfigError::Store { step, source })
-                if store_status(source).0.is_server_error() && !matches!(source, StoreError::TokenTimeout { .. }) =>
+                if store_status(source).0.is_server_error()
+                    && !matches!(source, StoreError::TokenTimeout { .. }) =>
             {
                 format!("{step}: internal error, see the server log")
             }
-            ApiError::Unauthorized(AuthError::Backend(_)) => "authentication failed: internal error, see the server log".into(),
+            ApiError::Unauthorized(AuthError::Backend(_)) => {
+                "authentication failed: internal error, see the server log".into()
+            }
             ApiError::Unavailable { what, .. } => format!("{what} is not available"),
             other => other.to_string(),
         }

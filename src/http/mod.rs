@@ -11,7 +11,9 @@ use std::sync::Arc;
 use axum::{
     Json, Router,
     body::Bytes,
-    extract::{DefaultBodyLimit, FromRequestParts, OriginalUri, RawQuery, State, rejection::BytesRejection},
+    extract::{
+        DefaultBodyLimit, FromRequestParts, OriginalUri, RawQuery, State, rejection::BytesRejection,
+    },
     http::{HeaderValue, Method, StatusCode, header, request::Parts},
     response::{IntoResponse, Response},
     routing::{MethodRouter, get},
@@ -57,7 +59,12 @@ struct Routes {
 }
 
 impl Routes {
-    fn add(mut self, path: &'static str, methods: &[&'static str], route: MethodRouter<AppState>) -> Self {
+    fn add(
+        mut self,
+        path: &'static str,
+        methods: &[&'static str],
+        route: MethodRouter<AppState>,
+    ) -> Self {
         let allowed: Vec<&'static str> = methods.to_vec();
         let fallback_allowed = allowed.clone();
         let route = route.fallback(move |method: Method, OriginalUri(uri): OriginalUri| {
@@ -71,7 +78,10 @@ impl Routes {
             }
         });
         self.router = self.router.route(path, route);
-        self.table.push(RouteSpec { path, methods: allowed });
+        self.table.push(RouteSpec {
+            path,
+            methods: allowed,
+        });
         self
     }
 }
@@ -82,10 +92,18 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         router: Router::new(),
         table: Vec::new(),
     }
-    .add(KUBECONFIG_PATH, &["GET", "POST"], get(get_kubeconfig).post(post_kubeconfig))
+    .add(
+        KUBECONFIG_PATH,
+        &["GET", "POST"],
+        get(get_kubeconfig).post(post_kubeconfig),
+    )
     .add("/healthz", &["GET"], get(healthz))
     .add("/readyz", &["GET"], get(readyz))
-    .add("/.well-known/openid-configuration", &["GET"], get(openid_configuration))
+    .add(
+        "/.well-known/openid-configuration",
+        &["GET"],
+        get(openid_configuration),
+    )
     .add("/openid/v1/jwks", &["GET"], get(jwks));
 
     let router = routes
@@ -127,7 +145,10 @@ pub struct Admin(pub Principal);
 impl FromRequestParts<AppState> for Admin {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let header = parts
             .headers
             .get(header::AUTHORIZATION)
@@ -158,12 +179,18 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
 fn cloud_config_response(req: &AccountRequest, kubeconfig: &str) -> Response {
     match req.output {
         OutputFormat::CloudInit => (
-            [(header::CONTENT_TYPE, HeaderValue::from_static("application/x-yaml; charset=utf-8"))],
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/x-yaml; charset=utf-8"),
+            )],
             render::cloud_init(kubeconfig),
         )
             .into_response(),
         OutputFormat::Kubeconfig => (
-            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
             render::go_json_string(kubeconfig),
         )
             .into_response(),
@@ -196,10 +223,14 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(state): State<AppState>) -> Result<&'static str, ApiError> {
-    state.store.ping().await.map_err(|e| ApiError::Unavailable {
-        what: "store",
-        reason: e.to_string(),
-    })?;
+    state
+        .store
+        .ping()
+        .await
+        .map_err(|e| ApiError::Unavailable {
+            what: "store",
+            reason: e.to_string(),
+        })?;
     Ok("ok")
 }
 
@@ -207,14 +238,19 @@ fn issuer(state: &AppState) -> Result<&Issuer, ApiError> {
     state.issuer.as_deref().ok_or(ApiError::NoIssuer)
 }
 
-async fn openid_configuration(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+async fn openid_configuration(
+    State(state): State<AppState>,
+) -> Result<Json<serde_json::Value>, ApiError> {
     Ok(Json(issuer(&state)?.openid_configuration()))
 }
 
 async fn jwks(State(state): State<AppState>) -> Result<Response, ApiError> {
     let body = Json(issuer(&state)?.jwks());
     Ok((
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/jwk-set+json"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/jwk-set+json"),
+        )],
         body,
     )
         .into_response())

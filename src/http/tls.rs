@@ -40,7 +40,9 @@ impl TlsListener {
                     let (acceptor, tx) = (acceptor.clone(), tx.clone());
                     tokio::spawn(
                         async move {
-                            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
+                                .await
+                            {
                                 Ok(Ok(tls)) => {
                                     let _ = tx.send((tls, peer)).await;
                                 }

@@ -85,7 +85,10 @@ mod tests {
         }
         // 63 characters joined: unchanged.
         let p = [n('n', 31), n('s', 31)];
-        assert_eq!(safe_concat_name(&[&p[0], &p[1]]), format!("{}-{}", p[0], p[1]));
+        assert_eq!(
+            safe_concat_name(&[&p[0], &p[1]]),
+            format!("{}-{}", p[0], p[1])
+        );
     }
 
     #[test]

@@ -25,7 +25,10 @@ pub const SA_UID_ANNOTATION: &str = "kubernetes.io/service-account.uid";
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
 fn managed_labels() -> Option<BTreeMap<String, String>> {
-    Some(BTreeMap::from([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())]))
+    Some(BTreeMap::from([(
+        MANAGED_BY_LABEL.to_string(),
+        MANAGED_BY.to_string(),
+    )]))
 }
 
 fn owner(names: &AccountNames, sa_uid: &str) -> Option<Vec<OwnerReference>> {
@@ -74,7 +77,10 @@ pub fn token_secret(names: &AccountNames, sa_uid: &str) -> Secret {
             namespace: Some(names.namespace.clone()),
             labels: managed_labels(),
             annotations: Some(BTreeMap::from([
-                (SA_NAME_ANNOTATION.to_string(), names.service_account.clone()),
+                (
+                    SA_NAME_ANNOTATION.to_string(),
+                    names.service_account.clone(),
+                ),
                 (SA_UID_ANNOTATION.to_string(), sa_uid.to_string()),
             ])),
             owner_references: owner(names, sa_uid),
@@ -173,7 +179,12 @@ fn describe(role_ref: &RoleRef, subjects: &Option<Vec<Subject>>) -> String {
     )
 }
 
-fn binding_matches(role_ref: &RoleRef, subjects: &Option<Vec<Subject>>, role: &str, names: &AccountNames) -> bool {
+fn binding_matches(
+    role_ref: &RoleRef,
+    subjects: &Option<Vec<Subject>>,
+    role: &str,
+    names: &AccountNames,
+) -> bool {
     role_ref.kind == "ClusterRole"
         && role_ref.name == role
         && role_ref.api_group == RBAC_GROUP
@@ -188,7 +199,11 @@ fn owner_text(names: &AccountNames, sa_uid: Option<&str>) -> String {
 }
 
 /// Upstream's wording for a binding that is not the account's, with what it binds instead.
-pub fn check_role_binding(rb: &RoleBinding, names: &AccountNames, sa_uid: Option<&str>) -> Result<(), String> {
+pub fn check_role_binding(
+    rb: &RoleBinding,
+    names: &AccountNames,
+    sa_uid: Option<&str>,
+) -> Result<(), String> {
     if binding_matches(&rb.role_ref, &rb.subjects, CLOUDPROVIDER_ROLE, names) {
         return Ok(());
     }
@@ -252,7 +267,8 @@ mod tests {
         // ns=a-b, sa=c and ns=a, sa=b-c both name their ClusterRoleBinding a-b-c.
         let (mine, theirs) = (AccountNames::new("a", "b-c"), mk_names());
         assert_eq!(mine.binding, theirs.binding);
-        let err = check_cluster_role_binding(&cluster_role_binding(&theirs), &mine, Some("u")).unwrap_err();
+        let err = check_cluster_role_binding(&cluster_role_binding(&theirs), &mine, Some("u"))
+            .unwrap_err();
         assert_eq!(
             err,
             "clusterrolebinding a-b-c is not owned by serviceAccount name:b-c UID:u, try to delete and recreate (it binds ClusterRole harvesterhci.io:csi-driver to [ServiceAccount a-b/c])"
@@ -264,16 +280,26 @@ mod tests {
         let n = mk_names();
         let mut s = token_secret(&n, "u");
         s.type_ = Some("Opaque".into());
-        assert!(matches!(check_secret(&s, &n, Some("u")), SecretCheck::Foreign(m) if m.contains("Opaque")));
+        assert!(
+            matches!(check_secret(&s, &n, Some("u")), SecretCheck::Foreign(m) if m.contains("Opaque"))
+        );
         let mut rb = role_binding(&n, "u");
         rb.role_ref.name = "cluster-admin".into();
-        assert!(check_role_binding(&rb, &n, Some("u")).unwrap_err().contains("cluster-admin"));
+        assert!(
+            check_role_binding(&rb, &n, Some("u"))
+                .unwrap_err()
+                .contains("cluster-admin")
+        );
         let mut rb = role_binding(&n, "u");
         rb.subjects.as_mut().unwrap().push(Subject {
             kind: "User".into(),
             name: "eve".into(),
             ..Default::default()
         });
-        assert!(check_role_binding(&rb, &n, Some("u")).unwrap_err().contains("User eve"));
+        assert!(
+            check_role_binding(&rb, &n, Some("u"))
+                .unwrap_err()
+                .contains("User eve")
+        );
     }
 }

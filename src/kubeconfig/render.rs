@@ -30,7 +30,11 @@ fn fill(template: &str, values: &[(&str, &str)]) -> String {
 /// The kubeconfig of a service account: cluster, user and context all named `default`.
 pub fn kubeconfig(server: &str, ca: &[u8], namespace: &str, token: &str) -> String {
     // Empty fields are omitted (client-go's omitempty), so an empty CA drops its line.
-    let ca_data = if ca.is_empty() { String::new() } else { yaml_scalar(&B64.encode(ca)) };
+    let ca_data = if ca.is_empty() {
+        String::new()
+    } else {
+        yaml_scalar(&B64.encode(ca))
+    };
     fill(
         KUBECONFIG_TEMPLATE,
         &[
@@ -106,10 +110,10 @@ fn double_quoted(s: &str) -> String {
 /// go-yaml v2 `resolve("", s) != strTag`.
 fn resolves_to_non_string(s: &str) -> bool {
     const MAP: &[&str] = &[
-        "y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON", "n", "N", "no", "No",
-        "NO", "false", "False", "FALSE", "off", "Off", "OFF", "", "~", "null", "Null", "NULL", ".nan",
-        ".NaN", ".NAN", ".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF", "-.inf", "-.Inf", "-.INF",
-        "<<",
+        "y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON", "n", "N", "no",
+        "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF", "", "~", "null", "Null",
+        "NULL", ".nan", ".NaN", ".NAN", ".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF", "-.inf",
+        "-.Inf", "-.INF", "<<",
     ];
     let Some(first) = s.bytes().next() else {
         return true;
@@ -231,7 +235,10 @@ fn is_timestamp(s: &str) -> bool {
     // A date-time needs `15:4:5` at least; anything after the date that is not that fails the parse.
     time.is_none_or(|t| {
         let hms: Vec<&str> = t.splitn(3, ':').collect();
-        hms.len() == 3 && hms[..2].iter().all(|p| (1..=2).contains(&p.len()) && p.bytes().all(|c| c.is_ascii_digit()))
+        hms.len() == 3
+            && hms[..2]
+                .iter()
+                .all(|p| (1..=2).contains(&p.len()) && p.bytes().all(|c| c.is_ascii_digit()))
     })
 }
 
@@ -275,8 +282,8 @@ fn plain_allowed(s: &str) -> bool {
     for (i, &c) in b.iter().enumerate() {
         if i == 0 {
             match c {
-                b'#' | b',' | b'[' | b']' | b'{' | b'}' | b'&' | b'*' | b'!' | b'|' | b'>' | b'\''
-                | b'"' | b'%' | b'@' | b'`' => return false,
+                b'#' | b',' | b'[' | b']' | b'{' | b'}' | b'&' | b'*' | b'!' | b'|' | b'>'
+                | b'\'' | b'"' | b'%' | b'@' | b'`' => return false,
                 b'?' | b':' | b'-' if followed_by_blank(i) => return false,
                 _ => {}
             }
@@ -299,7 +306,12 @@ mod tests {
     const WORKED_B64: &str = "YXBpVmVyc2lvbjogdjEKY2x1c3RlcnM6Ci0gY2x1c3RlcjoKICAgIGNlcnRpZmljYXRlLWF1dGhvcml0eS1kYXRhOiBkR1Z6ZEMxallRPT0KICAgIHNlcnZlcjogaHR0cHM6Ly8xOTIuMTY4LjEuMTA6NjQ0MwogIG5hbWU6IGRlZmF1bHQKY29udGV4dHM6Ci0gY29udGV4dDoKICAgIGNsdXN0ZXI6IGRlZmF1bHQKICAgIG5hbWVzcGFjZTogZ2MtdGVzdAogICAgdXNlcjogZGVmYXVsdAogIG5hbWU6IGRlZmF1bHQKY3VycmVudC1jb250ZXh0OiBkZWZhdWx0CmtpbmQ6IENvbmZpZwp1c2VyczoKLSBuYW1lOiBkZWZhdWx0CiAgdXNlcjoKICAgIHRva2VuOiB0ZXN0LXRva2VuCg==";
 
     fn mk_worked_example() -> String {
-        kubeconfig("https://192.168.1.10:6443", b"test-ca", "gc-test", "test-token")
+        kubeconfig(
+            "https://192.168.1.10:6443",
+            b"test-ca",
+            "gc-test",
+            "test-token",
+        )
     }
 
     fn sha256_hex(s: &str) -> String {
@@ -347,23 +359,59 @@ mod tests {
     fn go_json_escaping() {
         assert_eq!(go_json_string("a\"b\\c\n\r\t"), r#""a\"b\\c\n\r\t""#);
         assert_eq!(go_json_string("<>&"), r#""\u003c\u003e\u0026""#);
-        assert_eq!(go_json_string("\u{2028}\u{2029}\u{1}"), r#""\u2028\u2029\u0001""#);
+        assert_eq!(
+            go_json_string("\u{2028}\u{2029}\u{1}"),
+            r#""\u2028\u2029\u0001""#
+        );
         assert_eq!(go_json_string("é"), "\"é\"");
     }
 
     #[test]
     fn yaml_scalars_quote_like_go_yaml() {
         let plain = [
-            "gc-test", "default", "a1", "x-2024", "abc-1e5", "https://192.168.1.10:6443",
-            "https://[2001:db8::1]:6443", "eyJhbGciOi.J9-x_y", "dGVzdC1jYQ==", "0x", "1-2", "2024-13-01",
-            "2024-02-30", "20240-01-01",
+            "gc-test",
+            "default",
+            "a1",
+            "x-2024",
+            "abc-1e5",
+            "https://192.168.1.10:6443",
+            "https://[2001:db8::1]:6443",
+            "eyJhbGciOi.J9-x_y",
+            "dGVzdC1jYQ==",
+            "0x",
+            "1-2",
+            "2024-13-01",
+            "2024-02-30",
+            "20240-01-01",
         ];
         for s in plain {
             assert_eq!(yaml_scalar(s), s, "{s}");
         }
         let double = [
-            "123", "0123", "08", "0x1f", "0o17", "0b101", "1e5", "1e-5", "12.5", "y", "n", "yes", "no",
-            "on", "off", "true", "false", "null", "", "~", "2024-01-02", "2024-1-2", "1:20", ".5",
+            "123",
+            "0123",
+            "08",
+            "0x1f",
+            "0o17",
+            "0b101",
+            "1e5",
+            "1e-5",
+            "12.5",
+            "y",
+            "n",
+            "yes",
+            "no",
+            "on",
+            "off",
+            "true",
+            "false",
+            "null",
+            "",
+            "~",
+            "2024-01-02",
+            "2024-1-2",
+            "1:20",
+            ".5",
         ];
         for s in double {
             assert_eq!(yaml_scalar(s), format!("\"{s}\""), "{s}");

@@ -106,7 +106,10 @@ fn go_type(v: &Value) -> &'static str {
 enum Decoded {
     Fields(Fields),
     /// The first field whose value is not a string (Go reports the first type error).
-    WrongFieldType { field: &'static str, found: &'static str },
+    WrongFieldType {
+        field: &'static str,
+        found: &'static str,
+    },
     NotAnObject(&'static str),
 }
 
@@ -188,7 +191,9 @@ pub fn from_json(body: &[u8]) -> Result<AccountRequest, RequestError> {
             )));
         }
         Some(Err(e)) if e.is_eof() => {
-            return Err(err(format!("unexpected EOF: the JSON body is incomplete ({e})")));
+            return Err(err(format!(
+                "unexpected EOF: the JSON body is incomplete ({e})"
+            )));
         }
         Some(Err(e)) => return Err(err(format!("the body is not valid JSON: {e}"))),
         None => return Err(err("EOF: the request body is empty; send a JSON object")),
@@ -212,9 +217,16 @@ pub fn from_query(query: Option<&str>) -> Result<AccountRequest, RequestError> {
         let Some((field, name)) = Field::lookup(&k) else {
             continue;
         };
-        let idx = Field::ALL.iter().position(|(f, _)| *f == field).unwrap_or(0);
+        let idx = Field::ALL
+            .iter()
+            .position(|(f, _)| *f == field)
+            .unwrap_or(0);
         // The first value of a repeated parameter wins.
-        let slot = if k == name { &mut exact[idx] } else { &mut folded[idx] };
+        let slot = if k == name {
+            &mut exact[idx]
+        } else {
+            &mut folded[idx]
+        };
         slot.get_or_insert(v);
     }
     let mut fields = Fields::default();
@@ -235,11 +247,15 @@ fn unescape(s: &str) -> Result<String, RequestError> {
         match b[i] {
             b'+' => out.push(b' '),
             b'%' => {
-                let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-                let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok()).ok_or_else(|| {
-                    let bad: String = s[i..].chars().take(3).collect();
-                    err(format!("invalid URL escape {bad:?}"))
-                })?;
+                let hex = b
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok());
+                let byte = hex
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| {
+                        let bad: String = s[i..].chars().take(3).collect();
+                        err(format!("invalid URL escape {bad:?}"))
+                    })?;
                 out.push(byte);
                 i += 2;
             }
@@ -247,7 +263,8 @@ fn unescape(s: &str) -> Result<String, RequestError> {
         }
         i += 1;
     }
-    String::from_utf8(out).map_err(|_| err("the query string is not valid UTF-8 after percent-decoding"))
+    String::from_utf8(out)
+        .map_err(|_| err("the query string is not valid UTF-8 after percent-decoding"))
 }
 
 fn shown(v: &str) -> String {
@@ -261,7 +278,9 @@ fn shown(v: &str) -> String {
 
 fn validate(f: Fields) -> Result<AccountRequest, RequestError> {
     if f.namespace.is_empty() || f.service_account.is_empty() {
-        return Err(err("invalid request: namespace and serviceAccountName cannot be empty"));
+        return Err(err(
+            "invalid request: namespace and serviceAccountName cannot be empty",
+        ));
     }
     if !f.cluster_role.is_empty() && f.cluster_role != CLOUDPROVIDER_ROLE {
         return Err(err(format!(
@@ -316,7 +335,10 @@ mod tests {
     #[test]
     fn dashboard_body() {
         let body = br#"{"csiClusterRoleName":"harvesterhci.io:csi-driver","clusterRoleName":"harvesterhci.io:cloudprovider","namespace":"default","serviceAccountName":"gc4"}"#;
-        assert_eq!(from_json(body), mk_ok("default", "gc4", OutputFormat::Kubeconfig));
+        assert_eq!(
+            from_json(body),
+            mk_ok("default", "gc4", OutputFormat::Kubeconfig)
+        );
     }
 
     #[test]
@@ -344,38 +366,104 @@ mod tests {
         let cases: &[(&[u8], &str)] = &[
             (b"", "fail to decode request: EOF"),
             (b"  \n", "fail to decode request: EOF"),
-            (b"null", "fail to decode request: invalid request: namespace and serviceAccountName cannot be empty"),
-            (b"{}", "fail to decode request: invalid request: namespace and serviceAccountName cannot be empty"),
-            (br#"{"namespace":1,"serviceAccountName":"b"}"#, "fail to decode request: json: cannot unmarshal number into Go struct field req.namespace of type string"),
-            (br#"{"namespace":"a","serviceAccountName":true}"#, "fail to decode request: json: cannot unmarshal bool into Go struct field req.serviceAccountName of type string"),
-            (br#"[1,2]"#, "fail to decode request: json: cannot unmarshal array into Go value of type req"),
-            (br#""x""#, "fail to decode request: json: cannot unmarshal string into Go value of type req"),
-            (br#"{"namespace":"a","#, "fail to decode request: unexpected EOF"),
-            (br#"{namespace:"a"}"#, "fail to decode request: the body is not valid JSON"),
-            (br#"{"namespace":"a","serviceAccountName":"b","clusterRoleName":"admin"}"#, "fail to decode request: invalid request: clusterRoleName can only be harvesterhci.io:cloudprovider"),
-            (br#"{"namespace":"a","serviceAccountName":"b","csiClusterRoleName":"admin"}"#, "fail to decode request: invalid request: csiClusterRoleName can only be harvesterhci.io:csi-driver"),
-            (br#"{"namespace":"Bad_NS","serviceAccountName":"b"}"#, "fail to decode request: invalid request: namespace \"Bad_NS\" is not a valid namespace name: a lowercase RFC 1123 label"),
-            (br#"{"namespace":"a","serviceAccountName":"b/c"}"#, "fail to decode request: invalid request: serviceAccountName \"b/c\" is not a valid service account name: a lowercase RFC 1123 subdomain"),
-            (b"{\"namespace\":\"\xff\"}", "fail to decode request: the body is not valid JSON"),
+            (
+                b"null",
+                "fail to decode request: invalid request: namespace and serviceAccountName cannot be empty",
+            ),
+            (
+                b"{}",
+                "fail to decode request: invalid request: namespace and serviceAccountName cannot be empty",
+            ),
+            (
+                br#"{"namespace":1,"serviceAccountName":"b"}"#,
+                "fail to decode request: json: cannot unmarshal number into Go struct field req.namespace of type string",
+            ),
+            (
+                br#"{"namespace":"a","serviceAccountName":true}"#,
+                "fail to decode request: json: cannot unmarshal bool into Go struct field req.serviceAccountName of type string",
+            ),
+            (
+                br#"[1,2]"#,
+                "fail to decode request: json: cannot unmarshal array into Go value of type req",
+            ),
+            (
+                br#""x""#,
+                "fail to decode request: json: cannot unmarshal string into Go value of type req",
+            ),
+            (
+                br#"{"namespace":"a","#,
+                "fail to decode request: unexpected EOF",
+            ),
+            (
+                br#"{namespace:"a"}"#,
+                "fail to decode request: the body is not valid JSON",
+            ),
+            (
+                br#"{"namespace":"a","serviceAccountName":"b","clusterRoleName":"admin"}"#,
+                "fail to decode request: invalid request: clusterRoleName can only be harvesterhci.io:cloudprovider",
+            ),
+            (
+                br#"{"namespace":"a","serviceAccountName":"b","csiClusterRoleName":"admin"}"#,
+                "fail to decode request: invalid request: csiClusterRoleName can only be harvesterhci.io:csi-driver",
+            ),
+            (
+                br#"{"namespace":"Bad_NS","serviceAccountName":"b"}"#,
+                "fail to decode request: invalid request: namespace \"Bad_NS\" is not a valid namespace name: a lowercase RFC 1123 label",
+            ),
+            (
+                br#"{"namespace":"a","serviceAccountName":"b/c"}"#,
+                "fail to decode request: invalid request: serviceAccountName \"b/c\" is not a valid service account name: a lowercase RFC 1123 subdomain",
+            ),
+            (
+                b"{\"namespace\":\"\xff\"}",
+                "fail to decode request: the body is not valid JSON",
+            ),
         ];
         for (body, want) in cases {
             let got = reason(from_json(body));
-            assert!(got.starts_with(want), "{}: {got}", String::from_utf8_lossy(body));
+            assert!(
+                got.starts_with(want),
+                "{}: {got}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 
     #[test]
     fn query_strings() {
         use OutputFormat::*;
-        assert_eq!(from_query(Some("namespace=a&serviceAccountName=b")), mk_ok("a", "b", Kubeconfig));
-        assert_eq!(from_query(Some("NAMESPACE=a&serviceaccountname=b&outputFormat=yaml")), mk_ok("a", "b", CloudInit));
-        assert_eq!(from_query(Some("namespace=a&namespace=z&serviceAccountName=b")), mk_ok("a", "b", Kubeconfig));
-        assert_eq!(from_query(Some("Namespace=z&namespace=a&serviceAccountName=b")), mk_ok("a", "b", Kubeconfig));
-        assert_eq!(from_query(Some("namespace=%61&serviceAccountName=b&&x")), mk_ok("a", "b", Kubeconfig));
-        assert!(reason(from_query(None)).ends_with("namespace and serviceAccountName cannot be empty"));
+        assert_eq!(
+            from_query(Some("namespace=a&serviceAccountName=b")),
+            mk_ok("a", "b", Kubeconfig)
+        );
+        assert_eq!(
+            from_query(Some("NAMESPACE=a&serviceaccountname=b&outputFormat=yaml")),
+            mk_ok("a", "b", CloudInit)
+        );
+        assert_eq!(
+            from_query(Some("namespace=a&namespace=z&serviceAccountName=b")),
+            mk_ok("a", "b", Kubeconfig)
+        );
+        assert_eq!(
+            from_query(Some("Namespace=z&namespace=a&serviceAccountName=b")),
+            mk_ok("a", "b", Kubeconfig)
+        );
+        assert_eq!(
+            from_query(Some("namespace=%61&serviceAccountName=b&&x")),
+            mk_ok("a", "b", Kubeconfig)
+        );
+        assert!(
+            reason(from_query(None)).ends_with("namespace and serviceAccountName cannot be empty")
+        );
         assert!(reason(from_query(Some("namespace=%zz"))).contains("invalid URL escape \"%zz\""));
-        assert!(reason(from_query(Some("namespace=%ff&serviceAccountName=b"))).contains("not valid UTF-8"));
-        assert!(reason(from_query(Some("namespace=a+b&serviceAccountName=b"))).contains("namespace \"a b\""));
+        assert!(
+            reason(from_query(Some("namespace=%ff&serviceAccountName=b")))
+                .contains("not valid UTF-8")
+        );
+        assert!(
+            reason(from_query(Some("namespace=a+b&serviceAccountName=b")))
+                .contains("namespace \"a b\"")
+        );
         assert!(reason(from_query(Some("namespace=a;serviceAccountName=b"))).contains("semicolon"));
     }
 }

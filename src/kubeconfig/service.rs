@@ -74,14 +74,17 @@ fn store_err(step: &'static str) -> impl FnOnce(StoreError) -> CloudConfigError 
 }
 
 fn uid_of<K: Object>(obj: &K) -> Result<String, CloudConfigError> {
-    obj.metadata().uid.clone().ok_or_else(|| CloudConfigError::Store {
-        step: CREATE_SA,
-        source: StoreError::Invalid {
-            kind: K::KIND.to_lowercase(),
-            name: obj.metadata().name.clone().unwrap_or_default(),
-            reason: "metadata.uid is missing".into(),
-        },
-    })
+    obj.metadata()
+        .uid
+        .clone()
+        .ok_or_else(|| CloudConfigError::Store {
+            step: CREATE_SA,
+            source: StoreError::Invalid {
+                kind: K::KIND.to_lowercase(),
+                name: obj.metadata().name.clone().unwrap_or_default(),
+                reason: "metadata.uid is missing".into(),
+            },
+        })
 }
 
 /// An object this request created, to remove again if the request fails.
@@ -172,29 +175,55 @@ impl CloudConfig {
         let ns = names.namespace.as_str();
 
         // Check everything that exists before writing anything.
-        let sa = sas.get(ns, &names.service_account).await.map_err(store_err(CREATE_SA))?;
+        let sa = sas
+            .get(ns, &names.service_account)
+            .await
+            .map_err(store_err(CREATE_SA))?;
         let sa_uid = sa.as_ref().and_then(|s| s.metadata.uid.clone());
-        let secret = secrets.get(ns, &names.secret).await.map_err(store_err(CREATE_SA))?;
+        let secret = secrets
+            .get(ns, &names.secret)
+            .await
+            .map_err(store_err(CREATE_SA))?;
         let secret_check = secret
             .as_ref()
             .map(|s| objects::check_secret(s, names, sa_uid.as_deref()));
         if let Some(SecretCheck::Foreign(message)) = &secret_check {
-            return Err(CloudConfigError::Foreign { step: CREATE_SA, message: message.clone() });
+            return Err(CloudConfigError::Foreign {
+                step: CREATE_SA,
+                message: message.clone(),
+            });
         }
-        let rb = rbs.get(ns, &names.binding).await.map_err(store_err(CREATE_RB))?;
+        let rb = rbs
+            .get(ns, &names.binding)
+            .await
+            .map_err(store_err(CREATE_RB))?;
         if let Some(rb) = &rb {
-            objects::check_role_binding(rb, names, sa_uid.as_deref())
-                .map_err(|message| CloudConfigError::Foreign { step: CREATE_RB, message })?;
+            objects::check_role_binding(rb, names, sa_uid.as_deref()).map_err(|message| {
+                CloudConfigError::Foreign {
+                    step: CREATE_RB,
+                    message,
+                }
+            })?;
         }
-        let crb = crbs.get("", &names.binding).await.map_err(store_err(CREATE_CRB))?;
+        let crb = crbs
+            .get("", &names.binding)
+            .await
+            .map_err(store_err(CREATE_CRB))?;
         if let Some(crb) = &crb {
-            objects::check_cluster_role_binding(crb, names, sa_uid.as_deref())
-                .map_err(|message| CloudConfigError::Foreign { step: CREATE_CRB, message })?;
+            objects::check_cluster_role_binding(crb, names, sa_uid.as_deref()).map_err(
+                |message| CloudConfigError::Foreign {
+                    step: CREATE_CRB,
+                    message,
+                },
+            )?;
         }
 
         let sa = match sa {
             Some(sa) => sa,
-            None => self.create_or_get(&sas, &objects::service_account(names), created).await.map_err(store_err(CREATE_SA))?,
+            None => self
+                .create_or_get(&sas, &objects::service_account(names), created)
+                .await
+                .map_err(store_err(CREATE_SA))?,
         };
         let sa_uid = uid_of(&sa)?;
 
@@ -204,28 +233,51 @@ impl CloudConfig {
                 // A token of an earlier service account of this name: it would not authenticate.
                 let old_uid = secret.as_ref().and_then(|s| s.metadata.uid.clone());
                 match secrets
-                    .delete(ns, &names.secret, &Preconditions { uid: old_uid, ..Default::default() })
+                    .delete(
+                        ns,
+                        &names.secret,
+                        &Preconditions {
+                            uid: old_uid,
+                            ..Default::default()
+                        },
+                    )
                     .await
                 {
                     Ok(_) => {}
                     Err(e) if e.is_not_found() || matches!(e, StoreError::Conflict { .. }) => {}
                     Err(e) => return Err(store_err(CREATE_SA)(e)),
                 }
-                self.ensure_secret(&secrets, names, &sa_uid, created).await?;
+                self.ensure_secret(&secrets, names, &sa_uid, created)
+                    .await?;
             }
             Some(SecretCheck::Foreign(_)) | None => {
-                self.ensure_secret(&secrets, names, &sa_uid, created).await?;
+                self.ensure_secret(&secrets, names, &sa_uid, created)
+                    .await?;
             }
         }
         if rb.is_none() {
-            let rb = self.create_or_get(&rbs, &objects::role_binding(names, &sa_uid), created).await.map_err(store_err(CREATE_RB))?;
-            objects::check_role_binding(&rb, names, Some(&sa_uid))
-                .map_err(|message| CloudConfigError::Foreign { step: CREATE_RB, message })?;
+            let rb = self
+                .create_or_get(&rbs, &objects::role_binding(names, &sa_uid), created)
+                .await
+                .map_err(store_err(CREATE_RB))?;
+            objects::check_role_binding(&rb, names, Some(&sa_uid)).map_err(|message| {
+                CloudConfigError::Foreign {
+                    step: CREATE_RB,
+                    message,
+                }
+            })?;
         }
         if crb.is_none() {
-            let crb = self.create_or_get(&crbs, &objects::cluster_role_binding(names), created).await.map_err(store_err(CREATE_CRB))?;
-            objects::check_cluster_role_binding(&crb, names, Some(&sa_uid))
-                .map_err(|message| CloudConfigError::Foreign { step: CREATE_CRB, message })?;
+            let crb = self
+                .create_or_get(&crbs, &objects::cluster_role_binding(names), created)
+                .await
+                .map_err(store_err(CREATE_CRB))?;
+            objects::check_cluster_role_binding(&crb, names, Some(&sa_uid)).map_err(|message| {
+                CloudConfigError::Foreign {
+                    step: CREATE_CRB,
+                    message,
+                }
+            })?;
         }
 
         let secret = self
@@ -240,9 +292,10 @@ impl CloudConfig {
                 },
                 e => store_err(CREATE_SA)(e),
             })?;
-        let secret: Secret = serde_json::from_value(secret).map_err(|e| CloudConfigError::Generate {
-            reason: format!("secret {} does not decode: {e}", names.secret),
-        })?;
+        let secret: Secret =
+            serde_json::from_value(secret).map_err(|e| CloudConfigError::Generate {
+                reason: format!("secret {} does not decode: {e}", names.secret),
+            })?;
         self.build(names, server, &secret)
     }
 
@@ -259,7 +312,10 @@ impl CloudConfig {
             .map_err(store_err(CREATE_SA))?;
         match objects::check_secret(&secret, names, Some(sa_uid)) {
             SecretCheck::Ours => Ok(()),
-            SecretCheck::Foreign(message) => Err(CloudConfigError::Foreign { step: CREATE_SA, message }),
+            SecretCheck::Foreign(message) => Err(CloudConfigError::Foreign {
+                step: CREATE_SA,
+                message,
+            }),
             SecretCheck::Stale => Err(CloudConfigError::Foreign {
                 step: CREATE_SA,
                 message: format!(
@@ -278,7 +334,10 @@ impl CloudConfig {
         created: &mut Vec<Created>,
     ) -> Result<K, StoreError> {
         let meta = obj.metadata();
-        let (ns, name) = (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default());
+        let (ns, name) = (
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        );
         match api.create(obj).await {
             Ok(new) => {
                 created.push(Created {
@@ -289,21 +348,34 @@ impl CloudConfig {
                 });
                 Ok(new)
             }
-            Err(e) if e.is_already_exists() => api.get(&ns, &name).await?.ok_or(StoreError::Conflict {
-                kind: api.kind().singular.to_string(),
-                name,
-            }),
+            Err(e) if e.is_already_exists() => {
+                api.get(&ns, &name).await?.ok_or(StoreError::Conflict {
+                    kind: api.kind().singular.to_string(),
+                    name,
+                })
+            }
             Err(e) => Err(e),
         }
     }
 
     async fn roll_back(&self, created: Vec<Created>) {
         for c in created.into_iter().rev() {
-            let pre = Preconditions { uid: c.uid, ..Default::default() };
-            match self.store.delete(&c.kind, &c.namespace, &c.name, &pre).await {
-                Ok(_) => info!(kind = %c.kind, namespace = %c.namespace, name = %c.name, "rolled back object of a failed request"),
+            let pre = Preconditions {
+                uid: c.uid,
+                ..Default::default()
+            };
+            match self
+                .store
+                .delete(&c.kind, &c.namespace, &c.name, &pre)
+                .await
+            {
+                Ok(_) => {
+                    info!(kind = %c.kind, namespace = %c.namespace, name = %c.name, "rolled back object of a failed request")
+                }
                 Err(e) if e.is_not_found() => {}
-                Err(e) => warn!(kind = %c.kind, namespace = %c.namespace, name = %c.name, error = %e, "cannot roll back object of a failed request"),
+                Err(e) => {
+                    warn!(kind = %c.kind, namespace = %c.namespace, name = %c.name, error = %e, "cannot roll back object of a failed request")
+                }
             }
         }
     }
@@ -316,14 +388,32 @@ impl CloudConfig {
         let ns = names.namespace.as_str();
         let not_found = |step, message| CloudConfigError::NotFound { step, message };
 
-        let sa = self.api::<ServiceAccount>().get(ns, &names.service_account).await.map_err(store_err(GET_SA))?
-            .ok_or_else(|| not_found(GET_SA, format!("serviceaccount \"{}\" not found", names.service_account)))?;
+        let sa = self
+            .api::<ServiceAccount>()
+            .get(ns, &names.service_account)
+            .await
+            .map_err(store_err(GET_SA))?
+            .ok_or_else(|| {
+                not_found(
+                    GET_SA,
+                    format!("serviceaccount \"{}\" not found", names.service_account),
+                )
+            })?;
         let sa_uid = uid_of(&sa)?;
-        let secret = self.api::<Secret>().get(ns, &names.secret).await.map_err(store_err(GET_SA))?
+        let secret = self
+            .api::<Secret>()
+            .get(ns, &names.secret)
+            .await
+            .map_err(store_err(GET_SA))?
             .ok_or_else(|| not_found(GET_SA, format!("secret \"{}\" not found", names.secret)))?;
         match objects::check_secret(&secret, &names, Some(&sa_uid)) {
             SecretCheck::Ours => {}
-            SecretCheck::Foreign(message) => return Err(CloudConfigError::Foreign { step: GET_SA, message }),
+            SecretCheck::Foreign(message) => {
+                return Err(CloudConfigError::Foreign {
+                    step: GET_SA,
+                    message,
+                });
+            }
             SecretCheck::Stale => {
                 return Err(CloudConfigError::Foreign {
                     step: GET_SA,
@@ -334,26 +424,58 @@ impl CloudConfig {
                 });
             }
         }
-        let rb = self.api::<RoleBinding>().get(ns, &names.binding).await.map_err(store_err(GET_RB))?
-            .ok_or_else(|| not_found(GET_RB, format!("rolebinding \"{}\" not found", names.binding)))?;
-        objects::check_role_binding(&rb, &names, Some(&sa_uid))
-            .map_err(|message| CloudConfigError::Foreign { step: GET_RB, message })?;
-        let crb = self.api::<ClusterRoleBinding>().get("", &names.binding).await.map_err(store_err(GET_CRB))?
-            .ok_or_else(|| not_found(GET_CRB, format!("clusterrolebinding \"{}\" not found", names.binding)))?;
-        objects::check_cluster_role_binding(&crb, &names, Some(&sa_uid))
-            .map_err(|message| CloudConfigError::Foreign { step: GET_CRB, message })?;
+        let rb = self
+            .api::<RoleBinding>()
+            .get(ns, &names.binding)
+            .await
+            .map_err(store_err(GET_RB))?
+            .ok_or_else(|| {
+                not_found(
+                    GET_RB,
+                    format!("rolebinding \"{}\" not found", names.binding),
+                )
+            })?;
+        objects::check_role_binding(&rb, &names, Some(&sa_uid)).map_err(|message| {
+            CloudConfigError::Foreign {
+                step: GET_RB,
+                message,
+            }
+        })?;
+        let crb = self
+            .api::<ClusterRoleBinding>()
+            .get("", &names.binding)
+            .await
+            .map_err(store_err(GET_CRB))?
+            .ok_or_else(|| {
+                not_found(
+                    GET_CRB,
+                    format!("clusterrolebinding \"{}\" not found", names.binding),
+                )
+            })?;
+        objects::check_cluster_role_binding(&crb, &names, Some(&sa_uid)).map_err(|message| {
+            CloudConfigError::Foreign {
+                step: GET_CRB,
+                message,
+            }
+        })?;
         let kubeconfig = self.build(&names, &server, &secret)?;
         info!(namespace = %ns, service_account = %names.service_account,
             "kubeconfig for service account {ns}/{} is fetched", names.service_account);
         Ok(kubeconfig)
     }
 
-    fn build(&self, names: &AccountNames, server: &str, secret: &Secret) -> Result<String, CloudConfigError> {
+    fn build(
+        &self,
+        names: &AccountNames,
+        server: &str,
+        secret: &Secret,
+    ) -> Result<String, CloudConfigError> {
         let generate = |reason: String| CloudConfigError::Generate { reason };
         let ca = match &self.settings.cluster_ca {
             Some(ca) => ca.clone(),
-            None => objects::secret_data(secret, "ca.crt")
-                .ok_or_else(|| generate(format!("ca.crt is not found in secret {}", names.secret)))?,
+            None => objects::secret_data(secret, "ca.crt").ok_or_else(|| {
+                generate(format!("ca.crt is not found in secret {}", names.secret))
+            })?,
         };
         let token = objects::secret_data(secret, "token")
             .ok_or_else(|| generate(format!("token is not found in secret {}", names.secret)))?;
@@ -365,7 +487,10 @@ impl CloudConfig {
 
 /// `https://` + host:port of the VIP, IPv6 in brackets; the VIP must be an IP address.
 pub fn vip_url(vip: &str) -> Result<String, String> {
-    let ip: std::net::IpAddr = vip.trim().parse().map_err(|_| format!("invalid vip {vip}"))?;
+    let ip: std::net::IpAddr = vip
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid vip {vip}"))?;
     Ok(format!("https://{}", SocketAddr::new(ip, 6443)))
 }
 
@@ -375,8 +500,14 @@ mod tests {
 
     #[test]
     fn vip_urls() {
-        assert_eq!(vip_url("192.168.1.10").unwrap(), "https://192.168.1.10:6443");
-        assert_eq!(vip_url("2001:db8::1").unwrap(), "https://[2001:db8::1]:6443");
+        assert_eq!(
+            vip_url("192.168.1.10").unwrap(),
+            "https://192.168.1.10:6443"
+        );
+        assert_eq!(
+            vip_url("2001:db8::1").unwrap(),
+            "https://[2001:db8::1]:6443"
+        );
         assert_eq!(vip_url("not-an-ip").unwrap_err(), "invalid vip not-an-ip");
     }
 }

@@ -183,7 +183,12 @@ pub type ChangeStream = BoxStream<'static, Result<Change, StoreError>>;
 /// The port. Namespaces of cluster-scoped kinds are `""`.
 #[async_trait]
 pub trait ObjectStore: Send + Sync + 'static {
-    async fn get(&self, kind: &Kind, namespace: &str, name: &str) -> Result<Option<Value>, StoreError>;
+    async fn get(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, StoreError>;
     async fn list(
         &self,
         kind: &Kind,
@@ -297,7 +302,10 @@ impl<K: Object> Api<K> {
     }
 
     pub async fn create(&self, obj: &K) -> Result<K, StoreError> {
-        let v = self.store.create(&self.kind, encode(&self.kind, obj)?).await?;
+        let v = self
+            .store
+            .create(&self.kind, encode(&self.kind, obj)?)
+            .await?;
         decode(&self.kind, v)
     }
 

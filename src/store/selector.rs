@@ -48,25 +48,25 @@ impl LabelSelector {
             reason: reason.to_string(),
         };
         let mut requirements = Vec::new();
-        for term in split_terms(s).map_err(|r| err(r))? {
+        for term in split_terms(s).map_err(&err)? {
             let term = term.trim();
             if term.is_empty() {
                 continue;
             }
             let req = if let Some(key) = term.strip_prefix('!') {
-                Requirement::DoesNotExist(valid_key(key.trim()).map_err(|r| err(r))?)
+                Requirement::DoesNotExist(valid_key(key.trim()).map_err(&err)?)
             } else if let Some((k, v)) = term.split_once("!=") {
-                Requirement::NotEquals(valid_key(k.trim()).map_err(|r| err(r))?, v.trim().into())
+                Requirement::NotEquals(valid_key(k.trim()).map_err(&err)?, v.trim().into())
             } else if let Some((k, v)) = term.split_once("==") {
-                Requirement::Equals(valid_key(k.trim()).map_err(|r| err(r))?, v.trim().into())
+                Requirement::Equals(valid_key(k.trim()).map_err(&err)?, v.trim().into())
             } else if let Some((k, v)) = term.split_once('=') {
-                Requirement::Equals(valid_key(k.trim()).map_err(|r| err(r))?, v.trim().into())
+                Requirement::Equals(valid_key(k.trim()).map_err(&err)?, v.trim().into())
             } else if let Some((k, set)) = split_set(term, " notin ") {
-                Requirement::NotIn(valid_key(k).map_err(|r| err(r))?, parse_set(set).map_err(|r| err(r))?)
+                Requirement::NotIn(valid_key(k).map_err(&err)?, parse_set(set).map_err(&err)?)
             } else if let Some((k, set)) = split_set(term, " in ") {
-                Requirement::In(valid_key(k).map_err(|r| err(r))?, parse_set(set).map_err(|r| err(r))?)
+                Requirement::In(valid_key(k).map_err(&err)?, parse_set(set).map_err(&err)?)
             } else {
-                Requirement::Exists(valid_key(term).map_err(|r| err(r))?)
+                Requirement::Exists(valid_key(term).map_err(&err)?)
             };
             requirements.push(req);
         }
@@ -181,7 +181,14 @@ mod tests {
         for s in yes {
             assert!(LabelSelector::parse(s).unwrap().matches(&l), "{s}");
         }
-        let no = ["app=db", "app!=web", "app in (db)", "app notin (web)", "missing", "!app"];
+        let no = [
+            "app=db",
+            "app!=web",
+            "app in (db)",
+            "app notin (web)",
+            "missing",
+            "!app",
+        ];
         for s in no {
             assert!(!LabelSelector::parse(s).unwrap().matches(&l), "{s}");
         }

@@ -33,7 +33,8 @@ impl Reply {
         String::from_utf8(self.body.clone()).expect("UTF-8 body")
     }
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
     pub fn content_type(&self) -> &str {
         self.headers
@@ -70,7 +71,13 @@ pub trait Backend: Sized {
     /// The store behind the service, to inspect what a request left behind.
     fn store(&self) -> std::sync::Arc<dyn harvester_cloud::store::ObjectStore>;
 
-    async fn call(&self, method: Method, uri: &str, token: Option<&str>, body: impl Into<Body>) -> Reply {
+    async fn call(
+        &self,
+        method: Method,
+        uri: &str,
+        token: Option<&str>,
+        body: impl Into<Body>,
+    ) -> Reply {
         let mut req = Request::builder().method(method).uri(uri);
         if let Some(t) = token {
             req = req.header("authorization", format!("Bearer {t}"));
@@ -90,12 +97,24 @@ pub trait Backend: Sized {
 
     async fn post(&self, body: &str) -> Reply {
         let t = self.admin_token();
-        self.call(Method::POST, "/v1/harvester/kubeconfig", Some(&t), body.to_string()).await
+        self.call(
+            Method::POST,
+            "/v1/harvester/kubeconfig",
+            Some(&t),
+            body.to_string(),
+        )
+        .await
     }
 
     async fn get(&self, query: &str) -> Reply {
         let t = self.admin_token();
-        self.call(Method::GET, &format!("/v1/harvester/kubeconfig?{query}"), Some(&t), Body::empty()).await
+        self.call(
+            Method::GET,
+            &format!("/v1/harvester/kubeconfig?{query}"),
+            Some(&t),
+            Body::empty(),
+        )
+        .await
     }
 }
 
@@ -107,7 +126,13 @@ pub struct EmbeddedBackend {
     token: String,
 }
 
-pub fn cli(data_dir: &Path, extra: &[String]) -> (harvester_cloud::config::GlobalArgs, harvester_cloud::config::ServeArgs) {
+pub fn cli(
+    data_dir: &Path,
+    extra: &[String],
+) -> (
+    harvester_cloud::config::GlobalArgs,
+    harvester_cloud::config::ServeArgs,
+) {
     let mut args: Vec<String> = vec![
         "harvester-cloud".into(),
         "--data-dir".into(),
@@ -135,9 +160,20 @@ impl EmbeddedBackend {
         let dir = tempfile::tempdir().expect("tempdir");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let (global, serve) = cli(dir.path(), &extra);
-        let app = app::open_embedded(&global, &serve).await.expect("open embedded");
-        let token = app.admin_token.as_ref().expect("first start creates a token").expose();
-        EmbeddedBackend { dir, app, extra_args: extra, token }
+        let app = app::open_embedded(&global, &serve)
+            .await
+            .expect("open embedded");
+        let token = app
+            .admin_token
+            .as_ref()
+            .expect("first start creates a token")
+            .expose();
+        EmbeddedBackend {
+            dir,
+            app,
+            extra_args: extra,
+            token,
+        }
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -155,13 +191,28 @@ impl Backend for EmbeddedBackend {
     }
 
     async fn restart(self) -> Self {
-        let EmbeddedBackend { dir, app, extra_args, token } = self;
+        let EmbeddedBackend {
+            dir,
+            app,
+            extra_args,
+            token,
+        } = self;
         app.store.close().await;
         drop(app);
         let (global, serve) = cli(dir.path(), &extra_args);
-        let app = app::open_embedded(&global, &serve).await.expect("reopen embedded");
-        assert!(app.admin_token.is_none(), "a restart must not create another admin token");
-        EmbeddedBackend { dir, app, extra_args, token }
+        let app = app::open_embedded(&global, &serve)
+            .await
+            .expect("reopen embedded");
+        assert!(
+            app.admin_token.is_none(),
+            "a restart must not create another admin token"
+        );
+        EmbeddedBackend {
+            dir,
+            app,
+            extra_args,
+            token,
+        }
     }
 
     fn store(&self) -> std::sync::Arc<dyn harvester_cloud::store::ObjectStore> {
@@ -178,5 +229,6 @@ pub fn account(ns: &str, sa: &str) -> String {
 }
 
 pub fn account_yaml(ns: &str, sa: &str) -> String {
-    serde_json::json!({"namespace": ns, "serviceAccountName": sa, "outputFormat": "yaml"}).to_string()
+    serde_json::json!({"namespace": ns, "serviceAccountName": sa, "outputFormat": "yaml"})
+        .to_string()
 }

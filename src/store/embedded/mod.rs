@@ -23,7 +23,9 @@ use futures::StreamExt;
 use serde_json::{Map, Value, json};
 use sqlx::{
     Connection, Row, SqliteConnection,
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous},
+    sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    },
 };
 use tokio::sync::{Mutex, broadcast};
 use tracing::info;
@@ -54,15 +56,24 @@ pub enum Durability {
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error("cannot create data directory {path}: {source}")]
-    CreateDir { path: PathBuf, source: std::io::Error },
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot lock {path}: {source}")]
-    Lock { path: PathBuf, source: std::io::Error },
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("data directory {path} is in use by another harvester-cloud process")]
     Locked { path: PathBuf },
     #[error("cannot open database {path}: {source}")]
     Open { path: PathBuf, source: sqlx::Error },
     #[error("cannot migrate database {path}: {source}")]
-    Migrate { path: PathBuf, source: sqlx::migrate::MigrateError },
+    Migrate {
+        path: PathBuf,
+        source: sqlx::migrate::MigrateError,
+    },
     #[error("cannot load objects from {path}: {source}")]
     Load { path: PathBuf, source: StoreError },
 }
@@ -94,7 +105,10 @@ pub async fn open_pool(data_dir: &Path) -> Result<SqlitePool, OpenError> {
         .max_connections(2)
         .connect_with(options(&path, Durability::Full))
         .await
-        .map_err(|source| OpenError::Open { path: path.clone(), source })?;
+        .map_err(|source| OpenError::Open {
+            path: path.clone(),
+            source,
+        })?;
     migrate(&pool, &path).await?;
     Ok(pool)
 }
@@ -170,11 +184,17 @@ impl EmbeddedStore {
             .max_connections(4)
             .connect_with(opts.clone())
             .await
-            .map_err(|source| OpenError::Open { path: path.clone(), source })?;
+            .map_err(|source| OpenError::Open {
+                path: path.clone(),
+                source,
+            })?;
         migrate(&pool, &path).await?;
         let writer = SqliteConnection::connect_with(&opts)
             .await
-            .map_err(|source| OpenError::Open { path: path.clone(), source })?;
+            .map_err(|source| OpenError::Open {
+                path: path.clone(),
+                source,
+            })?;
         let state = load(&pool).await.map_err(|source| OpenError::Load {
             path: path.clone(),
             source,
@@ -249,7 +269,9 @@ impl EmbeddedStore {
         plan: impl FnOnce(&State) -> Result<(Vec<StateRow>, T), StoreError>,
     ) -> Result<T, StoreError> {
         let mut guard = self.writer.lock().await;
-        let conn = guard.as_mut().ok_or_else(|| StoreError::backend(std::io::Error::other("the store is closed")))?;
+        let conn = guard
+            .as_mut()
+            .ok_or_else(|| StoreError::backend(std::io::Error::other("the store is closed")))?;
         let (rows, out) = {
             let state = self.read();
             plan(&state)?
@@ -363,7 +385,9 @@ impl EmbeddedStore {
                 name: name.clone(),
                 reason: format!("cannot mint service-account token: {e}"),
             })?;
-        let obj = secret.as_object_mut().ok_or_else(|| not_an_object("secret", &name))?;
+        let obj = secret
+            .as_object_mut()
+            .ok_or_else(|| not_an_object("secret", &name))?;
         let meta = obj
             .entry("metadata")
             .or_insert_with(|| json!({}))
@@ -401,9 +425,10 @@ async fn load(pool: &SqlitePool) -> Result<State, StoreError> {
         .await
         .map_err(StoreError::backend)?;
     let mut state = State::new(u64::from_str(&rv).map_err(StoreError::backend)?);
-    let mut rows =
-        sqlx::query("SELECT api_version, kind, namespace, name, uid, resource_version, body FROM objects")
-            .fetch(pool);
+    let mut rows = sqlx::query(
+        "SELECT api_version, kind, namespace, name, uid, resource_version, body FROM objects",
+    )
+    .fetch(pool);
     while let Some(row) = rows.next().await {
         let row = row.map_err(StoreError::backend)?;
         let body: String = row.get("body");
@@ -424,7 +449,9 @@ async fn load(pool: &SqlitePool) -> Result<State, StoreError> {
 }
 
 fn now_rfc3339() -> String {
-    let now = time::OffsetDateTime::now_utc().replace_nanosecond(0).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let now = time::OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     now.format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
 }
@@ -450,7 +477,11 @@ fn meta_str(obj: &Value, field: &str) -> Option<String> {
 fn finalizers(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -486,7 +517,15 @@ fn conflict(kind: &Kind, name: &str) -> StoreError {
     }
 }
 
-fn row_of(kind: &Kind, namespace: &str, name: &str, uid: &str, rv: u64, change: ChangeType, object: Value) -> StateRow {
+fn row_of(
+    kind: &Kind,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    rv: u64,
+    change: ChangeType,
+    object: Value,
+) -> StateRow {
     StateRow {
         api_version: kind.api_version.to_string(),
         kind: kind.kind.to_string(),
@@ -508,20 +547,41 @@ fn set_rv(obj: &mut Value, rv: u64) {
 /// Checks the key of an incoming object and returns (namespace, name).
 fn checked_key(kind: &Kind, obj: &mut Value) -> Result<(String, String), StoreError> {
     let meta = meta_mut(kind, obj)?;
-    let name = meta.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+    let name = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     if name.is_empty() {
-        return Err(invalid(kind, "", "metadata.name: Required value: name or generateName is required"));
+        return Err(invalid(
+            kind,
+            "",
+            "metadata.name: Required value: name or generateName is required",
+        ));
     }
-    kind.names
-        .check(&name)
-        .map_err(|e| invalid(kind, &name, format!("metadata.name: Invalid value: \"{name}\": {e}")))?;
+    kind.names.check(&name).map_err(|e| {
+        invalid(
+            kind,
+            &name,
+            format!("metadata.name: Invalid value: \"{name}\": {e}"),
+        )
+    })?;
     let namespace = if kind.namespaced {
-        let ns = meta.get("namespace").and_then(Value::as_str).unwrap_or_default().to_string();
+        let ns = meta
+            .get("namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         if ns.is_empty() {
             return Err(invalid(kind, &name, "metadata.namespace: Required value"));
         }
-        validation::dns1123_label(&ns)
-            .map_err(|e| invalid(kind, &name, format!("metadata.namespace: Invalid value: \"{ns}\": {e}")))?;
+        validation::dns1123_label(&ns).map_err(|e| {
+            invalid(
+                kind,
+                &name,
+                format!("metadata.namespace: Invalid value: \"{ns}\": {e}"),
+            )
+        })?;
         ns
     } else {
         meta.remove("namespace");
@@ -536,8 +596,11 @@ impl EmbeddedStore {
     fn plan_delete(&self, state: &State, kind: &Kind, root: &Value, rv: &mut u64) -> Vec<StateRow> {
         let mut rows = Vec::new();
         let mut gone_uids = Vec::new();
-        let mut queue: Vec<(String, String, Value)> =
-            vec![(kind.api_version.to_string(), kind.kind.to_string(), root.clone())];
+        let mut queue: Vec<(String, String, Value)> = vec![(
+            kind.api_version.to_string(),
+            kind.kind.to_string(),
+            root.clone(),
+        )];
         while let Some((api_version, k, obj)) = queue.pop() {
             let (namespace, name) = super::object_key(&obj);
             let uid = meta_str(&obj, "uid").unwrap_or_default();
@@ -580,7 +643,9 @@ impl EmbeddedStore {
                         })
                     });
                 let dep_uid = meta_str(&dep, "uid").unwrap_or_default();
-                let already = rows.iter().any(|r| r.uid == dep_uid && r.change == ChangeType::Deleted);
+                let already = rows
+                    .iter()
+                    .any(|r| r.uid == dep_uid && r.change == ChangeType::Deleted);
                 if all_owners_gone && !already {
                     queue.push((dep_api, dep_kind, (*dep).clone()));
                 }
@@ -592,7 +657,12 @@ impl EmbeddedStore {
 
 #[async_trait]
 impl ObjectStore for EmbeddedStore {
-    async fn get(&self, kind: &Kind, namespace: &str, name: &str) -> Result<Option<Value>, StoreError> {
+    async fn get(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, StoreError> {
         let namespace = if kind.namespaced { namespace } else { "" };
         Ok(self
             .read()
@@ -608,7 +678,11 @@ impl ObjectStore for EmbeddedStore {
     ) -> Result<ObjectList, StoreError> {
         let state = self.read();
         let items = state
-            .iter(kind.api_version, kind.kind, namespace.filter(|_| kind.namespaced))
+            .iter(
+                kind.api_version,
+                kind.kind,
+                namespace.filter(|_| kind.namespaced),
+            )
             .filter(|v| selector.matches_object(v))
             .map(|v| (**v).clone())
             .collect();
@@ -622,17 +696,21 @@ impl ObjectStore for EmbeddedStore {
         // generateName: Kubernetes appends five random characters.
         {
             let meta = meta_mut(kind, &mut object)?;
-            let has_name = meta.get("name").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
-            if !has_name {
-                if let Some(prefix) = meta.get("generateName").and_then(Value::as_str) {
-                    let name = format!("{prefix}{}", crate::auth::token::random_alnum(5));
-                    meta.insert("name".into(), Value::from(name));
-                }
+            let has_name = meta
+                .get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty());
+            if !has_name && let Some(prefix) = meta.get("generateName").and_then(Value::as_str) {
+                let name = format!("{prefix}{}", crate::auth::token::random_alnum(5));
+                meta.insert("name".into(), Value::from(name));
             }
         }
         let (namespace, name) = checked_key(kind, &mut object)?;
         self.write(|state| {
-            if state.get(kind.api_version, kind.kind, &namespace, &name).is_some() {
+            if state
+                .get(kind.api_version, kind.kind, &namespace, &name)
+                .is_some()
+            {
                 return Err(StoreError::AlreadyExists {
                     kind: kind.singular.to_string(),
                     name: name.clone(),
@@ -649,15 +727,23 @@ impl ObjectStore for EmbeddedStore {
                 meta.remove("deletionGracePeriodSeconds");
                 meta.insert("resourceVersion".into(), Value::from(rv.to_string()));
             }
-            if kind.status_subresource {
-                if let Some(o) = object.as_object_mut() {
-                    o.remove("status");
-                }
+            if kind.status_subresource
+                && let Some(o) = object.as_object_mut()
+            {
+                o.remove("status");
             }
             if kind.api_version == "v1" && kind.kind == "Secret" {
                 self.fill_token(state, &mut object)?;
             }
-            let row = row_of(kind, &namespace, &name, &uid, rv, ChangeType::Added, object.clone());
+            let row = row_of(
+                kind,
+                &namespace,
+                &name,
+                &uid,
+                rv,
+                ChangeType::Added,
+                object.clone(),
+            );
             Ok((vec![row], object))
         })
         .await
@@ -683,15 +769,15 @@ impl ObjectStore for EmbeddedStore {
             let current = state
                 .get(kind.api_version, kind.kind, namespace, name)
                 .ok_or_else(|| not_found(kind, name))?;
-            if let Some(uid) = &preconditions.uid {
-                if meta_str(&current, "uid").as_ref() != Some(uid) {
-                    return Err(conflict(kind, name));
-                }
+            if let Some(uid) = &preconditions.uid
+                && meta_str(&current, "uid").as_ref() != Some(uid)
+            {
+                return Err(conflict(kind, name));
             }
-            if let Some(rv) = &preconditions.resource_version {
-                if meta_str(&current, "resourceVersion").as_ref() != Some(rv) {
-                    return Err(conflict(kind, name));
-                }
+            if let Some(rv) = &preconditions.resource_version
+                && meta_str(&current, "resourceVersion").as_ref() != Some(rv)
+            {
+                return Err(conflict(kind, name));
             }
             let mut rv = state.rv;
             let rows = self.plan_delete(state, kind, &current, &mut rv);
@@ -767,14 +853,13 @@ impl ObjectStore for EmbeddedStore {
         timeout: Duration,
     ) -> Result<Value, StoreError> {
         let kind = Kind::of::<k8s_openapi::api::core::v1::Secret>();
-        let ready = |v: &Value| {
-            v.pointer("/data/token").is_some() && v.pointer("/data/ca.crt").is_some()
-        };
+        let ready =
+            |v: &Value| v.pointer("/data/token").is_some() && v.pointer("/data/ca.crt").is_some();
         let mut rx = self.changes.subscribe();
-        if let Some(v) = self.get(&kind, namespace, secret_name).await? {
-            if ready(&v) {
-                return Ok(v);
-            }
+        if let Some(v) = self.get(&kind, namespace, secret_name).await?
+            && ready(&v)
+        {
+            return Ok(v);
         }
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -786,15 +871,18 @@ impl ObjectStore for EmbeddedStore {
                     });
                 }
                 Ok(Ok(c)) => {
-                    if c.kind == "Secret" && super::object_key(&c.object) == (namespace.into(), secret_name.into()) && ready(&c.object) {
+                    if c.kind == "Secret"
+                        && super::object_key(&c.object) == (namespace.into(), secret_name.into())
+                        && ready(&c.object)
+                    {
                         return Ok((*c.object).clone());
                     }
                 }
                 Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
-                    if let Some(v) = self.get(&kind, namespace, secret_name).await? {
-                        if ready(&v) {
-                            return Ok(v);
-                        }
+                    if let Some(v) = self.get(&kind, namespace, secret_name).await?
+                        && ready(&v)
+                    {
+                        return Ok(v);
                     }
                 }
                 Ok(Err(broadcast::error::RecvError::Closed)) => {
@@ -817,7 +905,12 @@ impl ObjectStore for EmbeddedStore {
 }
 
 impl EmbeddedStore {
-    async fn replace_impl(&self, kind: &Kind, mut object: Value, status_only: bool) -> Result<Value, StoreError> {
+    async fn replace_impl(
+        &self,
+        kind: &Kind,
+        mut object: Value,
+        status_only: bool,
+    ) -> Result<Value, StoreError> {
         let (namespace, name) = checked_key(kind, &mut object)?;
         self.write(|state| {
             let current = state
@@ -842,14 +935,13 @@ impl EmbeddedStore {
                 next
             } else {
                 let mut next = object.clone();
-                if kind.status_subresource {
-                    if let Some(o) = next.as_object_mut() {
+                if kind.status_subresource
+                    && let Some(o) = next.as_object_mut() {
                         match current.get("status") {
                             Some(s) => o.insert("status".into(), s.clone()),
                             None => o.remove("status"),
                         };
                     }
-                }
                 // Server-owned metadata is kept from the stored object.
                 let cur_meta = current.get("metadata").cloned().unwrap_or_else(|| json!({}));
                 let meta = meta_mut(kind, &mut next)?;

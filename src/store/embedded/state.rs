@@ -61,7 +61,13 @@ impl State {
         self.uids.len()
     }
 
-    pub fn get(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Option<Arc<Value>> {
+    pub fn get(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<Value>> {
         self.objects
             .get(api_version)?
             .get(kind)?
@@ -116,7 +122,10 @@ impl State {
             self.unindex_owners(&old, &row.uid);
         }
         for owner in owner_uids(&row.object) {
-            self.dependents.entry(owner).or_default().push(row.uid.clone());
+            self.dependents
+                .entry(owner)
+                .or_default()
+                .push(row.uid.clone());
         }
         self.uids.insert(
             row.uid.clone(),
@@ -157,10 +166,9 @@ impl State {
                     .get_mut(&row.api_version)
                     .and_then(|k| k.get_mut(&row.kind))
                     .and_then(|n| n.get_mut(&row.namespace))
+                    && let Some(old) = names.remove(&row.name)
                 {
-                    if let Some(old) = names.remove(&row.name) {
-                        self.unindex_owners(&old, &row.uid);
-                    }
+                    self.unindex_owners(&old, &row.uid);
                 }
                 self.uids.remove(&row.uid);
             }

@@ -69,7 +69,9 @@ pub async fn create(
 ) -> Result<(ApiToken, TokenRecord), TokenStoreError> {
     loop {
         let token = ApiToken::generate();
-        let now = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap_or(OffsetDateTime::UNIX_EPOCH);
+        let now = OffsetDateTime::now_utc()
+            .replace_nanosecond(0)
+            .unwrap_or(OffsetDateTime::UNIX_EPOCH);
         let rec = TokenRecord {
             name: token.name.clone(),
             hash: hash::hash_secret(&token.secret),
@@ -121,7 +123,9 @@ pub async fn count(pool: &SqlitePool) -> Result<i64, TokenStoreError> {
 
 /// Revokes a token; revoking a revoked token is a no-op that succeeds.
 pub async fn revoke(pool: &SqlitePool, name: &str) -> Result<TokenRecord, TokenStoreError> {
-    let now = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap_or(OffsetDateTime::UNIX_EPOCH);
+    let now = OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .unwrap_or(OffsetDateTime::UNIX_EPOCH);
     sqlx::query("UPDATE admin_tokens SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL")
         .bind(fmt(now))
         .bind(name)
