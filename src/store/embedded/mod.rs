@@ -10,7 +10,6 @@ mod state;
 pub mod tokens;
 
 use std::{
-    collections::BTreeMap,
     path::{Path, PathBuf},
     str::FromStr,
     sync::{Arc, RwLock},
@@ -982,18 +981,3 @@ impl EmbeddedStore {
         .await
     }
 }
-
-/// Labels of a JSON object, for callers that filter by hand.
-pub fn labels_of(obj: &Value) -> BTreeMap<String, String> {
-    obj.pointer("/metadata/labels")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests;

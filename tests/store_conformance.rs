@@ -1,0 +1,281 @@
+//! The store port's Kubernetes semantics, as one suite every backend must pass: resourceVersion and
+//! optimistic concurrency, no-op writes, the status subresource, finalizers, garbage collection of
+//! dependents, label selectors, watch with replay, and persistence across a restart.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use harvester_cloud::store::{
+    ChangeType, Deleted, Kind, LabelSelector, NameRule, ObjectStore, Preconditions, StoreError,
+    embedded::{Durability, EmbeddedStore},
+};
+use serde_json::{Value, json};
+
+#[allow(async_fn_in_trait)]
+pub trait Harness: Sized {
+    fn store(&self) -> Arc<dyn ObjectStore>;
+    async fn reopen(self) -> Self;
+}
+
+pub struct Embedded {
+    dir: tempfile::TempDir,
+    store: Arc<EmbeddedStore>,
+}
+
+impl Embedded {
+    async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), Durability::Normal).await.unwrap();
+        Embedded { dir, store }
+    }
+}
+
+impl Harness for Embedded {
+    fn store(&self) -> Arc<dyn ObjectStore> {
+        self.store.clone()
+    }
+    async fn reopen(self) -> Self {
+        let Embedded { dir, store } = self;
+        store.close().await;
+        drop(store);
+        let store = EmbeddedStore::open(dir.path(), Durability::Normal).await.unwrap();
+        Embedded { dir, store }
+    }
+}
+
+fn cm_kind() -> Kind {
+    Kind::of::<k8s_openapi::api::core::v1::ConfigMap>()
+}
+
+/// A namespaced custom kind with a status subresource.
+fn widget_kind() -> Kind {
+    Kind {
+        api_version: "example.harvesterhci.io/v1",
+        kind: "Widget",
+        singular: "widget",
+        namespaced: true,
+        status_subresource: true,
+        names: NameRule::Subdomain,
+    }
+}
+
+fn mk_cm(name: &str, data: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "ns1", "labels": {"app": "a", "tier": data}},
+        "data": {"k": data}})
+}
+
+fn rv(v: &Value) -> u64 {
+    v["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap()
+}
+
+pub mod cases {
+    use super::*;
+
+    pub async fn create_get_and_conflicts<H: Harness>(h: H) {
+        let s = h.store();
+        let k = cm_kind();
+        let a = s.create(&k, mk_cm("a", "1")).await.unwrap();
+        assert!(a["metadata"]["uid"].as_str().is_some_and(|u| !u.is_empty()));
+        assert!(a["metadata"]["creationTimestamp"].is_string());
+        assert_eq!(s.get(&k, "ns1", "a").await.unwrap().unwrap(), a);
+        assert!(s.get(&k, "ns1", "nope").await.unwrap().is_none());
+        assert!(matches!(s.create(&k, mk_cm("a", "2")).await, Err(StoreError::AlreadyExists { .. })));
+
+        // A write with the current version succeeds and moves the version forward.
+        let mut next = a.clone();
+        next["data"]["k"] = json!("2");
+        let b = s.replace(&k, next).await.unwrap();
+        assert!(rv(&b) > rv(&a));
+        // A write with the old version is a conflict and changes nothing.
+        let mut stale = a.clone();
+        stale["data"]["k"] = json!("3");
+        assert!(matches!(s.replace(&k, stale).await, Err(StoreError::Conflict { .. })));
+        assert_eq!(s.get(&k, "ns1", "a").await.unwrap().unwrap()["data"]["k"], "2");
+        // uid and creationTimestamp belong to the server.
+        let mut forged = b.clone();
+        forged["metadata"]["creationTimestamp"] = json!("2000-01-01T00:00:00Z");
+        forged["data"]["k"] = json!("4");
+        let c = s.replace(&k, forged).await.unwrap();
+        assert_eq!(c["metadata"]["creationTimestamp"], a["metadata"]["creationTimestamp"]);
+        assert!(matches!(
+            s.replace(&k, mk_cm("missing", "1")).await,
+            Err(StoreError::NotFound { .. })
+        ));
+        // Invalid names are refused as the API server refuses them.
+        assert!(matches!(s.create(&k, mk_cm("Bad_Name", "1")).await, Err(StoreError::Invalid { .. })));
+    }
+
+    pub async fn noop_writes_change_nothing<H: Harness>(h: H) {
+        let s = h.store();
+        let k = cm_kind();
+        let a = s.create(&k, mk_cm("a", "1")).await.unwrap();
+        let list = s.list(&k, None, &LabelSelector::everything()).await.unwrap();
+        let mut watch = s.watch(&k, None, &list.resource_version).await.unwrap();
+        let same = s.replace(&k, a.clone()).await.unwrap();
+        assert_eq!(rv(&same), rv(&a));
+        // The next event is the real change below, not the no-op.
+        let mut changed = a.clone();
+        changed["data"]["k"] = json!("2");
+        s.replace(&k, changed).await.unwrap();
+        let ev = tokio::time::timeout(Duration::from_secs(5), watch.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(ev.change, ChangeType::Modified);
+        assert_eq!(ev.object["data"]["k"], "2");
+    }
+
+    pub async fn status_subresource<H: Harness>(h: H) {
+        let s = h.store();
+        let k = widget_kind();
+        let obj = json!({"apiVersion": k.api_version, "kind": k.kind,
+            "metadata": {"name": "w", "namespace": "ns1"}, "spec": {"size": 1}, "status": {"ready": true}});
+        let w = s.create(&k, obj).await.unwrap();
+        assert!(w.get("status").is_none(), "status is ignored on create");
+        assert_eq!(w["metadata"]["generation"], 1);
+        let mut st = w.clone();
+        st["status"] = json!({"ready": true});
+        st["spec"] = json!({"size": 99});
+        let w2 = s.replace_status(&k, st).await.unwrap();
+        assert_eq!(w2["status"]["ready"], true);
+        assert_eq!(w2["spec"]["size"], 1, "a status write ignores spec");
+        let mut sp = w2.clone();
+        sp["spec"] = json!({"size": 2});
+        sp["status"] = json!({"ready": false});
+        let w3 = s.replace(&k, sp).await.unwrap();
+        assert_eq!(w3["spec"]["size"], 2);
+        assert_eq!(w3["status"]["ready"], true, "a main write ignores status");
+        assert_eq!(w3["metadata"]["generation"], 2, "spec changes bump generation");
+    }
+
+    pub async fn finalizers_and_preconditions<H: Harness>(h: H) {
+        let s = h.store();
+        let k = cm_kind();
+        let mut obj = mk_cm("f", "1");
+        obj["metadata"]["finalizers"] = json!(["example.com/cleanup"]);
+        let f = s.create(&k, obj).await.unwrap();
+        let wrong = Preconditions { uid: Some("other".into()), ..Default::default() };
+        assert!(matches!(s.delete(&k, "ns1", "f", &wrong).await, Err(StoreError::Conflict { .. })));
+        let pending = match s.delete(&k, "ns1", "f", &Preconditions::default()).await.unwrap() {
+            Deleted::Pending(v) => v,
+            Deleted::Gone(_) => panic!("an object with finalizers must wait"),
+        };
+        assert!(pending["metadata"]["deletionTimestamp"].is_string());
+        // No new finalizers while terminating.
+        let mut more = pending.clone();
+        more["metadata"]["finalizers"] = json!(["example.com/cleanup", "x/y"]);
+        assert!(matches!(s.replace(&k, more).await, Err(StoreError::Invalid { .. })));
+        // Removing the last finalizer completes the deletion.
+        let mut done = pending.clone();
+        done["metadata"]["finalizers"] = json!([]);
+        s.replace(&k, done).await.unwrap();
+        assert!(s.get(&k, "ns1", "f").await.unwrap().is_none());
+        assert_ne!(f["metadata"]["uid"], json!(null));
+        assert!(matches!(
+            s.delete(&k, "ns1", "f", &Preconditions::default()).await,
+            Err(StoreError::NotFound { .. })
+        ));
+    }
+
+    pub async fn dependents_are_collected<H: Harness>(h: H) {
+        let s = h.store();
+        let k = cm_kind();
+        let owner = s.create(&k, mk_cm("owner", "1")).await.unwrap();
+        let mut dep = mk_cm("dep", "1");
+        dep["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
+            "name": "owner", "uid": owner["metadata"]["uid"]}]);
+        s.create(&k, dep).await.unwrap();
+        let mut other = mk_cm("other", "1");
+        other["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
+            "name": "x", "uid": "someone-else"}]);
+        s.create(&k, other).await.unwrap();
+        s.delete(&k, "ns1", "owner", &Preconditions::default()).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while s.get(&k, "ns1", "dep").await.unwrap().is_some() {
+            assert!(tokio::time::Instant::now() < deadline, "dependent was not collected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(s.get(&k, "ns1", "other").await.unwrap().is_some());
+    }
+
+    pub async fn label_selectors_and_namespaces<H: Harness>(h: H) {
+        let s = h.store();
+        let k = cm_kind();
+        for (name, tier) in [("a", "web"), ("b", "db"), ("c", "web")] {
+            s.create(&k, mk_cm(name, tier)).await.unwrap();
+        }
+        let mut elsewhere = mk_cm("d", "web");
+        elsewhere["metadata"]["namespace"] = json!("ns2");
+        s.create(&k, elsewhere).await.unwrap();
+        let names = |items: Vec<Value>| {
+            let mut n: Vec<String> = items.iter().map(|v| v["metadata"]["name"].as_str().unwrap().to_string()).collect();
+            n.sort();
+            n
+        };
+        let sel = LabelSelector::parse("tier=web").unwrap();
+        assert_eq!(names(s.list(&k, Some("ns1"), &sel).await.unwrap().items), ["a", "c"]);
+        assert_eq!(names(s.list(&k, None, &sel).await.unwrap().items), ["a", "c", "d"]);
+        let sel = LabelSelector::parse("tier notin (web),app").unwrap();
+        assert_eq!(names(s.list(&k, None, &sel).await.unwrap().items), ["b"]);
+    }
+
+    pub async fn watch_replays_and_follows<H: Harness>(h: H) {
+        let s = h.store();
+        let k = cm_kind();
+        let start = s.list(&k, None, &LabelSelector::everything()).await.unwrap().resource_version;
+        let a = s.create(&k, mk_cm("a", "1")).await.unwrap();
+        let mut a2 = a.clone();
+        a2["data"]["k"] = json!("2");
+        s.replace(&k, a2).await.unwrap();
+        // Replay from before the changes, then live events.
+        let mut w = s.watch(&k, Some("ns1"), &start).await.unwrap();
+        s.delete(&k, "ns1", "a", &Preconditions::default()).await.unwrap();
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let ev = tokio::time::timeout(Duration::from_secs(5), w.next()).await.unwrap().unwrap().unwrap();
+            got.push((ev.change, ev.resource_version));
+        }
+        assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), [ChangeType::Added, ChangeType::Modified, ChangeType::Deleted]);
+        assert!(got.windows(2).all(|w| w[0].1 < w[1].1), "versions increase: {got:?}");
+        // Other kinds and namespaces are not delivered.
+        let mut other = mk_cm("b", "1");
+        other["metadata"]["namespace"] = json!("ns2");
+        s.create(&k, other).await.unwrap();
+        assert!(tokio::time::timeout(Duration::from_millis(200), w.next()).await.is_err());
+    }
+
+    pub async fn restart_keeps_objects_and_versions<H: Harness>(h: H) {
+        let k = cm_kind();
+        let a = h.store().create(&k, mk_cm("a", "1")).await.unwrap();
+        let h = h.reopen().await;
+        let s = h.store();
+        assert_eq!(s.get(&k, "ns1", "a").await.unwrap().unwrap(), a);
+        let b = s.create(&k, mk_cm("b", "1")).await.unwrap();
+        assert!(rv(&b) > rv(&a), "versions keep increasing across restarts");
+        // A watch from before the restart must relist.
+        assert!(matches!(s.watch(&k, None, &rv(&a).saturating_sub(1).to_string()).await, Err(StoreError::Gone)));
+    }
+}
+
+macro_rules! suite {
+    ($backend:ident, $start:expr, [$($case:ident),* $(,)?]) => {
+        mod $backend {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    cases::$case($start.await).await
+                }
+            )*
+        }
+    };
+}
+
+suite!(embedded, Embedded::start(), [
+    create_get_and_conflicts,
+    noop_writes_change_nothing,
+    status_subresource,
+    finalizers_and_preconditions,
+    dependents_are_collected,
+    label_selectors_and_namespaces,
+    watch_replays_and_follows,
+    restart_keeps_objects_and_versions,
+]);
