@@ -1,0 +1,214 @@
+//! HTTP load against one release-built server on the embedded backend, in one run:
+//! `GET /healthz`, `GET /v1/harvester/kubeconfig` for an existing account, and `POST` for new
+//! accounts. Run with `cargo bench --bench http_load` (options after `--`: `--seconds N`,
+//! `--connections N`). Prints requests/s and latency percentiles per scenario, and the ratios the
+//! README reports.
+//!
+//! The load generator is a minimal hyper HTTP/1.1 client (one task per keep-alive connection) so
+//! that it takes as little of the machine's CPU as possible from the server.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use http_body_util::{BodyExt, Full};
+use hyper::{Request, body::Bytes};
+use tokio::net::TcpStream;
+
+struct Server {
+    child: Child,
+    addr: String,
+    token: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server() -> Server {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_harvester-cloud"))
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--log-format", "json", "--log", "info", "serve", "--http", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn server");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let addr = loop {
+        let line = lines.next().expect("server exited").expect("read log");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        if v["message"].as_str().is_some_and(|m| m.starts_with("listening")) {
+            break v["address"].as_str().expect("address").to_string();
+        }
+    };
+    // Keep draining the log so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    let token = std::fs::read_to_string(dir.path().join("admin-token")).expect("admin token").trim().to_string();
+    Server { child, addr, token, _dir: dir }
+}
+
+#[derive(Clone, Copy)]
+enum Scenario {
+    Healthz,
+    GetKubeconfig,
+    PostNewAccounts,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Healthz => "GET /healthz",
+            Scenario::GetKubeconfig => "GET /v1/harvester/kubeconfig (existing account)",
+            Scenario::PostNewAccounts => "POST /v1/harvester/kubeconfig (new account each)",
+        }
+    }
+
+    fn request(self, token: &str, seq: u64, worker: usize) -> Request<Full<Bytes>> {
+        let auth = format!("Bearer {token}");
+        match self {
+            Scenario::Healthz => Request::get("/healthz").header("host", "bench").body(Full::default()),
+            Scenario::GetKubeconfig => Request::get("/v1/harvester/kubeconfig?namespace=bench&serviceAccountName=existing")
+                .header("host", "bench")
+                .header("authorization", auth)
+                .body(Full::default()),
+            Scenario::PostNewAccounts => {
+                let body = format!(r#"{{"namespace":"bench","serviceAccountName":"sa-{worker}-{seq}"}}"#);
+                Request::post("/v1/harvester/kubeconfig")
+                    .header("host", "bench")
+                    .header("authorization", auth)
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(body)))
+            }
+        }
+        .expect("request")
+    }
+}
+
+struct Outcome {
+    requests: u64,
+    errors: u64,
+    elapsed: Duration,
+    latencies_us: Vec<u64>,
+}
+
+async fn run(addr: &str, token: &str, scenario: Scenario, connections: usize, duration: Duration) -> Outcome {
+    let errors = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut tasks = Vec::new();
+    for worker in 0..connections {
+        let (addr, token, errors) = (addr.to_string(), token.to_string(), errors.clone());
+        tasks.push(tokio::spawn(async move {
+            let stream = TcpStream::connect(&addr).await.expect("connect");
+            stream.set_nodelay(true).ok();
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.expect("handshake");
+            tokio::spawn(conn);
+            let mut latencies = Vec::with_capacity(100_000);
+            let mut seq = 0u64;
+            while Instant::now() < deadline {
+                let req = scenario.request(&token, seq, worker);
+                seq += 1;
+                let t = Instant::now();
+                let ok = match send.send_request(req).await {
+                    Ok(resp) => {
+                        let ok = resp.status().is_success();
+                        ok & resp.into_body().collect().await.is_ok()
+                    }
+                    Err(_) => false,
+                };
+                latencies.push(t.elapsed().as_micros() as u64);
+                if !ok {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            latencies
+        }));
+    }
+    let mut latencies_us = Vec::new();
+    for t in tasks {
+        latencies_us.extend(t.await.expect("worker"));
+    }
+    latencies_us.sort_unstable();
+    Outcome {
+        requests: latencies_us.len() as u64,
+        errors: errors.load(Ordering::Relaxed),
+        elapsed: start.elapsed(),
+        latencies_us,
+    }
+}
+
+fn pct(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i] as f64 / 1000.0
+}
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` runs it briefly as a smoke test.
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let seconds = if smoke { 1 } else { arg("--seconds", 5) };
+    let connections = arg("--connections", 32) as usize;
+    let server = start_server();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    rt.block_on(async {
+        // The account GET reads.
+        let o = run(&server.addr, &server.token, Scenario::PostNewAccounts, 1, Duration::from_millis(1)).await;
+        assert_eq!(o.errors, 0, "warm-up POST failed");
+        let stream = TcpStream::connect(&server.addr).await.expect("connect");
+        let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.expect("handshake");
+        tokio::spawn(conn);
+        let req = Request::post("/v1/harvester/kubeconfig")
+            .header("host", "bench")
+            .header("authorization", format!("Bearer {}", server.token))
+            .body(Full::new(Bytes::from(r#"{"namespace":"bench","serviceAccountName":"existing"}"#)))
+            .expect("request");
+        assert!(send.send_request(req).await.expect("POST").status().is_success());
+
+        println!("harvester-cloud HTTP load: {connections} connections, {seconds} s per scenario, plain HTTP, embedded store (durability full), load generator on 1 thread of the same machine");
+        let mut rates = Vec::new();
+        for scenario in [Scenario::Healthz, Scenario::GetKubeconfig, Scenario::PostNewAccounts] {
+            let o = run(&server.addr, &server.token, scenario, connections, Duration::from_secs(seconds)).await;
+            let rate = o.requests as f64 / o.elapsed.as_secs_f64();
+            println!(
+                "{:<52} {:>9.0} req/s   p50 {:>7.2} ms   p99 {:>7.2} ms   errors {}",
+                scenario.name(),
+                rate,
+                pct(&o.latencies_us, 0.50),
+                pct(&o.latencies_us, 0.99),
+                o.errors
+            );
+            assert_eq!(o.errors, 0, "{} had errors", scenario.name());
+            rates.push(rate);
+        }
+        println!(
+            "GET kubeconfig / healthz = {:.0}% (target >= 25%);  POST new accounts = {:.0}/s (target >= 500/s; Harvester: <= 1/s per request)",
+            100.0 * rates[1] / rates[0],
+            rates[2]
+        );
+    });
+}
