@@ -364,6 +364,15 @@ async fn read_body(body: Body, headers: &HeaderMap, patch: bool) -> Result<(Valu
                 ));
             }
         }
+    } else if mt == "application/vnd.kubernetes.protobuf" {
+        // kubectl's typed commands send protobuf; decode the kinds they use, refuse the rest.
+        return match crate::proto::decode(&bytes) {
+            Ok(v) => Ok((v, None)),
+            Err(crate::proto::ProtoError::Unsupported(_)) => {
+                Err(ApiError::unsupported_media_type(&mt, &["application/json", "application/yaml"]))
+            }
+            Err(e) => Err(ApiError::bad_request(e.to_string())),
+        };
     } else {
         match mt.as_str() {
             "application/json" | "" => (None, false),

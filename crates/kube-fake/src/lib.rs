@@ -22,6 +22,7 @@ pub mod controllers;
 pub mod discovery;
 pub mod ops;
 pub mod patch;
+pub mod proto;
 pub mod rbac;
 pub mod registry;
 pub mod selector;
