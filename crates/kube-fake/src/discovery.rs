@@ -113,14 +113,16 @@ fn gv_path(group: &str, version: &str) -> String {
 }
 
 /// One OpenAPI v3 document per group-version: the PATCH operation of each kind, with the query
-/// parameters (notably `fieldValidation`) and patch content types the server accepts.
+/// parameters (notably `fieldValidation`) and patch content types the server accepts. Create-only
+/// review kinds get one too: kubectl only reads it to learn that the server validates fields, and
+/// without it falls back to the protobuf-only OpenAPI v2 document.
 pub fn openapi_doc(types: &[ResourceType], group: &str, version: &str) -> Option<Value> {
     let served = served(types, group, version);
     if served.is_empty() {
         return None;
     }
     let mut paths = serde_json::Map::new();
-    for rt in served.into_iter().filter(|t| !t.is_virtual()) {
+    for rt in served {
         let base = format!("/{}", gv_path(group, version));
         let path = if rt.namespaced {
             format!("{base}/namespaces/{{namespace}}/{}/{{name}}", rt.plural)
