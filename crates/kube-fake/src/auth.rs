@@ -32,7 +32,12 @@ impl Identity {
         if !g.iter().any(|x| x == "system:authenticated") {
             g.push("system:authenticated".into());
         }
-        Self { username: name.into(), uid: String::new(), groups: g, extra: BTreeMap::new() }
+        Self {
+            username: name.into(),
+            uid: String::new(),
+            groups: g,
+            extra: BTreeMap::new(),
+        }
     }
 
     /// The identity of a service account.
@@ -125,5 +130,8 @@ pub fn random_token() -> String {
 pub fn bearer(header: Option<&str>) -> Option<&str> {
     let h = header?.trim();
     let (scheme, token) = h.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
 }

@@ -11,7 +11,10 @@ use crate::server::{FakeApiServer, FakeError};
 
 /// Command-line flags of `fake-apiserver`.
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "fake-apiserver", about = "A small Kubernetes API server fake for tests")]
+#[command(
+    name = "fake-apiserver",
+    about = "A small Kubernetes API server fake for tests"
+)]
 pub struct Args {
     /// Address to listen on; port 0 picks a free port (the kubeconfig carries the real one).
     #[arg(long, env = "FAKE_APISERVER_LISTEN", default_value = "127.0.0.1:0")]
@@ -31,8 +34,14 @@ pub struct Args {
 }
 
 fn write_atomically(path: &Path, contents: &str) -> Result<(), FakeError> {
-    let err = |source| FakeError::WriteKubeconfig { path: path.display().to_string(), source };
-    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "kubeconfig".into());
+    let err = |source| FakeError::WriteKubeconfig {
+        path: path.display().to_string(),
+        source,
+    };
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "kubeconfig".into());
     let tmp = path.with_file_name(format!(".{file_name}.{}.tmp", std::process::id()));
     std::fs::write(&tmp, contents).map_err(err)?;
     std::fs::rename(&tmp, path).map_err(err)
@@ -41,13 +50,14 @@ fn write_atomically(path: &Path, contents: &str) -> Result<(), FakeError> {
 async fn terminated() {
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -61,7 +71,9 @@ async fn terminated() {
 
 /// Runs the server until SIGINT or SIGTERM.
 pub async fn run(args: Args) -> Result<(), FakeError> {
-    let mut builder = FakeApiServer::builder().listen(args.listen).token_delay(Duration::from_millis(args.token_delay_ms));
+    let mut builder = FakeApiServer::builder()
+        .listen(args.listen)
+        .token_delay(Duration::from_millis(args.token_delay_ms));
     if args.never_fill_tokens {
         builder = builder.never_fill_tokens();
     }

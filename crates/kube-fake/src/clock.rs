@@ -24,7 +24,9 @@ pub fn now() -> String {
 
 /// Parses an API timestamp (with or without fractional seconds).
 pub fn parse(s: &str) -> Option<i64> {
-    OffsetDateTime::parse(s, &Rfc3339).ok().map(OffsetDateTime::unix_timestamp)
+    OffsetDateTime::parse(s, &Rfc3339)
+        .ok()
+        .map(OffsetDateTime::unix_timestamp)
 }
 
 /// `duration.HumanDuration` of apimachinery.
@@ -37,20 +39,36 @@ pub fn human_duration(secs: i64) -> String {
     if s < 120 {
         format!("{s}s")
     } else if m < 10 {
-        if s % 60 == 0 { format!("{m}m") } else { format!("{m}m{}s", s % 60) }
+        if s % 60 == 0 {
+            format!("{m}m")
+        } else {
+            format!("{m}m{}s", s % 60)
+        }
     } else if h < 3 {
         format!("{m}m")
     } else if h < 8 {
-        if m % 60 == 0 { format!("{h}h") } else { format!("{h}h{}m", m % 60) }
+        if m % 60 == 0 {
+            format!("{h}h")
+        } else {
+            format!("{h}h{}m", m % 60)
+        }
     } else if h < 48 {
         format!("{h}h")
     } else if h < 24 * 8 {
-        if h % 24 == 0 { format!("{d}d") } else { format!("{d}d{}h", h % 24) }
+        if h % 24 == 0 {
+            format!("{d}d")
+        } else {
+            format!("{d}d{}h", h % 24)
+        }
     } else if d < 365 * 2 {
         format!("{d}d")
     } else if d < 365 * 8 {
         let y = d / 365;
-        if d % 365 == 0 { format!("{y}y") } else { format!("{y}y{}d", d % 365) }
+        if d % 365 == 0 {
+            format!("{y}y")
+        } else {
+            format!("{y}y{}d", d % 365)
+        }
     } else {
         format!("{}y", d / 365)
     }

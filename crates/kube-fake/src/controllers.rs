@@ -80,7 +80,9 @@ fn token_controller(inner: &mut Inner, ctx: &WriteCtx) -> Option<Duration> {
 }
 
 fn fill_token(inner: &mut Inner, key: &Key, ctx: &WriteCtx) {
-    let Some(secret) = inner.store.get(key).cloned() else { return };
+    let Some(secret) = inner.store.get(key).cloned() else {
+        return;
+    };
     if secret.pointer("/data/token").is_some() {
         return;
     }
@@ -96,7 +98,12 @@ fn fill_token(inner: &mut Inner, key: &Key, ctx: &WriteCtx) {
         .map(str::to_string);
     let sa_uid = inner
         .store
-        .get(&(String::new(), "serviceaccounts".into(), ns.clone(), sa_name.clone()))
+        .get(&(
+            String::new(),
+            "serviceaccounts".into(),
+            ns.clone(),
+            sa_name.clone(),
+        ))
         .and_then(|sa| sa.pointer("/metadata/uid"))
         .and_then(Value::as_str)
         .map(str::to_string);
@@ -122,7 +129,12 @@ fn fill_token(inner: &mut Inner, key: &Key, ctx: &WriteCtx) {
     }));
     inner.tokens.insert(
         token.clone(),
-        TokenKind::Legacy { namespace: ns.clone(), secret: key.3.clone(), sa_name: sa_name.clone(), sa_uid: sa_uid.clone() },
+        TokenKind::Legacy {
+            namespace: ns.clone(),
+            secret: key.3.clone(),
+            sa_name: sa_name.clone(),
+            sa_uid: sa_uid.clone(),
+        },
     );
     let ca = ctx.ca_pem.clone();
     let result = ops::modify(inner, key, ctx, |s| {
@@ -144,7 +156,9 @@ fn deleting(obj: &Value) -> bool {
 }
 
 fn has_finalizer(obj: &Value, f: &str) -> bool {
-    obj.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|a| a.iter().any(|x| x == f))
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|a| a.iter().any(|x| x == f))
 }
 
 fn delete_keys(inner: &mut Inner, keys: Vec<Key>, ctx: &WriteCtx) {
@@ -177,10 +191,19 @@ fn namespaces_and_crds(inner: &mut Inner, ctx: &WriteCtx) -> bool {
         if content.is_empty() {
             // The namespace controller's /finalize: clear spec.finalizers, then the object goes
             // once metadata.finalizers are empty too.
-            let Some(mut obj) = inner.store.get(&ns_key).cloned() else { continue };
-            let user_finalizers = obj.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+            let Some(mut obj) = inner.store.get(&ns_key).cloned() else {
+                continue;
+            };
+            let user_finalizers = obj
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty());
             if user_finalizers {
-                if obj.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+                if obj
+                    .pointer("/spec/finalizers")
+                    .and_then(Value::as_array)
+                    .is_some_and(|a| !a.is_empty())
+                {
                     obj["spec"]["finalizers"] = json!([]);
                     inner.store.put(ns_key.clone(), obj);
                     busy = true;
@@ -193,7 +216,11 @@ fn namespaces_and_crds(inner: &mut Inner, ctx: &WriteCtx) -> bool {
                 busy = true;
             }
         } else {
-            let todo: Vec<Key> = content.into_iter().filter(|(_, d)| !d).map(|(k, _)| k).collect();
+            let todo: Vec<Key> = content
+                .into_iter()
+                .filter(|(_, d)| !d)
+                .map(|(k, _)| k)
+                .collect();
             busy |= !todo.is_empty();
             delete_keys(inner, todo, ctx);
         }
@@ -202,20 +229,43 @@ fn namespaces_and_crds(inner: &mut Inner, ctx: &WriteCtx) -> bool {
         .store
         .list("apiextensions.k8s.io", "customresourcedefinitions", None)
         .into_iter()
-        .filter(|(_, o)| deleting(o) && has_finalizer(o, "customresourcecleanup.apiextensions.k8s.io"))
+        .filter(|(_, o)| {
+            deleting(o) && has_finalizer(o, "customresourcecleanup.apiextensions.k8s.io")
+        })
         .map(|(k, o)| (k.clone(), o.clone()))
         .collect();
     for (crd_key, crd) in crds {
         inner.scan_deletions = true;
-        let group = crd.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default().to_string();
-        let plural = crd.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default().to_string();
-        let instances: Vec<(Key, bool)> =
-            inner.store.list(&group, &plural, None).into_iter().map(|(k, o)| (k.clone(), deleting(o))).collect();
+        let group = crd
+            .pointer("/spec/group")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let plural = crd
+            .pointer("/spec/names/plural")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let instances: Vec<(Key, bool)> = inner
+            .store
+            .list(&group, &plural, None)
+            .into_iter()
+            .map(|(k, o)| (k.clone(), deleting(o)))
+            .collect();
         if instances.is_empty() {
-            let _ = ops::remove_finalizer(inner, &crd_key, "customresourcecleanup.apiextensions.k8s.io", ctx);
+            let _ = ops::remove_finalizer(
+                inner,
+                &crd_key,
+                "customresourcecleanup.apiextensions.k8s.io",
+                ctx,
+            );
             busy = true;
         } else {
-            let todo: Vec<Key> = instances.into_iter().filter(|(_, d)| !d).map(|(k, _)| k).collect();
+            let todo: Vec<Key> = instances
+                .into_iter()
+                .filter(|(_, d)| !d)
+                .map(|(k, _)| k)
+                .collect();
             busy |= !todo.is_empty();
             delete_keys(inner, todo, ctx);
         }
@@ -226,18 +276,29 @@ fn namespaces_and_crds(inner: &mut Inner, ctx: &WriteCtx) -> bool {
 fn owner_uids(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|r| r.get("uid").and_then(Value::as_str)).map(str::to_string).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| r.get("uid").and_then(Value::as_str))
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 /// Dependents of an owner that the real collector can resolve: a namespaced owner only owns objects
 /// in its own namespace, and never cluster-scoped ones.
-fn dependents(inner: &Inner, uid: &str, owner_namespaced: bool, owner_ns: &str) -> Vec<(Key, Value)> {
+fn dependents(
+    inner: &Inner,
+    uid: &str,
+    owner_namespaced: bool,
+    owner_ns: &str,
+) -> Vec<(Key, Value)> {
     inner
         .store
         .all()
         .filter(|(k, o)| {
-            owner_uids(o).iter().any(|u| u == uid) && (!owner_namespaced || (!k.2.is_empty() && k.2 == owner_ns))
+            owner_uids(o).iter().any(|u| u == uid)
+                && (!owner_namespaced || (!k.2.is_empty() && k.2 == owner_ns))
         })
         .map(|(k, o)| (k.clone(), o.clone()))
         .collect()
@@ -251,7 +312,11 @@ fn garbage_collect(inner: &mut Inner, ctx: &WriteCtx) -> bool {
         let live: HashSet<String> = inner
             .store
             .all()
-            .filter_map(|(_, o)| o.pointer("/metadata/uid").and_then(Value::as_str).map(str::to_string))
+            .filter_map(|(_, o)| {
+                o.pointer("/metadata/uid")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
             .collect();
         for (uid, namespaced, ns) in queue {
             let doomed: Vec<Key> = dependents(inner, &uid, namespaced, &ns)
@@ -269,12 +334,18 @@ fn garbage_collect(inner: &mut Inner, ctx: &WriteCtx) -> bool {
     let owners: Vec<(Key, Value)> = inner
         .store
         .all()
-        .filter(|(_, o)| deleting(o) && (has_finalizer(o, "foregroundDeletion") || has_finalizer(o, "orphan")))
+        .filter(|(_, o)| {
+            deleting(o) && (has_finalizer(o, "foregroundDeletion") || has_finalizer(o, "orphan"))
+        })
         .map(|(k, o)| (k.clone(), o.clone()))
         .collect();
     for (key, owner) in owners {
         inner.scan_deletions = true;
-        let uid = owner.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default().to_string();
+        let uid = owner
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         let namespaced = !key.2.is_empty();
         let deps = dependents(inner, &uid, namespaced, &key.2);
         if has_finalizer(&owner, "orphan") {
@@ -291,7 +362,11 @@ fn garbage_collect(inner: &mut Inner, ctx: &WriteCtx) -> bool {
             let _ = ops::remove_finalizer(inner, &key, "foregroundDeletion", ctx);
             busy = true;
         } else {
-            let todo: Vec<Key> = deps.into_iter().filter(|(_, o)| !deleting(o)).map(|(k, _)| k).collect();
+            let todo: Vec<Key> = deps
+                .into_iter()
+                .filter(|(_, o)| !deleting(o))
+                .map(|(k, _)| k)
+                .collect();
             busy |= !todo.is_empty();
             delete_keys(inner, todo, ctx);
         }

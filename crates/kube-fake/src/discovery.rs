@@ -1,8 +1,8 @@
 //! Discovery documents (`/api`, `/apis`, `/apis/<g>`, group-version resource lists, `/version`) and
 //! the minimal OpenAPI v3 documents kubectl reads to learn that the server validates fields itself.
 
-use sha2::{Digest, Sha256};
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 use crate::registry::{self, Behaviour, ResourceType, compare_versions};
 
@@ -35,7 +35,10 @@ pub fn core_versions(server_address: &str) -> Value {
 
 /// Every named group with its served versions, preferred first, in `/apis` order.
 pub fn groups(types: &[ResourceType]) -> Vec<(String, Vec<String>)> {
-    let mut names: Vec<String> = registry::BUILTIN_GROUPS.iter().map(|s| s.to_string()).collect();
+    let mut names: Vec<String> = registry::BUILTIN_GROUPS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let mut custom: Vec<String> = types
         .iter()
         .filter(|t| !t.group.is_empty() && !names.contains(&t.group))
@@ -47,8 +50,11 @@ pub fn groups(types: &[ResourceType]) -> Vec<(String, Vec<String>)> {
     names
         .into_iter()
         .filter_map(|g| {
-            let mut versions: Vec<String> =
-                types.iter().filter(|t| t.group == g).flat_map(|t| t.versions.iter().cloned()).collect();
+            let mut versions: Vec<String> = types
+                .iter()
+                .filter(|t| t.group == g)
+                .flat_map(|t| t.versions.iter().cloned())
+                .collect();
             versions.sort_by(|a, b| compare_versions(a, b));
             versions.dedup();
             (!versions.is_empty()).then_some((g, versions))
@@ -57,7 +63,10 @@ pub fn groups(types: &[ResourceType]) -> Vec<(String, Vec<String>)> {
 }
 
 fn group_doc(name: &str, versions: &[String]) -> Value {
-    let vs: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v})).collect();
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
+        .collect();
     json!({"name": name, "versions": vs, "preferredVersion": vs.first().cloned().unwrap_or(Value::Null)})
 }
 
@@ -77,8 +86,10 @@ pub fn group(types: &[ResourceType], name: &str) -> Option<Value> {
 }
 
 fn served<'a>(types: &'a [ResourceType], group: &str, version: &str) -> Vec<&'a ResourceType> {
-    let mut v: Vec<&ResourceType> =
-        types.iter().filter(|t| t.group == group && t.versions.iter().any(|x| x == version)).collect();
+    let mut v: Vec<&ResourceType> = types
+        .iter()
+        .filter(|t| t.group == group && t.versions.iter().any(|x| x == version))
+        .collect();
     v.sort_by(|a, b| a.plural.cmp(&b.plural));
     v
 }
@@ -104,12 +115,22 @@ pub fn resource_list(types: &[ResourceType], group: &str, version: &str) -> Opti
             _ => {}
         }
     }
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
+    )
 }
 
 fn gv_path(group: &str, version: &str) -> String {
-    if group.is_empty() { format!("api/{version}") } else { format!("apis/{group}/{version}") }
+    if group.is_empty() {
+        format!("api/{version}")
+    } else {
+        format!("apis/{group}/{version}")
+    }
 }
 
 /// One OpenAPI v3 document per group-version: the PATCH operation of each kind, with the query
@@ -162,10 +183,15 @@ pub fn openapi_index(types: &[ResourceType]) -> Value {
     }
     let mut paths = serde_json::Map::new();
     for (g, v) in gvs {
-        let Some(doc) = openapi_doc(types, &g, &v) else { continue };
+        let Some(doc) = openapi_doc(types, &g, &v) else {
+            continue;
+        };
         let hash = hex(&Sha256::digest(doc.to_string().as_bytes()));
         let p = gv_path(&g, &v);
-        paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={hash}")}));
+        paths.insert(
+            p.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={hash}")}),
+        );
     }
     json!({"paths": paths})
 }

@@ -106,7 +106,12 @@ pub fn to_version(rt: &ResourceType, version: &str, stored: &Value) -> Value {
 /// The storage key of an object of `rt`.
 pub fn key_of(rt: &ResourceType, namespace: &str, name: &str) -> Key {
     let ns = if rt.namespaced { namespace } else { "" };
-    (rt.storage.0.clone(), rt.storage.1.clone(), ns.to_string(), name.to_string())
+    (
+        rt.storage.0.clone(),
+        rt.storage.1.clone(),
+        ns.to_string(),
+        name.to_string(),
+    )
 }
 
 fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
@@ -117,7 +122,8 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
     if !slot.is_object() {
         *slot = json!({});
     }
-    slot.as_object_mut().expect("metadata was just made an object")
+    slot.as_object_mut()
+        .expect("metadata was just made an object")
 }
 
 fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
@@ -127,23 +133,36 @@ fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
 fn finalizers(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn check_type_meta(rt: &ResourceType, version: &str, obj: &Value) -> Result<(), ApiError> {
     if !obj.is_object() {
-        return Err(ApiError::bad_request("the body of the request is not a JSON object"));
+        return Err(ApiError::bad_request(
+            "the body of the request is not a JSON object",
+        ));
     }
     let want = rt.api_version(version);
-    if let Some(av) = obj.get("apiVersion").and_then(Value::as_str).filter(|s| !s.is_empty())
+    if let Some(av) = obj
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
         && av != want
     {
         return Err(ApiError::bad_request(format!(
             "the API version in the data ({av}) does not match the expected API version ({want})"
         )));
     }
-    if let Some(kind) = obj.get("kind").and_then(Value::as_str).filter(|s| !s.is_empty())
+    if let Some(kind) = obj
+        .get("kind")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
         && kind != rt.kind
     {
         return Err(ApiError::bad_request(format!(
@@ -153,7 +172,9 @@ fn check_type_meta(rt: &ResourceType, version: &str, obj: &Value) -> Result<(), 
     }
     for field in ["labels", "annotations"] {
         if let Some(m) = obj.pointer(&format!("/metadata/{field}"))
-            && !(m.is_null() || m.as_object().is_some_and(|m| m.values().all(Value::is_string)))
+            && !(m.is_null()
+                || m.as_object()
+                    .is_some_and(|m| m.values().all(Value::is_string)))
         {
             return Err(ApiError::bad_request(format!(
                 "json: cannot unmarshal {field} into Go struct field ObjectMeta.metadata.{field} of type map[string]string"
@@ -166,7 +187,8 @@ fn check_type_meta(rt: &ResourceType, version: &str, obj: &Value) -> Result<(), 
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -194,7 +216,9 @@ fn name_problem(rt: &ResourceType, name: &str) -> Option<String> {
 fn generate_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rng();
-    (0..5).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
+    (0..5)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
 }
 
 fn new_uid() -> String {
@@ -206,7 +230,9 @@ pub fn type_for_storage(inner: &Inner, group: &str, plural: &str) -> Option<Reso
     inner
         .types
         .iter()
-        .find(|t| t.storage.0 == group && t.storage.1 == plural && t.behaviour != Behaviour::EventsV1)
+        .find(|t| {
+            t.storage.0 == group && t.storage.1 == plural && t.behaviour != Behaviour::EventsV1
+        })
         .cloned()
 }
 
@@ -236,10 +262,19 @@ pub fn create(
         String::new()
     };
     let meta = meta_mut(&mut obj);
-    if meta.get("resourceVersion").and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::bad_request("resourceVersion should not be set on objects to be created"));
+    if meta
+        .get("resourceVersion")
+        .and_then(Value::as_str)
+        .is_some_and(|s| !s.is_empty())
+    {
+        return Err(ApiError::bad_request(
+            "resourceVersion should not be set on objects to be created",
+        ));
     }
-    let name = match (meta.get("name").and_then(Value::as_str), meta.get("generateName").and_then(Value::as_str)) {
+    let name = match (
+        meta.get("name").and_then(Value::as_str),
+        meta.get("generateName").and_then(Value::as_str),
+    ) {
         (Some(n), _) if !n.is_empty() => n.to_string(),
         (_, Some(g)) if !g.is_empty() => format!("{g}{}", generate_suffix()),
         _ => {
@@ -247,25 +282,42 @@ pub fn create(
                 &rt.kind,
                 &rt.group,
                 "",
-                &[FieldError::required("metadata.name", "name or generateName is required")],
+                &[FieldError::required(
+                    "metadata.name",
+                    "name or generateName is required",
+                )],
             ));
         }
     };
     if let Some(problem) = name_problem(rt, &name) {
-        return Err(ApiError::invalid(&rt.kind, &rt.group, &name, &[FieldError::invalid("metadata.name", &json!(name), &problem)]));
+        return Err(ApiError::invalid(
+            &rt.kind,
+            &rt.group,
+            &name,
+            &[FieldError::invalid("metadata.name", &json!(name), &problem)],
+        ));
     }
     if rt.namespaced {
         if ns.is_empty() {
-            return Err(ApiError::bad_request("the server could not find the requested resource"));
+            return Err(ApiError::bad_request(
+                "the server could not find the requested resource",
+            ));
         }
-        match inner.store.get(&(String::new(), "namespaces".into(), String::new(), ns.clone())) {
+        match inner.store.get(&(
+            String::new(),
+            "namespaces".into(),
+            String::new(),
+            ns.clone(),
+        )) {
             None => return Err(ApiError::not_found("namespaces", "", &ns)),
             Some(n) if n.pointer("/metadata/deletionTimestamp").is_some() => {
                 let mut e = ApiError::forbidden(
                     &rt.plural,
                     &rt.group,
                     &name,
-                    &format!("unable to create new content in namespace {ns} because it is being terminated"),
+                    &format!(
+                        "unable to create new content in namespace {ns} because it is being terminated"
+                    ),
                 );
                 if let Some(d) = e.details.as_mut() {
                     d.insert(
@@ -345,7 +397,15 @@ pub fn update(
             if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
                 m.remove("resourceVersion");
             }
-            return create(inner, rt, version, Some(namespace), to_version(rt, version, &new), ctx).map(|v| (v, true));
+            return create(
+                inner,
+                rt,
+                version,
+                Some(namespace),
+                to_version(rt, version, &new),
+                ctx,
+            )
+            .map(|v| (v, true));
         }
         return Err(ApiError::not_found(&rt.plural, &rt.group, name));
     };
@@ -358,7 +418,11 @@ pub fn update(
                 &rt.kind,
                 &rt.group,
                 name,
-                &[FieldError::invalid("metadata.resourceVersion", &json!("0x0"), "must be specified for an update")],
+                &[FieldError::invalid(
+                    "metadata.resourceVersion",
+                    &json!("0x0"),
+                    "must be specified for an update",
+                )],
             ));
         }
         _ => {}
@@ -417,7 +481,14 @@ fn finish_update(
     {
         let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
         let meta = meta_mut(&mut new);
-        for field in ["uid", "creationTimestamp", "namespace", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+        for field in [
+            "uid",
+            "creationTimestamp",
+            "namespace",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+        ] {
             match old_meta.get(field) {
                 Some(v) => meta.insert(field.into(), v.clone()),
                 None => meta.remove(field),
@@ -432,7 +503,10 @@ fn finish_update(
     }
     if old.pointer("/metadata/deletionTimestamp").is_some() {
         let before = finalizers(&old);
-        let added: Vec<String> = finalizers(&new).into_iter().filter(|f| !before.contains(f)).collect();
+        let added: Vec<String> = finalizers(&new)
+            .into_iter()
+            .filter(|f| !before.contains(f))
+            .collect();
         if !added.is_empty() {
             return Err(ApiError::invalid(
                 &rt.kind,
@@ -440,7 +514,9 @@ fn finish_update(
                 &name,
                 &[FieldError::forbidden(
                     "metadata.finalizers",
-                    &format!("no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"),
+                    &format!(
+                        "no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                    ),
                 )],
             ));
         }
@@ -449,7 +525,10 @@ fn finish_update(
     if rt.generation {
         let drop_status = rt.has_status(version);
         if strip_for_generation(&old, drop_status) != strip_for_generation(&new, drop_status) {
-            let g = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
+            let g = old
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
             meta_mut(&mut new).insert("generation".into(), json!(g + 1));
         }
     }
@@ -464,7 +543,10 @@ fn finish_update(
     }
     let deleting = new.pointer("/metadata/deletionTimestamp").is_some();
     let ns_pending = rt.behaviour == Behaviour::Namespace
-        && new.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+        && new
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty());
     if deleting && finalizers(&new).is_empty() && !ns_pending {
         inner.store.put(key.clone(), new);
         let gone = inner.store.remove(&key).unwrap_or_default();
@@ -484,7 +566,12 @@ fn patch_error(rt: &ResourceType, name: &str, e: PatchError) -> ApiError {
             reason: "Invalid",
             message: m,
             details: Some(
-                [("name".to_string(), json!(name)), ("kind".to_string(), json!(rt.kind))].into_iter().collect(),
+                [
+                    ("name".to_string(), json!(name)),
+                    ("kind".to_string(), json!(rt.kind)),
+                ]
+                .into_iter()
+                .collect(),
             ),
         },
         PatchError::Conflict(m) => {
@@ -500,7 +587,11 @@ fn patch_error(rt: &ResourceType, name: &str, e: PatchError) -> ApiError {
                 code: 409,
                 reason: "Conflict",
                 message: m,
-                details: Some([("causes".to_string(), Value::Array(causes))].into_iter().collect()),
+                details: Some(
+                    [("causes".to_string(), Value::Array(causes))]
+                        .into_iter()
+                        .collect(),
+                ),
             }
         }
     }
@@ -526,15 +617,22 @@ pub fn patch(
     let api_version = rt.api_version(version);
     let Some(old) = inner.store.get(&key).cloned() else {
         if ptype == PatchType::Apply && subresource.is_none() {
-            if body.pointer("/metadata/name").and_then(Value::as_str).is_some_and(|n| n != name) {
+            if body
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| n != name)
+            {
                 return Err(ApiError::bad_request(format!(
                     "the name of the object ({}) does not match the name on the URL ({name})",
-                    body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default()
+                    body.pointer("/metadata/name")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
                 )));
             }
             let base = json!({"metadata": {"name": name}});
-            let mut obj = patch::server_side_apply(&base, body, manager, force, &api_version, None, &now)
-                .map_err(|e| patch_error(rt, name, e))?;
+            let mut obj =
+                patch::server_side_apply(&base, body, manager, force, &api_version, None, &now)
+                    .map_err(|e| patch_error(rt, name, e))?;
             obj["apiVersion"] = json!(api_version);
             obj["kind"] = json!(rt.kind);
             return create(inner, rt, version, Some(namespace), obj, ctx).map(|v| (v, true));
@@ -566,8 +664,16 @@ pub fn patch(
                     applied_name.unwrap_or_default()
                 )));
             }
-            patch::server_side_apply(&current, body, manager, force, &api_version, subresource, &now)
-                .map_err(|e| patch_error(rt, name, e))?
+            patch::server_side_apply(
+                &current,
+                body,
+                manager,
+                force,
+                &api_version,
+                subresource,
+                &now,
+            )
+            .map_err(|e| patch_error(rt, name, e))?
         }
     };
     check_type_meta(rt, version, &patched)?;
@@ -596,18 +702,26 @@ pub fn delete(
     let Some(obj) = inner.store.get(key).cloned() else {
         return Err(ApiError::not_found(&rt.plural, &rt.group, &name));
     };
-    if let Some(uid) = options.pointer("/preconditions/uid").and_then(Value::as_str) {
+    if let Some(uid) = options
+        .pointer("/preconditions/uid")
+        .and_then(Value::as_str)
+    {
         let actual = meta_str(&obj, "uid").unwrap_or_default();
         if uid != actual {
             return Err(ApiError::conflict(
                 &rt.plural,
                 &rt.group,
                 &name,
-                &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"),
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"
+                ),
             ));
         }
     }
-    if let Some(rv) = options.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
+    if let Some(rv) = options
+        .pointer("/preconditions/resourceVersion")
+        .and_then(Value::as_str)
+    {
         let actual = meta_str(&obj, "resourceVersion").unwrap_or_default();
         if rv != actual {
             return Err(ApiError::conflict(
@@ -620,9 +734,16 @@ pub fn delete(
             ));
         }
     }
-    let policy = options.get("propagationPolicy").and_then(Value::as_str).unwrap_or_else(|| {
-        if options.get("orphanDependents").and_then(Value::as_bool) == Some(true) { "Orphan" } else { "Background" }
-    });
+    let policy = options
+        .get("propagationPolicy")
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| {
+            if options.get("orphanDependents").and_then(Value::as_bool) == Some(true) {
+                "Orphan"
+            } else {
+                "Background"
+            }
+        });
     let already = obj.pointer("/metadata/deletionTimestamp").is_some();
     let mut fins = finalizers(&obj);
     if !already {
@@ -675,9 +796,18 @@ pub fn system_ctx(ca_pem: &str) -> WriteCtx {
 
 /// Applies `change` to a stored object as a controller would with an update (same no-op, finalizer
 /// and deletion semantics as an API update).
-pub fn modify(inner: &mut Inner, key: &Key, ctx: &WriteCtx, change: impl FnOnce(&mut Value)) -> Result<(), ApiError> {
-    let Some(rt) = type_for_storage(inner, &key.0, &key.1) else { return Ok(()) };
-    let Some(old) = inner.store.get(key).cloned() else { return Ok(()) };
+pub fn modify(
+    inner: &mut Inner,
+    key: &Key,
+    ctx: &WriteCtx,
+    change: impl FnOnce(&mut Value),
+) -> Result<(), ApiError> {
+    let Some(rt) = type_for_storage(inner, &key.0, &key.1) else {
+        return Ok(());
+    };
+    let Some(old) = inner.store.get(key).cloned() else {
+        return Ok(());
+    };
     let mut new = old.clone();
     change(&mut new);
     let version = rt.preferred().to_string();
@@ -685,7 +815,12 @@ pub fn modify(inner: &mut Inner, key: &Key, ctx: &WriteCtx, change: impl FnOnce(
 }
 
 /// Removes one finalizer from a stored object.
-pub fn remove_finalizer(inner: &mut Inner, key: &Key, finalizer: &str, ctx: &WriteCtx) -> Result<(), ApiError> {
+pub fn remove_finalizer(
+    inner: &mut Inner,
+    key: &Key,
+    finalizer: &str,
+    ctx: &WriteCtx,
+) -> Result<(), ApiError> {
     modify(inner, key, ctx, |obj| {
         if let Some(Value::Array(f)) = obj.pointer_mut("/metadata/finalizers") {
             f.retain(|x| x.as_str() != Some(finalizer));
@@ -693,6 +828,7 @@ pub fn remove_finalizer(inner: &mut Inner, key: &Key, finalizer: &str, ctx: &Wri
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn ensure_authorized_escalation(
     inner: &Inner,
     rt: &ResourceType,
@@ -722,7 +858,12 @@ fn ensure_authorized_escalation(
     if missing.is_empty() {
         return Ok(());
     }
-    Err(ApiError::forbidden(&rt.plural, &rt.group, name, &rbac::escalation_message(id, &missing)))
+    Err(ApiError::forbidden(
+        &rt.plural,
+        &rt.group,
+        name,
+        &rbac::escalation_message(id, &missing),
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -755,13 +896,28 @@ fn admit(
         Behaviour::Service => admit_service(inner, rt, name, old, obj)?,
         Behaviour::Crd => admit_crd(rt, name, old, obj)?,
         Behaviour::Role => {
-            let rules = obj.get("rules").and_then(Value::as_array).cloned().unwrap_or_default();
-            let plural = if rt.namespaced { "roles" } else { "clusterroles" };
-            ensure_authorized_escalation(inner, rt, ns, name, "escalate", plural, name, &rules, &ctx.id)?;
+            let rules = obj
+                .get("rules")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let plural = if rt.namespaced {
+                "roles"
+            } else {
+                "clusterroles"
+            };
+            ensure_authorized_escalation(
+                inner, rt, ns, name, "escalate", plural, name, &rules, &ctx.id,
+            )?;
         }
         Behaviour::Binding => {
             let Some(role_ref) = obj.get("roleRef").cloned().filter(Value::is_object) else {
-                return Err(ApiError::invalid(&rt.kind, &rt.group, name, &[FieldError::required("roleRef.name", "")]));
+                return Err(ApiError::invalid(
+                    &rt.kind,
+                    &rt.group,
+                    name,
+                    &[FieldError::required("roleRef.name", "")],
+                ));
             };
             if let Some(o) = old
                 && o.get("roleRef") != Some(&role_ref)
@@ -770,23 +926,63 @@ fn admit(
                     &rt.kind,
                     &rt.group,
                     name,
-                    &[FieldError::invalid("roleRef", &role_ref, "cannot change roleRef")],
+                    &[FieldError::invalid(
+                        "roleRef",
+                        &role_ref,
+                        "cannot change roleRef",
+                    )],
                 ));
             }
-            let role_kind = role_ref.get("kind").and_then(Value::as_str).unwrap_or_default();
-            let role_name = role_ref.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+            let role_kind = role_ref
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let role_name = role_ref
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
             if role_name.is_empty() {
-                return Err(ApiError::invalid(&rt.kind, &rt.group, name, &[FieldError::required("roleRef.name", "")]));
+                return Err(ApiError::invalid(
+                    &rt.kind,
+                    &rt.group,
+                    name,
+                    &[FieldError::required("roleRef.name", "")],
+                ));
             }
             let (plural, role_key) = match role_kind {
-                "ClusterRole" => ("clusterroles", (RBAC.to_string(), "clusterroles".to_string(), String::new(), role_name.clone())),
-                "Role" if rt.namespaced => ("roles", (RBAC.to_string(), "roles".to_string(), ns.to_string(), role_name.clone())),
+                "ClusterRole" => (
+                    "clusterroles",
+                    (
+                        RBAC.to_string(),
+                        "clusterroles".to_string(),
+                        String::new(),
+                        role_name.clone(),
+                    ),
+                ),
+                "Role" if rt.namespaced => (
+                    "roles",
+                    (
+                        RBAC.to_string(),
+                        "roles".to_string(),
+                        ns.to_string(),
+                        role_name.clone(),
+                    ),
+                ),
                 other => {
                     return Err(ApiError::invalid(
                         &rt.kind,
                         &rt.group,
                         name,
-                        &[FieldError::not_supported("roleRef.kind", &json!(other), if rt.namespaced { &["Role", "ClusterRole"] } else { &["ClusterRole"] })],
+                        &[FieldError::not_supported(
+                            "roleRef.kind",
+                            &json!(other),
+                            if rt.namespaced {
+                                &["Role", "ClusterRole"]
+                            } else {
+                                &["ClusterRole"]
+                            },
+                        )],
                     ));
                 }
             };
@@ -819,7 +1015,9 @@ fn admit(
                             &format!("{plural}.{RBAC} \"{role_name}\" not found"),
                         ));
                     };
-                    ensure_authorized_escalation(inner, rt, ns, name, "bind", plural, &role_name, &rules, &ctx.id)?;
+                    ensure_authorized_escalation(
+                        inner, rt, ns, name, "bind", plural, &role_name, &rules, &ctx.id,
+                    )?;
                 }
             }
         }
@@ -833,9 +1031,16 @@ fn admit(
     Ok(())
 }
 
-fn admit_secret(rt: &ResourceType, name: &str, old: Option<&Value>, obj: &mut Value) -> Result<(), ApiError> {
+fn admit_secret(
+    rt: &ResourceType,
+    name: &str,
+    old: Option<&Value>,
+    obj: &mut Value,
+) -> Result<(), ApiError> {
     if let Some(Value::Object(sd)) = obj.as_object_mut().and_then(|m| m.remove("stringData")) {
-        let data = obj.as_object_mut().map(|m| m.entry("data").or_insert_with(|| json!({})));
+        let data = obj
+            .as_object_mut()
+            .map(|m| m.entry("data").or_insert_with(|| json!({})));
         if let Some(Value::Object(d)) = data {
             for (k, v) in sd {
                 d.insert(k, json!(STANDARD.encode(v.as_str().unwrap_or_default())));
@@ -844,21 +1049,34 @@ fn admit_secret(rt: &ResourceType, name: &str, old: Option<&Value>, obj: &mut Va
     }
     if let Some(Value::Object(d)) = obj.get("data") {
         for (k, v) in d {
-            if !v.as_str().is_some_and(|s| STANDARD.decode(s).is_ok()) {
+            if v.as_str().is_none_or(|s| STANDARD.decode(s).is_err()) {
                 return Err(ApiError::bad_request(format!(
                     "Secret in version \"v1\" cannot be handled as a Secret: illegal base64 data at key {k:?}"
                 )));
             }
         }
     }
-    if obj.get("type").and_then(Value::as_str).is_none_or(str::is_empty) {
-        obj["type"] = json!(old.and_then(|o| o.get("type")).cloned().unwrap_or_else(|| json!("Opaque")));
+    if obj
+        .get("type")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        obj["type"] = json!(
+            old.and_then(|o| o.get("type"))
+                .cloned()
+                .unwrap_or_else(|| json!("Opaque"))
+        );
     }
     let ty = obj.get("type").cloned().unwrap_or_default();
     if let Some(o) = old
         && o.get("type") != Some(&ty)
     {
-        return Err(ApiError::invalid(&rt.kind, &rt.group, name, &[FieldError::invalid("type", &ty, "field is immutable")]));
+        return Err(ApiError::invalid(
+            &rt.kind,
+            &rt.group,
+            name,
+            &[FieldError::invalid("type", &ty, "field is immutable")],
+        ));
     }
     if ty == "kubernetes.io/service-account-token"
         && obj
@@ -870,40 +1088,88 @@ fn admit_secret(rt: &ResourceType, name: &str, old: Option<&Value>, obj: &mut Va
             &rt.kind,
             &rt.group,
             name,
-            &[FieldError::required("metadata.annotations[kubernetes.io/service-account.name]", "")],
+            &[FieldError::required(
+                "metadata.annotations[kubernetes.io/service-account.name]",
+                "",
+            )],
         ));
     }
     Ok(())
 }
 
-fn admit_service(inner: &mut Inner, rt: &ResourceType, name: &str, old: Option<&Value>, obj: &mut Value) -> Result<(), ApiError> {
+fn admit_service(
+    inner: &mut Inner,
+    rt: &ResourceType,
+    name: &str,
+    old: Option<&Value>,
+    obj: &mut Value,
+) -> Result<(), ApiError> {
     if !obj.get("spec").is_some_and(Value::is_object) {
         obj["spec"] = json!({});
     }
-    let old_spec = old.and_then(|o| o.get("spec")).cloned().unwrap_or_else(|| json!({}));
-    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else { return Ok(()) };
-    let ty = spec.get("type").and_then(Value::as_str).unwrap_or("ClusterIP").to_string();
+    let old_spec = old
+        .and_then(|o| o.get("spec"))
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return Ok(());
+    };
+    let ty = spec
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("ClusterIP")
+        .to_string();
     if !["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"].contains(&ty.as_str()) {
         return Err(ApiError::invalid(
             &rt.kind,
             &rt.group,
             name,
-            &[FieldError::not_supported("spec.type", &json!(ty), &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"])],
+            &[FieldError::not_supported(
+                "spec.type",
+                &json!(ty),
+                &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"],
+            )],
         ));
     }
     spec.insert("type".into(), json!(ty));
     if ty == "ExternalName" {
         return Ok(());
     }
-    let ports = spec.get("ports").and_then(Value::as_array).cloned().unwrap_or_default();
+    let ports = spec
+        .get("ports")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let headless = spec.get("clusterIP").and_then(Value::as_str) == Some("None");
     if ports.is_empty() && !headless {
-        return Err(ApiError::invalid(&rt.kind, &rt.group, name, &[FieldError::required("spec.ports", "")]));
+        return Err(ApiError::invalid(
+            &rt.kind,
+            &rt.group,
+            name,
+            &[FieldError::required("spec.ports", "")],
+        ));
     }
-    let old_ip = old_spec.get("clusterIP").and_then(Value::as_str).map(str::to_string);
-    let ip = match (spec.get("clusterIP").and_then(Value::as_str).filter(|s| !s.is_empty()), old_ip) {
+    let old_ip = old_spec
+        .get("clusterIP")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let ip = match (
+        spec.get("clusterIP")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty()),
+        old_ip,
+    ) {
         (Some(new), Some(old)) if new != old => {
-            return Err(ApiError::invalid(&rt.kind, &rt.group, name, &[FieldError::invalid("spec.clusterIP", &json!(new), "field is immutable")]));
+            return Err(ApiError::invalid(
+                &rt.kind,
+                &rt.group,
+                name,
+                &[FieldError::invalid(
+                    "spec.clusterIP",
+                    &json!(new),
+                    "field is immutable",
+                )],
+            ));
         }
         (Some(new), _) => new.to_string(),
         (None, Some(old)) => old,
@@ -918,26 +1184,42 @@ fn admit_service(inner: &mut Inner, rt: &ResourceType, name: &str, old: Option<&
     spec.entry("sessionAffinity").or_insert(json!("None"));
     spec.entry("ipFamilies").or_insert(json!(["IPv4"]));
     spec.entry("ipFamilyPolicy").or_insert(json!("SingleStack"));
-    spec.entry("internalTrafficPolicy").or_insert(json!("Cluster"));
+    spec.entry("internalTrafficPolicy")
+        .or_insert(json!("Cluster"));
     let needs_node_ports = ty == "NodePort" || ty == "LoadBalancer";
     if needs_node_ports {
-        spec.entry("externalTrafficPolicy").or_insert(json!("Cluster"));
+        spec.entry("externalTrafficPolicy")
+            .or_insert(json!("Cluster"));
     }
     if ty == "LoadBalancer" {
-        spec.entry("allocateLoadBalancerNodePorts").or_insert(json!(true));
+        spec.entry("allocateLoadBalancerNodePorts")
+            .or_insert(json!(true));
     }
-    let old_ports = old_spec.get("ports").and_then(Value::as_array).cloned().unwrap_or_default();
+    let old_ports = old_spec
+        .get("ports")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let mut out = Vec::new();
     for (i, mut p) in ports.into_iter().enumerate() {
         let Some(port) = p.get("port").and_then(Value::as_i64) else {
-            return Err(ApiError::invalid(&rt.kind, &rt.group, name, &[FieldError::required(format!("spec.ports[{i}].port"), "")]));
+            return Err(ApiError::invalid(
+                &rt.kind,
+                &rt.group,
+                name,
+                &[FieldError::required(format!("spec.ports[{i}].port"), "")],
+            ));
         };
         if !(1..=65535).contains(&port) {
             return Err(ApiError::invalid(
                 &rt.kind,
                 &rt.group,
                 name,
-                &[FieldError::invalid(format!("spec.ports[{i}].port"), &json!(port), "must be between 1 and 65535, inclusive")],
+                &[FieldError::invalid(
+                    format!("spec.ports[{i}].port"),
+                    &json!(port),
+                    "must be between 1 and 65535, inclusive",
+                )],
             ));
         }
         if p.get("protocol").is_none() {
@@ -968,10 +1250,27 @@ fn admit_service(inner: &mut Inner, rt: &ResourceType, name: &str, old: Option<&
     Ok(())
 }
 
-fn admit_crd(rt: &ResourceType, name: &str, old: Option<&Value>, obj: &mut Value) -> Result<(), ApiError> {
-    let group = obj.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default().to_string();
-    let plural = obj.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default().to_string();
-    let kind = obj.pointer("/spec/names/kind").and_then(Value::as_str).unwrap_or_default().to_string();
+fn admit_crd(
+    rt: &ResourceType,
+    name: &str,
+    old: Option<&Value>,
+    obj: &mut Value,
+) -> Result<(), ApiError> {
+    let group = obj
+        .pointer("/spec/group")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let plural = obj
+        .pointer("/spec/names/plural")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let kind = obj
+        .pointer("/spec/names/kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     let scope = obj.pointer("/spec/scope").cloned().unwrap_or(Value::Null);
     let mut errs = Vec::new();
     if group.is_empty() {
@@ -984,35 +1283,62 @@ fn admit_crd(rt: &ResourceType, name: &str, old: Option<&Value>, obj: &mut Value
         errs.push(FieldError::required("spec.names.kind", ""));
     }
     if name != format!("{plural}.{group}") {
-        errs.push(FieldError::invalid("metadata.name", &json!(name), "must be spec.names.plural+\".\"+spec.group"));
+        errs.push(FieldError::invalid(
+            "metadata.name",
+            &json!(name),
+            "must be spec.names.plural+\".\"+spec.group",
+        ));
     }
     if scope != "Namespaced" && scope != "Cluster" {
-        errs.push(FieldError::not_supported("spec.scope", &scope, &["Cluster", "Namespaced"]));
+        errs.push(FieldError::not_supported(
+            "spec.scope",
+            &scope,
+            &["Cluster", "Namespaced"],
+        ));
     }
-    let versions = obj.pointer("/spec/versions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let versions = obj
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let storage: Vec<String> = versions
         .iter()
         .filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
         .filter_map(|v| v.get("name").and_then(Value::as_str).map(str::to_string))
         .collect();
     if versions.is_empty() {
-        errs.push(FieldError::required("spec.versions", "must have exactly one version marked as storage version"));
+        errs.push(FieldError::required(
+            "spec.versions",
+            "must have exactly one version marked as storage version",
+        ));
     } else if storage.len() != 1 {
         errs.push(FieldError::invalid(
             "spec.versions",
-            &json!(versions.iter().filter_map(|v| v.get("name")).collect::<Vec<_>>()),
+            &json!(
+                versions
+                    .iter()
+                    .filter_map(|v| v.get("name"))
+                    .collect::<Vec<_>>()
+            ),
             "must have exactly one version marked as storage version",
         ));
     }
     if let Some(o) = old
         && o.pointer("/spec/scope") != Some(&scope)
     {
-        errs.push(FieldError::invalid("spec.scope", &scope, "field is immutable"));
+        errs.push(FieldError::invalid(
+            "spec.scope",
+            &scope,
+            "field is immutable",
+        ));
     }
     if !errs.is_empty() {
         return Err(ApiError::invalid(&rt.kind, &rt.group, name, &errs));
     }
-    let mut accepted = obj.pointer("/spec/names").cloned().unwrap_or_else(|| json!({}));
+    let mut accepted = obj
+        .pointer("/spec/names")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
     if accepted.get("singular").is_none() {
         accepted["singular"] = json!(kind.to_lowercase());
     }
@@ -1056,8 +1382,14 @@ fn admit_crd(rt: &ResourceType, name: &str, old: Option<&Value>, obj: &mut Value
 
 /// Structural-schema pruning and defaulting of a custom resource, as the real server does on write.
 pub fn prune_and_default(v: &mut Value, schema: &Value, top: bool) {
-    let preserve = schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true);
-    let embedded = schema.get("x-kubernetes-embedded-resource").and_then(Value::as_bool) == Some(true);
+    let preserve = schema
+        .get("x-kubernetes-preserve-unknown-fields")
+        .and_then(Value::as_bool)
+        == Some(true);
+    let embedded = schema
+        .get("x-kubernetes-embedded-resource")
+        .and_then(Value::as_bool)
+        == Some(true);
     match v {
         Value::Object(m) => {
             let props = schema.get("properties").and_then(Value::as_object);
@@ -1073,17 +1405,20 @@ pub fn prune_and_default(v: &mut Value, schema: &Value, top: bool) {
             }
             let keys: Vec<String> = m.keys().cloned().collect();
             for k in keys {
-                let keep_meta = (top || embedded) && (k == "apiVersion" || k == "kind" || k == "metadata");
+                let keep_meta =
+                    (top || embedded) && (k == "apiVersion" || k == "kind" || k == "metadata");
                 if keep_meta {
                     continue;
                 }
                 let child_schema = props.and_then(|p| p.get(&k)).or(additional);
                 match (child_schema, m.get_mut(&k)) {
                     (Some(s), Some(child)) => prune_and_default(child, s, false),
-                    (None, _) if !preserve && (props.is_some() || additional.is_none()) => {
-                        if schema.get("additionalProperties") != Some(&Value::Bool(true)) {
-                            m.remove(&k);
-                        }
+                    (None, _)
+                        if !preserve
+                            && (props.is_some() || additional.is_none())
+                            && schema.get("additionalProperties") != Some(&Value::Bool(true)) =>
+                    {
+                        m.remove(&k);
                     }
                     _ => {}
                 }
@@ -1103,10 +1438,21 @@ pub fn prune_and_default(v: &mut Value, schema: &Value, top: bool) {
 fn after_create(inner: &mut Inner, rt: &ResourceType, key: &Key, stored: &Value, ctx: &WriteCtx) {
     match rt.behaviour {
         Behaviour::Namespace => {
-            let sys = WriteCtx { id: Identity::user("system:kube-controller-manager", &["system:masters"]), dry_run: false, ca_pem: ctx.ca_pem.clone() };
+            let sys = WriteCtx {
+                id: Identity::user("system:kube-controller-manager", &["system:masters"]),
+                dry_run: false,
+                ca_pem: ctx.ca_pem.clone(),
+            };
             let ns = key.3.clone();
             if let Some(sa) = type_for_storage(inner, "", "serviceaccounts") {
-                let _ = create(inner, &sa, "v1", Some(&ns), json!({"metadata": {"name": "default"}}), &sys);
+                let _ = create(
+                    inner,
+                    &sa,
+                    "v1",
+                    Some(&ns),
+                    json!({"metadata": {"name": "default"}}),
+                    &sys,
+                );
             }
             if let Some(cm) = type_for_storage(inner, "", "configmaps") {
                 let body = json!({"metadata": {"name": "kube-root-ca.crt", "annotations": {
@@ -1115,13 +1461,15 @@ fn after_create(inner: &mut Inner, rt: &ResourceType, key: &Key, stored: &Value,
                 let _ = create(inner, &cm, "v1", Some(&ns), body, &sys);
             }
         }
-        Behaviour::Secret => {
-            if stored.get("type").and_then(Value::as_str) == Some("kubernetes.io/service-account-token")
+        Behaviour::Secret
+            if stored.get("type").and_then(Value::as_str)
+                == Some("kubernetes.io/service-account-token")
                 && stored.pointer("/data/token").is_none()
-                && inner.token_mode != TokenMode::Never
-            {
-                inner.pending_tokens.insert(key.clone(), tokio::time::Instant::now());
-            }
+                && inner.token_mode != TokenMode::Never =>
+        {
+            inner
+                .pending_tokens
+                .insert(key.clone(), tokio::time::Instant::now());
         }
         Behaviour::Crd => {
             if let Some(name) = meta_str(stored, "name") {
@@ -1144,7 +1492,9 @@ fn after_update(inner: &mut Inner, rt: &ResourceType, stored: &Value) {
 
 fn after_delete(inner: &mut Inner, rt: &ResourceType, key: &Key, gone: &Value, ctx: &WriteCtx) {
     if let Some(uid) = meta_str(gone, "uid") {
-        inner.gc_queue.push((uid.to_string(), rt.namespaced, key.2.clone()));
+        inner
+            .gc_queue
+            .push((uid.to_string(), rt.namespaced, key.2.clone()));
     }
     match rt.behaviour {
         Behaviour::Crd => inner.register_crd(&key.3, None),
@@ -1158,8 +1508,10 @@ fn after_delete(inner: &mut Inner, rt: &ResourceType, key: &Key, gone: &Value, c
                 .list("", "secrets", Some(&key.2))
                 .into_iter()
                 .filter(|(_, s)| {
-                    s.get("type").and_then(Value::as_str) == Some("kubernetes.io/service-account-token")
-                        && s.pointer("/metadata/annotations/kubernetes.io~1service-account.name").and_then(Value::as_str)
+                    s.get("type").and_then(Value::as_str)
+                        == Some("kubernetes.io/service-account-token")
+                        && s.pointer("/metadata/annotations/kubernetes.io~1service-account.name")
+                            .and_then(Value::as_str)
                             == Some(key.3.as_str())
                         && s.pointer("/metadata/annotations/kubernetes.io~1service-account.uid")
                             .and_then(Value::as_str)
@@ -1189,8 +1541,11 @@ mod tests {
         let mut obj = json!({"apiVersion": "x/v1", "kind": "X", "metadata": {"name": "n"},
             "spec": {"a": "1", "junk": true}, "status": {"anything": 1}, "extra": 1});
         prune_and_default(&mut obj, &schema, true);
-        assert_eq!(obj, json!({"apiVersion": "x/v1", "kind": "X", "metadata": {"name": "n"},
-            "spec": {"a": "1", "b": 3}, "status": {"anything": 1}}));
+        assert_eq!(
+            obj,
+            json!({"apiVersion": "x/v1", "kind": "X", "metadata": {"name": "n"},
+            "spec": {"a": "1", "b": 3}, "status": {"anything": 1}})
+        );
     }
 
     #[test]
@@ -1198,7 +1553,10 @@ mod tests {
         let types = registry::builtins();
         let v1 = types.iter().find(|t| t.behaviour == Behaviour::EventsV1);
         let Some(v1) = v1 else { return };
-        let stored = to_storage(v1, json!({"note": "hi", "regarding": {"name": "x"}, "reason": "R"}));
+        let stored = to_storage(
+            v1,
+            json!({"note": "hi", "regarding": {"name": "x"}, "reason": "R"}),
+        );
         assert_eq!(stored.get("message"), Some(&json!("hi")));
         let back = to_version(v1, "v1", &stored);
         assert_eq!(back.get("note"), Some(&json!("hi")));

@@ -43,8 +43,16 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 /// The merge key of a list field under strategic merge patch, for the fields of the resources served.
 fn merge_key(field: &str, sample: Option<&Value>) -> Option<&'static str> {
     match field {
-        "ports" => Some(if sample.is_some_and(|s| s.get("containerPort").is_some()) { "containerPort" } else { "port" }),
-        "containers" | "initContainers" | "env" | "volumes" | "imagePullSecrets" | "secrets" => Some("name"),
+        "ports" => Some(
+            if sample.is_some_and(|s| s.get("containerPort").is_some()) {
+                "containerPort"
+            } else {
+                "port"
+            },
+        ),
+        "containers" | "initContainers" | "env" | "volumes" | "imagePullSecrets" | "secrets" => {
+            Some("name")
+        }
         "volumeMounts" => Some("mountPath"),
         "conditions" => Some("type"),
         "ownerReferences" => Some("uid"),
@@ -79,7 +87,9 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) -> Result<(), PatchErr
     if !target.is_object() {
         *target = Value::Object(Map::new());
     }
-    let Value::Object(t) = target else { return Ok(()) };
+    let Value::Object(t) = target else {
+        return Ok(());
+    };
     if let Some(Value::Array(keep)) = p.get("$retainKeys") {
         let keep: Vec<&str> = keep.iter().filter_map(Value::as_str).collect();
         t.retain(|k, _| keep.contains(&k.as_str()) || p.contains_key(k));
@@ -132,15 +142,22 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) -> Result<(), PatchErr
             }
         }
     }
-    if let Some(order) = p.iter().find_map(|(k, v)| k.strip_prefix("$setElementOrder/").map(|f| (f, v))) {
+    if let Some(order) = p
+        .iter()
+        .find_map(|(k, v)| k.strip_prefix("$setElementOrder/").map(|f| (f, v)))
+    {
         reorder(t, order.0, order.1);
     }
     Ok(())
 }
 
 fn reorder(t: &mut Map<String, Value>, field: &str, order: &Value) {
-    let (Some(Value::Array(list)), Value::Array(order)) = (t.get_mut(field), order) else { return };
-    let Some(key) = merge_key(field, list.first()) else { return };
+    let (Some(Value::Array(list)), Value::Array(order)) = (t.get_mut(field), order) else {
+        return;
+    };
+    let Some(key) = merge_key(field, list.first()) else {
+        return;
+    };
     let mut sorted: Vec<Value> = Vec::with_capacity(list.len());
     for o in order {
         if let Some(pos) = list.iter().position(|x| x.get(key) == o.get(key)) {
@@ -154,7 +171,9 @@ fn reorder(t: &mut Map<String, Value>, field: &str, order: &Value) {
 fn merge_keyed_list(cur: &mut Vec<Value>, items: &[Value], key: &str) -> Result<(), PatchError> {
     for item in items {
         let Some(k) = item.get(key) else {
-            return Err(PatchError::Malformed(format!("map: {item} does not contain declared merge key: {key}")));
+            return Err(PatchError::Malformed(format!(
+                "map: {item} does not contain declared merge key: {key}"
+            )));
         };
         let pos = cur.iter().position(|c| c.get(key) == Some(k));
         let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
@@ -244,7 +263,9 @@ fn get_path<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
 }
 
 fn remove_path(v: &mut Value, path: &[String]) {
-    let Some((last, parents)) = path.split_last() else { return };
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
     let mut cur = v;
     for p in parents {
         match cur.get_mut(p) {
@@ -258,7 +279,9 @@ fn remove_path(v: &mut Value, path: &[String]) {
 }
 
 fn remove_from_set(set: &mut Value, path: &[String]) {
-    let Some((first, rest)) = path.split_first() else { return };
+    let Some((first, rest)) = path.split_first() else {
+        return;
+    };
     let key = format!("f:{first}");
     if let Value::Object(m) = set {
         if rest.is_empty() {
@@ -317,16 +340,32 @@ pub fn server_side_apply(
             && m.get("subresource").and_then(Value::as_str) == subresource
     };
     let mut conflicts = Vec::new();
-    for other in managed.iter_mut().filter(|m| !is_mine(m) && m.get("operation").and_then(Value::as_str) == Some("Apply")) {
-        let other_name = other.get("manager").and_then(Value::as_str).unwrap_or_default().to_string();
-        let other_version = other.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string();
-        let Some(other_set) = other.get_mut("fieldsV1") else { continue };
+    for other in managed
+        .iter_mut()
+        .filter(|m| !is_mine(m) && m.get("operation").and_then(Value::as_str) == Some("Apply"))
+    {
+        let other_name = other
+            .get("manager")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let other_version = other
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let Some(other_set) = other.get_mut("fieldsV1") else {
+            continue;
+        };
         for leaf in &new_leaves {
             if set_contains(other_set, leaf) && get_path(live, leaf) != get_path(applied, leaf) {
                 if force {
                     remove_from_set(other_set, leaf);
                 } else {
-                    conflicts.push(format!("conflict with \"{other_name}\" using {other_version}: .{}", leaf.join(".")));
+                    conflicts.push(format!(
+                        "conflict with \"{other_name}\" using {other_version}: .{}",
+                        leaf.join(".")
+                    ));
                 }
             }
         }
@@ -334,10 +373,17 @@ pub fn server_side_apply(
     if !conflicts.is_empty() {
         let n = conflicts.len();
         let noun = if n == 1 { "conflict" } else { "conflicts" };
-        return Err(PatchError::Conflict(format!("Apply failed with {n} {noun}: {}", conflicts.join("\n"))));
+        return Err(PatchError::Conflict(format!(
+            "Apply failed with {n} {noun}: {}",
+            conflicts.join("\n")
+        )));
     }
 
-    if let Some(old) = managed.iter().find(|m| is_mine(m)).and_then(|m| m.get("fieldsV1")) {
+    if let Some(old) = managed
+        .iter()
+        .find(|m| is_mine(m))
+        .and_then(|m| m.get("fieldsV1"))
+    {
         let mut old_leaves = Vec::new();
         leaf_paths(old, &mut Vec::new(), &mut old_leaves);
         for leaf in old_leaves {
@@ -365,7 +411,10 @@ pub fn server_side_apply(
     apply_merge(&mut result, &body);
 
     managed.retain(|m| !is_mine(m));
-    managed.retain(|m| m.get("fieldsV1").is_none_or(|s| s.as_object().is_none_or(|o| !o.is_empty())));
+    managed.retain(|m| {
+        m.get("fieldsV1")
+            .is_none_or(|s| s.as_object().is_none_or(|o| !o.is_empty()))
+    });
     let mut entry = json!({
         "manager": manager,
         "operation": "Apply",
@@ -401,7 +450,10 @@ mod tests {
         let p = json!({"spec": {"$setElementOrder/ports": [{"port": 443}, {"port": 80}],
             "ports": [{"port": 80, "targetPort": 8080}]}});
         strategic_merge(&mut t, &p).ok();
-        assert_eq!(t, json!({"spec": {"ports": [{"port": 443}, {"port": 80, "name": "http", "targetPort": 8080}]}}));
+        assert_eq!(
+            t,
+            json!({"spec": {"ports": [{"port": 443}, {"port": 80, "name": "http", "targetPort": 8080}]}})
+        );
     }
 
     #[test]
@@ -414,10 +466,26 @@ mod tests {
     #[test]
     fn apply_removes_fields_the_manager_dropped() {
         let live = json!({"metadata": {"name": "x", "labels": {"a": "1"}}, "data": {"k": "v"}});
-        let first = server_side_apply(&live, &json!({"metadata": {"name": "x", "labels": {"a": "1", "b": "2"}}}), "m", false, "v1", None, "t")
-            .unwrap_or_default();
-        let second = server_side_apply(&first, &json!({"metadata": {"name": "x", "labels": {"a": "1"}}}), "m", false, "v1", None, "t")
-            .unwrap_or_default();
+        let first = server_side_apply(
+            &live,
+            &json!({"metadata": {"name": "x", "labels": {"a": "1", "b": "2"}}}),
+            "m",
+            false,
+            "v1",
+            None,
+            "t",
+        )
+        .unwrap_or_default();
+        let second = server_side_apply(
+            &first,
+            &json!({"metadata": {"name": "x", "labels": {"a": "1"}}}),
+            "m",
+            false,
+            "v1",
+            None,
+            "t",
+        )
+        .unwrap_or_default();
         assert_eq!(second.pointer("/metadata/labels"), Some(&json!({"a": "1"})));
         assert_eq!(second.pointer("/data/k"), Some(&json!("v")));
     }
@@ -425,10 +493,36 @@ mod tests {
     #[test]
     fn apply_conflicts_with_another_manager_unless_forced() {
         let live = json!({"metadata": {"name": "x"}});
-        let a = server_side_apply(&live, &json!({"data": {"k": "a"}}), "one", false, "v1", None, "t").unwrap_or_default();
-        let conflict = server_side_apply(&a, &json!({"data": {"k": "b"}}), "two", false, "v1", None, "t");
+        let a = server_side_apply(
+            &live,
+            &json!({"data": {"k": "a"}}),
+            "one",
+            false,
+            "v1",
+            None,
+            "t",
+        )
+        .unwrap_or_default();
+        let conflict = server_side_apply(
+            &a,
+            &json!({"data": {"k": "b"}}),
+            "two",
+            false,
+            "v1",
+            None,
+            "t",
+        );
         assert!(matches!(conflict, Err(PatchError::Conflict(_))));
-        let forced = server_side_apply(&a, &json!({"data": {"k": "b"}}), "two", true, "v1", None, "t").unwrap_or_default();
+        let forced = server_side_apply(
+            &a,
+            &json!({"data": {"k": "b"}}),
+            "two",
+            true,
+            "v1",
+            None,
+            "t",
+        )
+        .unwrap_or_default();
         assert_eq!(forced.pointer("/data/k"), Some(&json!("b")));
     }
 }

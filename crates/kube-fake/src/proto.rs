@@ -31,7 +31,9 @@ enum Wire<'a> {
 fn varint(buf: &[u8], pos: &mut usize) -> Result<u64, ProtoError> {
     let mut out = 0u64;
     for shift in (0..64).step_by(7) {
-        let b = *buf.get(*pos).ok_or(ProtoError::Malformed("truncated varint"))?;
+        let b = *buf
+            .get(*pos)
+            .ok_or(ProtoError::Malformed("truncated varint"))?;
         *pos += 1;
         out |= u64::from(b & 0x7f) << shift;
         if b & 0x80 == 0 {
@@ -50,8 +52,12 @@ fn fields(buf: &[u8]) -> Result<Vec<(u64, Wire<'_>)>, ProtoError> {
         match wt {
             0 => out.push((no, Wire::Varint(varint(buf, &mut pos)?))),
             2 => {
-                let len = usize::try_from(varint(buf, &mut pos)?).map_err(|_| ProtoError::Malformed("length"))?;
-                let end = pos.checked_add(len).filter(|e| *e <= buf.len()).ok_or(ProtoError::Malformed("truncated field"))?;
+                let len = usize::try_from(varint(buf, &mut pos)?)
+                    .map_err(|_| ProtoError::Malformed("length"))?;
+                let end = pos
+                    .checked_add(len)
+                    .filter(|e| *e <= buf.len())
+                    .ok_or(ProtoError::Malformed("truncated field"))?;
                 out.push((no, Wire::Bytes(&buf[pos..end])));
                 pos = end;
             }
@@ -109,11 +115,22 @@ const RESOURCE_ATTRS: &[F] = &[
     F(7, "name", Ty::Str, false),
 ];
 const NON_RESOURCE_ATTRS: &[F] = &[F(1, "path", Ty::Str, false), F(2, "verb", Ty::Str, false)];
-const SSAR_SPEC: &[F] =
-    &[F(1, "resourceAttributes", Ty::Msg(RESOURCE_ATTRS), false), F(2, "nonResourceAttributes", Ty::Msg(NON_RESOURCE_ATTRS), false)];
+const SSAR_SPEC: &[F] = &[
+    F(1, "resourceAttributes", Ty::Msg(RESOURCE_ATTRS), false),
+    F(
+        2,
+        "nonResourceAttributes",
+        Ty::Msg(NON_RESOURCE_ATTRS),
+        false,
+    ),
+];
 const SSRR_SPEC: &[F] = &[F(1, "namespace", Ty::Str, false)];
-const BOUND_REF: &[F] =
-    &[F(1, "kind", Ty::Str, false), F(2, "apiVersion", Ty::Str, false), F(3, "name", Ty::Str, false), F(4, "uid", Ty::Str, false)];
+const BOUND_REF: &[F] = &[
+    F(1, "kind", Ty::Str, false),
+    F(2, "apiVersion", Ty::Str, false),
+    F(3, "name", Ty::Str, false),
+    F(4, "uid", Ty::Str, false),
+];
 const TOKEN_SPEC: &[F] = &[
     F(1, "audiences", Ty::Str, true),
     F(3, "boundObjectRef", Ty::Msg(BOUND_REF), false),
@@ -135,9 +152,17 @@ const RULE: &[F] = &[
     F(4, "resourceNames", Ty::Str, true),
     F(5, "nonResourceURLs", Ty::Str, true),
 ];
-const SUBJECT: &[F] =
-    &[F(1, "kind", Ty::Str, false), F(2, "apiGroup", Ty::Str, false), F(3, "name", Ty::Str, false), F(4, "namespace", Ty::Str, false)];
-const ROLE_REF: &[F] = &[F(1, "apiGroup", Ty::Str, false), F(2, "kind", Ty::Str, false), F(3, "name", Ty::Str, false)];
+const SUBJECT: &[F] = &[
+    F(1, "kind", Ty::Str, false),
+    F(2, "apiGroup", Ty::Str, false),
+    F(3, "name", Ty::Str, false),
+    F(4, "namespace", Ty::Str, false),
+];
+const ROLE_REF: &[F] = &[
+    F(1, "apiGroup", Ty::Str, false),
+    F(2, "kind", Ty::Str, false),
+    F(3, "name", Ty::Str, false),
+];
 
 fn schema_for(kind: &str) -> Option<&'static [F]> {
     const M: F = F(1, "metadata", Ty::Msg(META), false);
@@ -153,7 +178,12 @@ fn schema_for(kind: &str) -> Option<&'static [F]> {
             F(4, "automountServiceAccountToken", Ty::Bool, false),
         ],
         "Namespace" => &[M, F(2, "spec", Ty::Msg(NS_SPEC), false)],
-        "ConfigMap" => &[M, F(2, "data", Ty::StrMap, false), F(3, "binaryData", Ty::BytesMap, false), F(4, "immutable", Ty::Bool, false)],
+        "ConfigMap" => &[
+            M,
+            F(2, "data", Ty::StrMap, false),
+            F(3, "binaryData", Ty::BytesMap, false),
+            F(4, "immutable", Ty::Bool, false),
+        ],
         "Secret" => &[
             M,
             F(2, "data", Ty::BytesMap, false),
@@ -162,9 +192,11 @@ fn schema_for(kind: &str) -> Option<&'static [F]> {
             F(5, "immutable", Ty::Bool, false),
         ],
         "Role" | "ClusterRole" => &[M, F(2, "rules", Ty::Msg(RULE), true)],
-        "RoleBinding" | "ClusterRoleBinding" => {
-            &[M, F(2, "subjects", Ty::Msg(SUBJECT), true), F(3, "roleRef", Ty::Msg(ROLE_REF), false)]
-        }
+        "RoleBinding" | "ClusterRoleBinding" => &[
+            M,
+            F(2, "subjects", Ty::Msg(SUBJECT), true),
+            F(3, "roleRef", Ty::Msg(ROLE_REF), false),
+        ],
         _ => return None,
     })
 }
@@ -194,16 +226,29 @@ fn scalar(ty: Ty, w: &Wire<'_>) -> Result<Value, ProtoError> {
 fn decode_message(buf: &[u8], schema: &[F]) -> Result<Value, ProtoError> {
     let mut out = Map::new();
     for (no, w) in fields(buf)? {
-        let Some(F(_, name, ty, repeated)) = schema.iter().find(|f| f.0 == no).copied() else { continue };
+        let Some(F(_, name, ty, repeated)) = schema.iter().find(|f| f.0 == no).copied() else {
+            continue;
+        };
         match ty {
             Ty::StrMap | Ty::BytesMap => {
-                let Wire::Bytes(entry) = w else { return Err(ProtoError::Malformed("map entry")) };
+                let Wire::Bytes(entry) = w else {
+                    return Err(ProtoError::Malformed("map entry"));
+                };
                 let mut k = String::new();
                 let mut v = Value::Null;
                 for (n, ew) in fields(entry)? {
                     match (n, ew) {
                         (1, Wire::Bytes(b)) => k = utf8(b)?,
-                        (2, ew) => v = scalar(if matches!(ty, Ty::StrMap) { Ty::Str } else { Ty::Bytes }, &ew)?,
+                        (2, ew) => {
+                            v = scalar(
+                                if matches!(ty, Ty::StrMap) {
+                                    Ty::Str
+                                } else {
+                                    Ty::Bytes
+                                },
+                                &ew,
+                            )?
+                        }
                         _ => {}
                     }
                 }
@@ -226,7 +271,9 @@ fn decode_message(buf: &[u8], schema: &[F]) -> Result<Value, ProtoError> {
 
 /// Decodes a `k8s\0`-prefixed `runtime.Unknown` envelope into the JSON form of its object.
 pub fn decode(body: &[u8]) -> Result<Value, ProtoError> {
-    let envelope = body.strip_prefix(MAGIC).ok_or(ProtoError::Malformed("missing k8s magic prefix"))?;
+    let envelope = body
+        .strip_prefix(MAGIC)
+        .ok_or(ProtoError::Malformed("missing k8s magic prefix"))?;
     let mut api_version = String::new();
     let mut kind = String::new();
     let mut raw: &[u8] = &[];
@@ -267,11 +314,16 @@ mod tests {
         let attrs = [mk_len(2, b"list"), mk_len(5, b"secrets"), mk_len(1, b"ns")].concat();
         let spec = mk_len(1, &attrs);
         let raw = [mk_len(1, &[]), mk_len(2, &spec)].concat();
-        let tm = [mk_len(1, b"authorization.k8s.io/v1"), mk_len(2, b"SelfSubjectAccessReview")].concat();
+        let tm = [
+            mk_len(1, b"authorization.k8s.io/v1"),
+            mk_len(2, b"SelfSubjectAccessReview"),
+        ]
+        .concat();
         let body = [MAGIC.to_vec(), mk_len(1, &tm), mk_len(2, &raw)].concat();
         let v = decode(&body).ok();
         assert_eq!(
-            v.as_ref().and_then(|v| v.pointer("/spec/resourceAttributes")),
+            v.as_ref()
+                .and_then(|v| v.pointer("/spec/resourceAttributes")),
             Some(&json!({"verb": "list", "resource": "secrets", "namespace": "ns"}))
         );
     }

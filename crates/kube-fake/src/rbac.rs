@@ -39,7 +39,9 @@ pub struct Decision {
 }
 
 fn strs(v: Option<&Value>) -> Vec<&str> {
-    v.and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
+    v.and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
 }
 
 fn has(list: &[&str], item: &str) -> bool {
@@ -47,11 +49,18 @@ fn has(list: &[&str], item: &str) -> bool {
 }
 
 fn resource_matches(rule_resources: &[&str], resource: &str, sub: &str) -> bool {
-    let combined = if sub.is_empty() { resource.to_string() } else { format!("{resource}/{sub}") };
+    let combined = if sub.is_empty() {
+        resource.to_string()
+    } else {
+        format!("{resource}/{sub}")
+    };
     rule_resources.iter().any(|r| {
         *r == "*"
             || *r == combined
-            || (!sub.is_empty() && r.len() == sub.len() + 2 && r.starts_with("*/") && r.ends_with(sub))
+            || (!sub.is_empty()
+                && r.len() == sub.len() + 2
+                && r.starts_with("*/")
+                && r.ends_with(sub))
     })
 }
 
@@ -80,7 +89,11 @@ fn subject_matches(subject: &Value, id: &Identity, binding_ns: &str) -> Option<S
         "User" if id.username == name => Some(format!("User \"{name}\"")),
         "Group" if id.groups.iter().any(|g| g == name) => Some(format!("Group \"{name}\"")),
         "ServiceAccount" => {
-            let ns = subject.get("namespace").and_then(Value::as_str).filter(|n| !n.is_empty()).unwrap_or(binding_ns);
+            let ns = subject
+                .get("namespace")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .unwrap_or(binding_ns);
             (id.username == format!("system:serviceaccount:{ns}:{name}"))
                 .then(|| format!("ServiceAccount \"{name}/{ns}\""))
         }
@@ -98,12 +111,26 @@ fn role_rules(store: &Store, role_ref: &Value, binding_ns: &str) -> Option<(Stri
     let kind = role_ref.get("kind").and_then(Value::as_str)?;
     let name = role_ref.get("name").and_then(Value::as_str)?;
     let key = match kind {
-        "ClusterRole" => (RBAC.to_string(), "clusterroles".to_string(), String::new(), name.to_string()),
-        "Role" if !binding_ns.is_empty() => (RBAC.to_string(), "roles".to_string(), binding_ns.to_string(), name.to_string()),
+        "ClusterRole" => (
+            RBAC.to_string(),
+            "clusterroles".to_string(),
+            String::new(),
+            name.to_string(),
+        ),
+        "Role" if !binding_ns.is_empty() => (
+            RBAC.to_string(),
+            "roles".to_string(),
+            binding_ns.to_string(),
+            name.to_string(),
+        ),
         _ => return None,
     };
     let role = store.get(&key)?;
-    let rules = role.get("rules").and_then(Value::as_array).cloned().unwrap_or_default();
+    let rules = role
+        .get("rules")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     Some((format!("{kind} \"{name}\""), rules))
 }
 
@@ -112,14 +139,30 @@ fn applicable(store: &Store, id: &Identity, namespace: &str) -> Vec<Applied> {
     let mut scan = |plural: &str, ns: Option<&str>| {
         for (key, binding) in store.list(RBAC, plural, ns) {
             let binding_ns = key.2.as_str();
-            let subjects = binding.get("subjects").and_then(Value::as_array).cloned().unwrap_or_default();
-            let Some(who) = subjects.iter().find_map(|s| subject_matches(s, id, binding_ns)) else { continue };
-            let Some(role_ref) = binding.get("roleRef") else { continue };
-            let Some((role, rules)) = role_rules(store, role_ref, binding_ns) else { continue };
+            let subjects = binding
+                .get("subjects")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let Some(who) = subjects
+                .iter()
+                .find_map(|s| subject_matches(s, id, binding_ns))
+            else {
+                continue;
+            };
+            let Some(role_ref) = binding.get("roleRef") else {
+                continue;
+            };
+            let Some((role, rules)) = role_rules(store, role_ref, binding_ns) else {
+                continue;
+            };
             let describe = if binding_ns.is_empty() {
                 format!("ClusterRoleBinding \"{}\" of {role} to {who}", key.3)
             } else {
-                format!("RoleBinding \"{}/{}\" of {role} to {who}", key.3, binding_ns)
+                format!(
+                    "RoleBinding \"{}/{}\" of {role} to {who}",
+                    key.3, binding_ns
+                )
             };
             out.push(Applied { describe, rules });
         }
@@ -133,18 +176,31 @@ fn applicable(store: &Store, id: &Identity, namespace: &str) -> Vec<Applied> {
 
 /// Evaluates the attributes for the identity against the stored RBAC objects.
 pub fn authorize(store: &Store, id: &Identity, a: &Attributes) -> Decision {
-    let ns = if a.path.is_some() { "" } else { a.namespace.as_str() };
+    let ns = if a.path.is_some() {
+        ""
+    } else {
+        a.namespace.as_str()
+    };
     for applied in applicable(store, id, ns) {
         if applied.rules.iter().any(|r| rule_allows(r, a)) {
-            return Decision { allowed: true, reason: format!("RBAC: allowed by {}", applied.describe) };
+            return Decision {
+                allowed: true,
+                reason: format!("RBAC: allowed by {}", applied.describe),
+            };
         }
     }
-    Decision { allowed: false, reason: String::new() }
+    Decision {
+        allowed: false,
+        reason: String::new(),
+    }
 }
 
 /// All rules that apply to the identity in a namespace (SelfSubjectRulesReview).
 pub fn rules_for(store: &Store, id: &Identity, namespace: &str) -> Vec<Value> {
-    applicable(store, id, namespace).into_iter().flat_map(|a| a.rules).collect()
+    applicable(store, id, namespace)
+        .into_iter()
+        .flat_map(|a| a.rules)
+        .collect()
 }
 
 /// The real server's forbidden reason text.
@@ -152,13 +208,20 @@ pub fn forbidden_reason(id: &Identity, a: &Attributes) -> String {
     match &a.path {
         Some(path) => format!("User \"{}\" cannot {} path \"{path}\"", id.username, a.verb),
         None => {
-            let res = if a.subresource.is_empty() { a.resource.clone() } else { format!("{}/{}", a.resource, a.subresource) };
+            let res = if a.subresource.is_empty() {
+                a.resource.clone()
+            } else {
+                format!("{}/{}", a.resource, a.subresource)
+            };
             let scope = if a.namespace.is_empty() {
                 "at the cluster scope".to_string()
             } else {
                 format!("in the namespace \"{}\"", a.namespace)
             };
-            format!("User \"{}\" cannot {} resource \"{res}\" in API group \"{}\" {scope}", id.username, a.verb, a.group)
+            format!(
+                "User \"{}\" cannot {} resource \"{res}\" in API group \"{}\" {scope}",
+                id.username, a.verb, a.group
+            )
         }
     }
 }
@@ -172,16 +235,26 @@ pub fn not_covered(store: &Store, id: &Identity, wanted: &[Value], namespace: &s
         let urls = strs(rule.get("nonResourceURLs"));
         for verb in &verbs {
             for url in &urls {
-                let a = Attributes { verb: verb.to_string(), path: Some(url.to_string()), ..Default::default() };
+                let a = Attributes {
+                    verb: verb.to_string(),
+                    path: Some(url.to_string()),
+                    ..Default::default()
+                };
                 if !authorize(store, id, &a).allowed {
-                    missing.push(format!("{{NonResourceURLs:[\"{url}\"], Verbs:[\"{verb}\"]}}"));
+                    missing.push(format!(
+                        "{{NonResourceURLs:[\"{url}\"], Verbs:[\"{verb}\"]}}"
+                    ));
                 }
             }
         }
         let groups = strs(rule.get("apiGroups"));
         let resources = strs(rule.get("resources"));
         let names = strs(rule.get("resourceNames"));
-        let name_list: Vec<&str> = if names.is_empty() { vec![""] } else { names.clone() };
+        let name_list: Vec<&str> = if names.is_empty() {
+            vec![""]
+        } else {
+            names.clone()
+        };
         for group in &groups {
             for resource in &resources {
                 let (res, sub) = resource.split_once('/').unwrap_or((resource, ""));
@@ -197,7 +270,11 @@ pub fn not_covered(store: &Store, id: &Identity, wanted: &[Value], namespace: &s
                             path: None,
                         };
                         if !authorize(store, id, &a).allowed {
-                            let n = if name.is_empty() { String::new() } else { format!(", ResourceNames:[\"{name}\"]") };
+                            let n = if name.is_empty() {
+                                String::new()
+                            } else {
+                                format!(", ResourceNames:[\"{name}\"]")
+                            };
                             missing.push(format!(
                                 "{{APIGroups:[\"{group}\"], Resources:[\"{resource}\"]{n}, Verbs:[\"{verb}\"]}}"
                             ));
@@ -227,34 +304,88 @@ pub fn bootstrap_policy() -> Vec<(&'static str, Value)> {
         json!({"name": name, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
                "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"}})
     };
-    let role = |name: &str, rules: Value| {
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta(name), "rules": rules})
-    };
+    let role = |name: &str, rules: Value| json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta(name), "rules": rules});
     let binding = |name: &str, role: &str, groups: &[&str]| {
-        let subjects: Vec<Value> =
-            groups.iter().map(|g| json!({"apiGroup": RBAC, "kind": "Group", "name": g})).collect();
+        let subjects: Vec<Value> = groups
+            .iter()
+            .map(|g| json!({"apiGroup": RBAC, "kind": "Group", "name": g}))
+            .collect();
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": meta(name),
                "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": role}, "subjects": subjects})
     };
     vec![
-        ("clusterroles", role("cluster-admin", json!([
+        (
+            "clusterroles",
+            role(
+                "cluster-admin",
+                json!([
             {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
-            {"nonResourceURLs": ["*"], "verbs": ["*"]}]))),
-        ("clusterroles", role("system:discovery", json!([{"nonResourceURLs": [
+            {"nonResourceURLs": ["*"], "verbs": ["*"]}]),
+            ),
+        ),
+        (
+            "clusterroles",
+            role(
+                "system:discovery",
+                json!([{"nonResourceURLs": [
             "/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz",
-            "/version", "/version/"], "verbs": ["get"]}]))),
-        ("clusterroles", role("system:public-info-viewer", json!([{"nonResourceURLs": [
-            "/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}]))),
-        ("clusterroles", role("system:basic-user", json!([
+            "/version", "/version/"], "verbs": ["get"]}]),
+            ),
+        ),
+        (
+            "clusterroles",
+            role(
+                "system:public-info-viewer",
+                json!([{"nonResourceURLs": [
+            "/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}]),
+            ),
+        ),
+        (
+            "clusterroles",
+            role(
+                "system:basic-user",
+                json!([
             {"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]},
-            {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"], "verbs": ["create"]}]))),
-        ("clusterroles", role("system:auth-delegator", json!([
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"], "verbs": ["create"]}]),
+            ),
+        ),
+        (
+            "clusterroles",
+            role(
+                "system:auth-delegator",
+                json!([
             {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
-            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}]))),
-        ("clusterrolebindings", binding("cluster-admin", "cluster-admin", &["system:masters"])),
-        ("clusterrolebindings", binding("system:discovery", "system:discovery", &["system:authenticated"])),
-        ("clusterrolebindings", binding("system:public-info-viewer", "system:public-info-viewer", &["system:authenticated", "system:unauthenticated"])),
-        ("clusterrolebindings", binding("system:basic-user", "system:basic-user", &["system:authenticated"])),
+            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}]),
+            ),
+        ),
+        (
+            "clusterrolebindings",
+            binding("cluster-admin", "cluster-admin", &["system:masters"]),
+        ),
+        (
+            "clusterrolebindings",
+            binding(
+                "system:discovery",
+                "system:discovery",
+                &["system:authenticated"],
+            ),
+        ),
+        (
+            "clusterrolebindings",
+            binding(
+                "system:public-info-viewer",
+                "system:public-info-viewer",
+                &["system:authenticated", "system:unauthenticated"],
+            ),
+        ),
+        (
+            "clusterrolebindings",
+            binding(
+                "system:basic-user",
+                "system:basic-user",
+                &["system:authenticated"],
+            ),
+        ),
     ]
 }
 
@@ -278,14 +409,30 @@ mod tests {
     fn rule_matching() {
         let rule = json!({"apiGroups": [""], "resources": ["secrets", "*/status"], "verbs": ["get"], "resourceNames": ["a"]});
         assert!(rule_allows(&rule, &mk_attrs("get", "", "secrets", "", "a")));
-        assert!(!rule_allows(&rule, &mk_attrs("get", "", "secrets", "", "b")));
+        assert!(!rule_allows(
+            &rule,
+            &mk_attrs("get", "", "secrets", "", "b")
+        ));
         assert!(!rule_allows(&rule, &mk_attrs("get", "", "secrets", "", "")));
-        assert!(rule_allows(&rule, &mk_attrs("get", "", "services", "status", "a")));
-        assert!(!rule_allows(&rule, &mk_attrs("list", "", "secrets", "", "a")));
+        assert!(rule_allows(
+            &rule,
+            &mk_attrs("get", "", "services", "status", "a")
+        ));
+        assert!(!rule_allows(
+            &rule,
+            &mk_attrs("list", "", "secrets", "", "a")
+        ));
         let star = json!({"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]});
-        assert!(rule_allows(&star, &mk_attrs("escalate", "rbac.authorization.k8s.io", "roles", "", "")));
+        assert!(rule_allows(
+            &star,
+            &mk_attrs("escalate", "rbac.authorization.k8s.io", "roles", "", "")
+        ));
         let url = json!({"nonResourceURLs": ["/apis/*"], "verbs": ["get"]});
-        let a = Attributes { verb: "get".into(), path: Some("/apis/x".into()), ..Default::default() };
+        let a = Attributes {
+            verb: "get".into(),
+            path: Some("/apis/x".into()),
+            ..Default::default()
+        };
         assert!(rule_allows(&url, &a));
     }
 }

@@ -100,7 +100,16 @@ pub struct ResourceType {
 }
 
 /// Standard verbs of a stored resource, in discovery order.
-pub const STORED_VERBS: [&str; 8] = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+pub const STORED_VERBS: [&str; 8] = [
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
 
 impl ResourceType {
     /// Whether this is a create-only review type that is never stored.
@@ -118,7 +127,11 @@ impl ResourceType {
 
     /// Discovery verbs.
     pub fn verbs(&self) -> Vec<&'static str> {
-        if self.is_virtual() { vec!["create"] } else { STORED_VERBS.to_vec() }
+        if self.is_virtual() {
+            vec!["create"]
+        } else {
+            STORED_VERBS.to_vec()
+        }
     }
 
     /// Whether the given version serves `/status`.
@@ -128,7 +141,11 @@ impl ResourceType {
 
     /// `group/version`, or `version` for core.
     pub fn api_version(&self, version: &str) -> String {
-        if self.group.is_empty() { version.to_string() } else { format!("{}/{version}", self.group) }
+        if self.group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{}/{version}", self.group)
+        }
     }
 
     /// The preferred (first served) version.
@@ -138,12 +155,19 @@ impl ResourceType {
 
     /// Printer columns for a version.
     pub fn columns(&self, version: &str) -> &[PrinterColumn] {
-        self.printer_columns.iter().find(|(v, _)| v == version).map(|(_, c)| c.as_slice()).unwrap_or(&[])
+        self.printer_columns
+            .iter()
+            .find(|(v, _)| v == version)
+            .map(|(_, c)| c.as_slice())
+            .unwrap_or(&[])
     }
 
     /// Schema for a version.
     pub fn schema(&self, version: &str) -> Option<&Value> {
-        self.schemas.iter().find(|(v, _)| v == version).map(|(_, s)| s)
+        self.schemas
+            .iter()
+            .find(|(v, _)| v == version)
+            .map(|(_, s)| s)
     }
 
     /// Extra field selector labels supported beyond metadata.name/namespace.
@@ -182,7 +206,11 @@ fn builtin(
     status: bool,
 ) -> ResourceType {
     let version = "v1".to_string();
-    let storage_group = if behaviour == Behaviour::EventsV1 { String::new() } else { group.to_string() };
+    let storage_group = if behaviour == Behaviour::EventsV1 {
+        String::new()
+    } else {
+        group.to_string()
+    };
     ResourceType {
         group: group.into(),
         versions: vec![version.clone()],
@@ -191,7 +219,11 @@ fn builtin(
         kind: kind.into(),
         namespaced,
         short_names: short.iter().map(|s| s.to_string()).collect(),
-        categories: if matches!(behaviour, Behaviour::Service) { vec!["all".into()] } else { vec![] },
+        categories: if matches!(behaviour, Behaviour::Service) {
+            vec!["all".into()]
+        } else {
+            vec![]
+        },
         behaviour,
         status_versions: if status { vec![version] } else { vec![] },
         storage: (storage_group, plural.into()),
@@ -223,25 +255,178 @@ pub fn builtins() -> Vec<ResourceType> {
     );
     crd.categories = vec!["api-extensions".into()];
     vec![
-        builtin("", "configmaps", "configmap", "ConfigMap", true, &["cm"], B::Plain, false),
-        builtin("", "events", "event", "Event", true, &["ev"], B::CoreEvent, false),
-        builtin("", "namespaces", "namespace", "Namespace", false, &["ns"], B::Namespace, true),
-        builtin("", "secrets", "secret", "Secret", true, &[], B::Secret, false),
-        builtin("", "serviceaccounts", "serviceaccount", "ServiceAccount", true, &["sa"], B::ServiceAccount, false),
-        builtin("", "services", "service", "Service", true, &["svc"], B::Service, true),
+        builtin(
+            "",
+            "configmaps",
+            "configmap",
+            "ConfigMap",
+            true,
+            &["cm"],
+            B::Plain,
+            false,
+        ),
+        builtin(
+            "",
+            "events",
+            "event",
+            "Event",
+            true,
+            &["ev"],
+            B::CoreEvent,
+            false,
+        ),
+        builtin(
+            "",
+            "namespaces",
+            "namespace",
+            "Namespace",
+            false,
+            &["ns"],
+            B::Namespace,
+            true,
+        ),
+        builtin(
+            "",
+            "secrets",
+            "secret",
+            "Secret",
+            true,
+            &[],
+            B::Secret,
+            false,
+        ),
+        builtin(
+            "",
+            "serviceaccounts",
+            "serviceaccount",
+            "ServiceAccount",
+            true,
+            &["sa"],
+            B::ServiceAccount,
+            false,
+        ),
+        builtin(
+            "",
+            "services",
+            "service",
+            "Service",
+            true,
+            &["svc"],
+            B::Service,
+            true,
+        ),
         crd,
-        builtin("authentication.k8s.io", "selfsubjectreviews", "selfsubjectreview", "SelfSubjectReview", false, &[], B::SelfSubjectReview, false),
-        builtin("authentication.k8s.io", "tokenreviews", "tokenreview", "TokenReview", false, &[], B::TokenReview, false),
-        builtin("authorization.k8s.io", "localsubjectaccessreviews", "localsubjectaccessreview", "LocalSubjectAccessReview", true, &[], B::LocalSubjectAccessReview, false),
-        builtin("authorization.k8s.io", "selfsubjectaccessreviews", "selfsubjectaccessreview", "SelfSubjectAccessReview", false, &[], B::SelfSubjectAccessReview, false),
-        builtin("authorization.k8s.io", "selfsubjectrulesreviews", "selfsubjectrulesreview", "SelfSubjectRulesReview", false, &[], B::SelfSubjectRulesReview, false),
-        builtin("authorization.k8s.io", "subjectaccessreviews", "subjectaccessreview", "SubjectAccessReview", false, &[], B::SubjectAccessReview, false),
-        builtin(rbac, "clusterrolebindings", "clusterrolebinding", "ClusterRoleBinding", false, &[], B::Binding, false),
-        builtin(rbac, "clusterroles", "clusterrole", "ClusterRole", false, &[], B::Role, false),
-        builtin(rbac, "rolebindings", "rolebinding", "RoleBinding", true, &[], B::Binding, false),
+        builtin(
+            "authentication.k8s.io",
+            "selfsubjectreviews",
+            "selfsubjectreview",
+            "SelfSubjectReview",
+            false,
+            &[],
+            B::SelfSubjectReview,
+            false,
+        ),
+        builtin(
+            "authentication.k8s.io",
+            "tokenreviews",
+            "tokenreview",
+            "TokenReview",
+            false,
+            &[],
+            B::TokenReview,
+            false,
+        ),
+        builtin(
+            "authorization.k8s.io",
+            "localsubjectaccessreviews",
+            "localsubjectaccessreview",
+            "LocalSubjectAccessReview",
+            true,
+            &[],
+            B::LocalSubjectAccessReview,
+            false,
+        ),
+        builtin(
+            "authorization.k8s.io",
+            "selfsubjectaccessreviews",
+            "selfsubjectaccessreview",
+            "SelfSubjectAccessReview",
+            false,
+            &[],
+            B::SelfSubjectAccessReview,
+            false,
+        ),
+        builtin(
+            "authorization.k8s.io",
+            "selfsubjectrulesreviews",
+            "selfsubjectrulesreview",
+            "SelfSubjectRulesReview",
+            false,
+            &[],
+            B::SelfSubjectRulesReview,
+            false,
+        ),
+        builtin(
+            "authorization.k8s.io",
+            "subjectaccessreviews",
+            "subjectaccessreview",
+            "SubjectAccessReview",
+            false,
+            &[],
+            B::SubjectAccessReview,
+            false,
+        ),
+        builtin(
+            rbac,
+            "clusterrolebindings",
+            "clusterrolebinding",
+            "ClusterRoleBinding",
+            false,
+            &[],
+            B::Binding,
+            false,
+        ),
+        builtin(
+            rbac,
+            "clusterroles",
+            "clusterrole",
+            "ClusterRole",
+            false,
+            &[],
+            B::Role,
+            false,
+        ),
+        builtin(
+            rbac,
+            "rolebindings",
+            "rolebinding",
+            "RoleBinding",
+            true,
+            &[],
+            B::Binding,
+            false,
+        ),
         builtin(rbac, "roles", "role", "Role", true, &[], B::Role, false),
-        builtin("coordination.k8s.io", "leases", "lease", "Lease", true, &[], B::Plain, false),
-        builtin("events.k8s.io", "events", "event", "Event", true, &["ev"], B::EventsV1, false),
+        builtin(
+            "coordination.k8s.io",
+            "leases",
+            "lease",
+            "Lease",
+            true,
+            &[],
+            B::Plain,
+            false,
+        ),
+        builtin(
+            "events.k8s.io",
+            "events",
+            "event",
+            "Event",
+            true,
+            &["ev"],
+            B::EventsV1,
+            false,
+        ),
     ]
 }
 
@@ -297,7 +482,12 @@ pub fn from_crd(crd: &Value) -> Option<ResourceType> {
         .unwrap_or_else(|| kind.to_lowercase());
     let strs = |v: Option<&Value>| -> Vec<String> {
         v.and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let mut versions = Vec::new();
@@ -320,10 +510,18 @@ pub fn from_crd(crd: &Value) -> Option<ResourceType> {
                     .filter_map(|c| {
                         Some(PrinterColumn {
                             name: c.get("name")?.as_str()?.to_string(),
-                            type_: c.get("type").and_then(Value::as_str).unwrap_or("string").to_string(),
+                            type_: c
+                                .get("type")
+                                .and_then(Value::as_str)
+                                .unwrap_or("string")
+                                .to_string(),
                             json_path: c.get("jsonPath")?.as_str()?.to_string(),
                             priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0),
-                            description: c.get("description").and_then(Value::as_str).unwrap_or_default().to_string(),
+                            description: c
+                                .get("description")
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                                .to_string(),
                         })
                     })
                     .collect()
@@ -364,7 +562,10 @@ pub fn from_crd(crd: &Value) -> Option<ResourceType> {
         generation: true,
         create_on_update: false,
         unconditional_update: false,
-        crd: crd.pointer("/metadata/name").and_then(Value::as_str).map(str::to_string),
+        crd: crd
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .map(str::to_string),
     })
 }
 
@@ -394,7 +595,10 @@ mod tests {
     fn version_priority() {
         let mut v = vec!["v1alpha1", "v2", "v1beta2", "v1", "foo", "v1beta1", "v10"];
         v.sort_by(|a, b| compare_versions(a, b));
-        assert_eq!(v, vec!["v10", "v2", "v1", "v1beta2", "v1beta1", "v1alpha1", "foo"]);
+        assert_eq!(
+            v,
+            vec!["v10", "v2", "v1", "v1beta2", "v1beta1", "v1alpha1", "foo"]
+        );
     }
 
     #[test]
@@ -404,6 +608,10 @@ mod tests {
             "names": {"plural": "ippools", "kind": "IPPool", "shortNames": ["pool"]},
             "versions": [{"name": "v1beta1", "served": true, "storage": true, "subresources": {"status": {}}}]}});
         let rt = from_crd(&crd);
-        assert!(rt.as_ref().is_some_and(|t| !t.namespaced && t.singular == "ippool" && t.has_status("v1beta1")));
+        assert!(
+            rt.as_ref().is_some_and(|t| !t.namespaced
+                && t.singular == "ippool"
+                && t.has_status("v1beta1"))
+        );
     }
 }

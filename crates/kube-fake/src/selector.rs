@@ -47,11 +47,15 @@ fn split_top_level(s: &str) -> Vec<String> {
 fn valid_key(key: &str) -> bool {
     !key.is_empty()
         && key.len() <= 317
-        && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
 }
 
 fn valid_value(v: &str) -> bool {
-    v.len() <= 63 && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    v.len() <= 63
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 fn parse_err(req: &str, why: &str) -> ApiError {
@@ -62,7 +66,11 @@ fn parse_requirement(raw: &str) -> Result<Requirement, ApiError> {
     let req = raw.trim();
     if let Some(key) = req.strip_prefix('!') {
         let key = key.trim();
-        return if valid_key(key) { Ok(Requirement::NotExists(key.into())) } else { Err(parse_err(req, "invalid label key")) };
+        return if valid_key(key) {
+            Ok(Requirement::NotExists(key.into()))
+        } else {
+            Err(parse_err(req, "invalid label key"))
+        };
     }
     for (op, neg) in [("!=", true), ("==", false), ("=", false)] {
         if let Some((k, v)) = req.split_once(op) {
@@ -73,14 +81,27 @@ fn parse_requirement(raw: &str) -> Result<Requirement, ApiError> {
             if !valid_value(v) {
                 return Err(parse_err(req, "invalid label value"));
             }
-            return Ok(if neg { Requirement::NotEquals(k.into(), v.into()) } else { Requirement::Equals(k.into(), v.into()) });
+            return Ok(if neg {
+                Requirement::NotEquals(k.into(), v.into())
+            } else {
+                Requirement::Equals(k.into(), v.into())
+            });
         }
     }
     for (op, gt) in [(">", true), ("<", false)] {
         if let Some((k, v)) = req.split_once(op) {
             let k = k.trim();
-            let n: i64 = v.trim().parse().map_err(|_| parse_err(req, "for 'Gt', 'Lt' operators, the value must be an integer"))?;
-            return Ok(if gt { Requirement::Gt(k.into(), n) } else { Requirement::Lt(k.into(), n) });
+            let n: i64 = v.trim().parse().map_err(|_| {
+                parse_err(
+                    req,
+                    "for 'Gt', 'Lt' operators, the value must be an integer",
+                )
+            })?;
+            return Ok(if gt {
+                Requirement::Gt(k.into(), n)
+            } else {
+                Requirement::Lt(k.into(), n)
+            });
         }
     }
     if let Some(pos) = req.find(|c: char| c.is_whitespace() || c == '(') {
@@ -101,13 +122,25 @@ fn parse_requirement(raw: &str) -> Result<Requirement, ApiError> {
         if !valid_key(key) {
             return Err(parse_err(req, "invalid label key"));
         }
-        let values: Vec<String> = inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect();
+        let values: Vec<String> = inner
+            .split(',')
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+            .collect();
         if values.iter().any(|v| !valid_value(v)) {
             return Err(parse_err(req, "invalid label value"));
         }
-        return Ok(if neg { Requirement::NotIn(key.into(), values) } else { Requirement::In(key.into(), values) });
+        return Ok(if neg {
+            Requirement::NotIn(key.into(), values)
+        } else {
+            Requirement::In(key.into(), values)
+        });
     }
-    if valid_key(req) { Ok(Requirement::Exists(req.into())) } else { Err(parse_err(req, "invalid label key")) }
+    if valid_key(req) {
+        Ok(Requirement::Exists(req.into()))
+    } else {
+        Err(parse_err(req, "invalid label key"))
+    }
 }
 
 impl LabelSelector {
@@ -116,7 +149,11 @@ impl LabelSelector {
         if s.trim().is_empty() {
             return Ok(Self::default());
         }
-        split_top_level(s).iter().map(|r| parse_requirement(r)).collect::<Result<Vec<_>, _>>().map(Self)
+        split_top_level(s)
+            .iter()
+            .map(|r| parse_requirement(r))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Self)
     }
 
     /// Whether an object's `metadata.labels` satisfy every requirement.
@@ -130,8 +167,12 @@ impl LabelSelector {
             Requirement::NotIn(k, vs) => get(k).is_none_or(|x| !vs.iter().any(|v| v == x)),
             Requirement::Exists(k) => get(k).is_some(),
             Requirement::NotExists(k) => get(k).is_none(),
-            Requirement::Gt(k, n) => get(k).and_then(|x| x.parse::<i64>().ok()).is_some_and(|x| x > *n),
-            Requirement::Lt(k, n) => get(k).and_then(|x| x.parse::<i64>().ok()).is_some_and(|x| x < *n),
+            Requirement::Gt(k, n) => get(k)
+                .and_then(|x| x.parse::<i64>().ok())
+                .is_some_and(|x| x > *n),
+            Requirement::Lt(k, n) => get(k)
+                .and_then(|x| x.parse::<i64>().ok())
+                .is_some_and(|x| x < *n),
         })
     }
 }
@@ -153,11 +194,16 @@ impl FieldSelector {
             } else if let Some((f, v)) = raw.split_once('=') {
                 (f, false, v)
             } else {
-                return Err(ApiError::bad_request(format!("invalid selector: '{s}'; can't understand '{raw}'")));
+                return Err(ApiError::bad_request(format!(
+                    "invalid selector: '{s}'; can't understand '{raw}'"
+                )));
             };
             let field = field.trim();
-            if field != "metadata.name" && field != "metadata.namespace" && !extra.contains(&field) {
-                return Err(ApiError::bad_request(format!("field label not supported: {field}")));
+            if field != "metadata.name" && field != "metadata.namespace" && !extra.contains(&field)
+            {
+                return Err(ApiError::bad_request(format!(
+                    "field label not supported: {field}"
+                )));
             }
             terms.push((field.to_string(), neg, value.trim().to_string()));
         }
@@ -209,7 +255,11 @@ mod tests {
             ("n<5", false),
             ("", true),
         ] {
-            assert_eq!(LabelSelector::parse(sel).map(|s| s.matches(&o)).ok(), Some(want), "{sel}");
+            assert_eq!(
+                LabelSelector::parse(sel).map(|s| s.matches(&o)).ok(),
+                Some(want),
+                "{sel}"
+            );
         }
     }
 
@@ -222,8 +272,21 @@ mod tests {
     #[test]
     fn field_selectors() {
         let o = mk_obj(json!({}));
-        assert!(FieldSelector::parse("metadata.name=a", &[]).map(|f| f.matches(&o)).unwrap_or(false));
-        assert!(FieldSelector::parse("metadata.namespace!=x", &[]).map(|f| f.matches(&o)).unwrap_or(false));
-        assert_eq!(FieldSelector::parse("spec.x=a", &[]).err().map(|e| e.message), Some("field label not supported: spec.x".into()));
+        assert!(
+            FieldSelector::parse("metadata.name=a", &[])
+                .map(|f| f.matches(&o))
+                .unwrap_or(false)
+        );
+        assert!(
+            FieldSelector::parse("metadata.namespace!=x", &[])
+                .map(|f| f.matches(&o))
+                .unwrap_or(false)
+        );
+        assert_eq!(
+            FieldSelector::parse("spec.x=a", &[])
+                .err()
+                .map(|e| e.message),
+            Some("field label not supported: spec.x".into())
+        );
     }
 }

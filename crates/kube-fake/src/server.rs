@@ -110,24 +110,45 @@ impl FakeApiServerBuilder {
     /// Binds, seeds the cluster, and serves in the background.
     pub async fn start(self) -> Result<FakeHandle, FakeError> {
         let pki = tls::generate()?;
-        let listener = TcpListener::bind(self.listen).await.map_err(|source| FakeError::Bind { addr: self.listen, source })?;
-        let addr = listener.local_addr().map_err(|source| FakeError::Bind { addr: self.listen, source })?;
+        let listener = TcpListener::bind(self.listen)
+            .await
+            .map_err(|source| FakeError::Bind {
+                addr: self.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| FakeError::Bind {
+            addr: self.listen,
+            source,
+        })?;
         let info = ServerInfo {
             base_url: format!("https://{addr}"),
             ca_pem: pki.ca_pem.clone(),
             admin_token: self.admin_token.unwrap_or_else(auth::random_token),
         };
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let shared = Shared::new(info, self.token_mode, self.history_limit, shutdown_rx.clone());
+        let shared = Shared::new(
+            info,
+            self.token_mode,
+            self.history_limit,
+            shutdown_rx.clone(),
+        );
         seed(&shared);
-        let app = Router::new().fallback(api::handle).with_state(shared.clone());
+        let app = Router::new()
+            .fallback(api::handle)
+            .with_state(shared.clone());
         let acceptor = TlsAcceptor::from(pki.server_config);
         let server = tokio::spawn(
-            accept_loop(listener, acceptor, app, shutdown_rx).instrument(info_span!("fake-apiserver", %addr)),
+            accept_loop(listener, acceptor, app, shutdown_rx)
+                .instrument(info_span!("fake-apiserver", %addr)),
         );
         let controllers = controllers::spawn(shared.clone());
         info!(%addr, "fake API server listening");
-        Ok(FakeHandle { shared, shutdown_tx, tasks: vec![server, controllers], addr })
+        Ok(FakeHandle {
+            shared,
+            shutdown_tx,
+            tasks: vec![server, controllers],
+            addr,
+        })
     }
 }
 
@@ -136,7 +157,14 @@ fn seed(shared: &Shared) {
     let ctx = ops::system_ctx(&shared.info.ca_pem);
     for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         if let Some(rt) = ops::type_for_storage(&inner, "", "namespaces") {
-            let _ = ops::create(&mut inner, &rt, "v1", None, json!({"metadata": {"name": name}}), &ctx);
+            let _ = ops::create(
+                &mut inner,
+                &rt,
+                "v1",
+                None,
+                json!({"metadata": {"name": name}}),
+                &ctx,
+            );
         }
     }
     for (plural, obj) in rbac::bootstrap_policy() {
@@ -146,7 +174,12 @@ fn seed(shared: &Shared) {
     }
 }
 
-async fn accept_loop(listener: TcpListener, acceptor: TlsAcceptor, app: Router, mut shutdown: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    app: Router,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
@@ -236,22 +269,37 @@ impl FakeHandle {
 
     /// Registers a known token for a user with groups.
     pub fn add_token(&self, token: &str, name: &str, groups: &[&str]) {
-        self.shared.lock().tokens.insert(token.to_string(), TokenKind::Static(Identity::user(name, groups)));
+        self.shared.lock().tokens.insert(
+            token.to_string(),
+            TokenKind::Static(Identity::user(name, groups)),
+        );
     }
 
     /// Every request served so far, in order.
     pub fn requests(&self) -> Vec<RequestRecord> {
-        self.shared.requests.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.shared
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// How many requests were served so far.
     pub fn request_count(&self) -> usize {
-        self.shared.requests.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.shared
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 
     /// Clears the request log.
     pub fn reset_requests(&self) {
-        self.shared.requests.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.shared
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     /// Changes the token controller delay from now on.
@@ -277,7 +325,11 @@ impl FakeHandle {
 
     /// A stored object, bypassing the API (storage shape: core events for both event APIs).
     pub fn object(&self, group: &str, plural: &str, namespace: &str, name: &str) -> Option<Value> {
-        self.shared.lock().store.get(&(group.into(), plural.into(), namespace.into(), name.into())).cloned()
+        self.shared
+            .lock()
+            .store
+            .get(&(group.into(), plural.into(), namespace.into(), name.into()))
+            .cloned()
     }
 
     /// Stops serving, ends watches, and waits for the server tasks.

@@ -60,9 +60,9 @@ pub struct Inner {
 impl Inner {
     /// The type serving `group/version` `plural`.
     pub fn lookup(&self, group: &str, version: &str, plural: &str) -> Option<&ResourceType> {
-        self.types
-            .iter()
-            .find(|t| t.group == group && t.plural == plural && t.versions.iter().any(|v| v == version))
+        self.types.iter().find(|t| {
+            t.group == group && t.plural == plural && t.versions.iter().any(|v| v == version)
+        })
     }
 
     /// The type of an `apiVersion` + `kind`.
@@ -109,9 +109,17 @@ pub struct Shared {
 
 impl Shared {
     /// A fresh state with the built-in types and the admin token.
-    pub fn new(info: ServerInfo, token_mode: TokenMode, history_limit: usize, shutdown: watch::Receiver<bool>) -> Arc<Self> {
+    pub fn new(
+        info: ServerInfo,
+        token_mode: TokenMode,
+        history_limit: usize,
+        shutdown: watch::Receiver<bool>,
+    ) -> Arc<Self> {
         let mut tokens = HashMap::new();
-        tokens.insert(info.admin_token.clone(), TokenKind::Static(Identity::user("kube-fake-admin", &["system:masters"])));
+        tokens.insert(
+            info.admin_token.clone(),
+            TokenKind::Static(Identity::user("kube-fake-admin", &["system:masters"])),
+        );
         let inner = Inner {
             store: Store::new(history_limit),
             types: registry::builtins(),
@@ -123,16 +131,27 @@ impl Shared {
             token_mode,
             scan_deletions: false,
         };
-        Arc::new(Self { inner: Mutex::new(inner), requests: Mutex::new(Vec::new()), info, wake: Notify::new(), shutdown })
+        Arc::new(Self {
+            inner: Mutex::new(inner),
+            requests: Mutex::new(Vec::new()),
+            info,
+            wake: Notify::new(),
+            shutdown,
+        })
     }
 
     /// The one lock. Never held across an await.
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Appends to the request log.
     pub fn record(&self, rec: RequestRecord) {
-        self.requests.lock().unwrap_or_else(|p| p.into_inner()).push(rec);
+        self.requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(rec);
     }
 }

@@ -34,7 +34,11 @@ impl FieldError {
         } else {
             format!("Required value: {detail}")
         };
-        Self { reason: "FieldValueRequired", field: field.into(), message }
+        Self {
+            reason: "FieldValueRequired",
+            field: field.into(),
+            message,
+        }
     }
 
     /// `field: Invalid value: <json value>: detail`.
@@ -48,7 +52,11 @@ impl FieldError {
 
     /// `field: Forbidden: detail`.
     pub fn forbidden(field: impl Into<String>, detail: &str) -> Self {
-        Self { reason: "FieldValueForbidden", field: field.into(), message: format!("Forbidden: {detail}") }
+        Self {
+            reason: "FieldValueForbidden",
+            field: field.into(),
+            message: format!("Forbidden: {detail}"),
+        }
     }
 
     /// `field: Unsupported value: <json value>: supported values: "a", "b"`.
@@ -57,7 +65,10 @@ impl FieldError {
         Self {
             reason: "FieldValueNotSupported",
             field: field.into(),
-            message: format!("Unsupported value: {value}: supported values: {}", list.join(", ")),
+            message: format!(
+                "Unsupported value: {value}: supported values: {}",
+                list.join(", ")
+            ),
         }
     }
 }
@@ -136,14 +147,20 @@ impl ApiError {
         Self {
             code: 409,
             reason: "Conflict",
-            message: format!("Operation cannot be fulfilled on {} \"{name}\": {why}", qualified(resource, group)),
+            message: format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {why}",
+                qualified(resource, group)
+            ),
             details: Some(details(name, group, resource)),
         }
     }
 
     /// `Secret "x" is invalid: field: message` (422), with one cause per field error.
     pub fn invalid(kind: &str, group: &str, name: &str, errors: &[FieldError]) -> Self {
-        let rendered: Vec<String> = errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect();
+        let rendered: Vec<String> = errors
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect();
         let summary = if rendered.len() == 1 {
             rendered[0].clone()
         } else {
@@ -158,7 +175,10 @@ impl ApiError {
         Self {
             code: 422,
             reason: "Invalid",
-            message: format!("{} \"{name}\" is invalid: {summary}", qualified(kind, group)),
+            message: format!(
+                "{} \"{name}\" is invalid: {summary}",
+                qualified(kind, group)
+            ),
             details: Some(d),
         }
     }
@@ -171,12 +191,22 @@ impl ApiError {
             (false, true) => format!("{subject} is forbidden: {why}"),
             (false, false) => format!("{subject} \"{name}\" is forbidden: {why}"),
         };
-        Self { code: 403, reason: "Forbidden", message, details: Some(details(name, group, resource)) }
+        Self {
+            code: 403,
+            reason: "Forbidden",
+            message,
+            details: Some(details(name, group, resource)),
+        }
     }
 
     /// The authentication failure.
     pub fn unauthorized() -> Self {
-        Self { code: 401, reason: "Unauthorized", message: "Unauthorized".into(), details: None }
+        Self {
+            code: 401,
+            reason: "Unauthorized",
+            message: "Unauthorized".into(),
+            details: None,
+        }
     }
 
     /// `<verb> is not supported on resources of kind "<resource>"`.
@@ -184,7 +214,10 @@ impl ApiError {
         Self {
             code: 405,
             reason: "MethodNotAllowed",
-            message: format!("{verb} is not supported on resources of kind \"{}\"", qualified(resource, group)),
+            message: format!(
+                "{verb} is not supported on resources of kind \"{}\"",
+                qualified(resource, group)
+            ),
             details: Some(details("", group, resource)),
         }
     }
@@ -201,12 +234,22 @@ impl ApiError {
 
     /// 410 Gone with a custom message.
     pub fn gone(message: impl Into<String>) -> Self {
-        Self { code: 410, reason: "Gone", message: message.into(), details: None }
+        Self {
+            code: 410,
+            reason: "Gone",
+            message: message.into(),
+            details: None,
+        }
     }
 
     /// 400 BadRequest.
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self { code: 400, reason: "BadRequest", message: message.into(), details: None }
+        Self {
+            code: 400,
+            reason: "BadRequest",
+            message: message.into(),
+            details: None,
+        }
     }
 
     /// 415 for a request body in a format this server does not decode.
@@ -233,14 +276,21 @@ impl ApiError {
         Self {
             code: 406,
             reason: "NotAcceptable",
-            message: "only the following media types are accepted: application/json, application/yaml".into(),
+            message:
+                "only the following media types are accepted: application/json, application/yaml"
+                    .into(),
             details: None,
         }
     }
 
     /// 500 with a message (the fake has no internals worth hiding, but keeps it short).
     pub fn internal(message: impl Into<String>) -> Self {
-        Self { code: 500, reason: "InternalError", message: message.into(), details: None }
+        Self {
+            code: 500,
+            reason: "InternalError",
+            message: message.into(),
+            details: None,
+        }
     }
 
     /// The `Status` JSON body.
@@ -264,7 +314,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = self.body().to_string();
-        (code, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
+        (
+            code,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response()
     }
 }
 

@@ -70,7 +70,14 @@ impl Store {
     /// An empty store retaining at most `history_limit` changes for replay.
     pub fn new(history_limit: usize) -> Self {
         let (tx, _) = broadcast::channel(65_536);
-        Self { rv: 1, objects: BTreeMap::new(), history: VecDeque::new(), history_limit, floor: 1, tx }
+        Self {
+            rv: 1,
+            objects: BTreeMap::new(),
+            history: VecDeque::new(),
+            history_limit,
+            floor: 1,
+            tx,
+        }
     }
 
     /// The latest resourceVersion.
@@ -89,11 +96,23 @@ impl Store {
     }
 
     /// Objects of one storage type, optionally in one namespace, in key order.
-    pub fn list<'a>(&'a self, group: &str, plural: &str, namespace: Option<&str>) -> Vec<(&'a Key, &'a Value)> {
-        let start: Key = (group.into(), plural.into(), namespace.unwrap_or_default().into(), String::new());
+    pub fn list<'a>(
+        &'a self,
+        group: &str,
+        plural: &str,
+        namespace: Option<&str>,
+    ) -> Vec<(&'a Key, &'a Value)> {
+        let start: Key = (
+            group.into(),
+            plural.into(),
+            namespace.unwrap_or_default().into(),
+            String::new(),
+        );
         self.objects
             .range(start..)
-            .take_while(|(k, _)| k.0 == group && k.1 == plural && namespace.is_none_or(|ns| k.2 == ns))
+            .take_while(|(k, _)| {
+                k.0 == group && k.1 == plural && namespace.is_none_or(|ns| k.2 == ns)
+            })
             .collect()
     }
 
@@ -119,8 +138,18 @@ impl Store {
         self.rv += 1;
         set_rv(&mut obj, self.rv);
         let old = self.objects.insert(key.clone(), obj.clone());
-        let kind = if old.is_some() { EventType::Modified } else { EventType::Added };
-        self.record(Change { rv: self.rv, kind, key, object: obj.clone(), old });
+        let kind = if old.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        self.record(Change {
+            rv: self.rv,
+            kind,
+            key,
+            object: obj.clone(),
+            old,
+        });
         obj
     }
 
@@ -129,7 +158,13 @@ impl Store {
         let mut obj = self.objects.remove(key)?;
         self.rv += 1;
         set_rv(&mut obj, self.rv);
-        self.record(Change { rv: self.rv, kind: EventType::Deleted, key: key.clone(), object: obj.clone(), old: None });
+        self.record(Change {
+            rv: self.rv,
+            kind: EventType::Deleted,
+            key: key.clone(),
+            object: obj.clone(),
+            old: None,
+        });
         Some(obj)
     }
 
@@ -139,11 +174,21 @@ impl Store {
     }
 
     /// Retained changes after `rv` for one storage type, or `Err(floor)` when `rv` is too old.
-    pub fn changes_since(&self, rv: u64, group: &str, plural: &str) -> Result<Vec<Arc<Change>>, u64> {
+    pub fn changes_since(
+        &self,
+        rv: u64,
+        group: &str,
+        plural: &str,
+    ) -> Result<Vec<Arc<Change>>, u64> {
         if rv < self.floor {
             return Err(self.floor);
         }
-        Ok(self.history.iter().filter(|c| c.rv > rv && c.key.0 == group && c.key.1 == plural).cloned().collect())
+        Ok(self
+            .history
+            .iter()
+            .filter(|c| c.rv > rv && c.key.0 == group && c.key.1 == plural)
+            .cloned()
+            .collect())
     }
 
     /// Drops all retained history, as an etcd compaction would.
@@ -158,7 +203,12 @@ mod tests {
     use super::*;
 
     fn mk_key(name: &str) -> Key {
-        ("".into(), "configmaps".into(), "default".into(), name.into())
+        (
+            "".into(),
+            "configmaps".into(),
+            "default".into(),
+            name.into(),
+        )
     }
 
     #[test]

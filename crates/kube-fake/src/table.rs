@@ -36,15 +36,26 @@ fn age(obj: &Value) -> Value {
 }
 
 fn s(obj: &Value, ptr: &str) -> String {
-    obj.pointer(ptr).and_then(Value::as_str).unwrap_or_default().to_string()
+    obj.pointer(ptr)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn none_if_empty(v: String) -> Value {
-    if v.is_empty() { json!("<none>") } else { json!(v) }
+    if v.is_empty() {
+        json!("<none>")
+    } else {
+        json!(v)
+    }
 }
 
 fn service_ports(obj: &Value) -> String {
-    let ports = obj.pointer("/spec/ports").and_then(Value::as_array).cloned().unwrap_or_default();
+    let ports = obj
+        .pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let parts: Vec<String> = ports
         .iter()
         .map(|p| {
@@ -56,7 +67,11 @@ fn service_ports(obj: &Value) -> String {
             }
         })
         .collect();
-    if parts.is_empty() { "<none>".into() } else { parts.join(",") }
+    if parts.is_empty() {
+        "<none>".into()
+    } else {
+        parts.join(",")
+    }
 }
 
 fn external_ip(obj: &Value) -> String {
@@ -67,12 +82,20 @@ fn external_ip(obj: &Value) -> String {
                 .and_then(Value::as_array)
                 .map(|a| {
                     a.iter()
-                        .filter_map(|i| i.get("ip").or_else(|| i.get("hostname")).and_then(Value::as_str))
+                        .filter_map(|i| {
+                            i.get("ip")
+                                .or_else(|| i.get("hostname"))
+                                .and_then(Value::as_str)
+                        })
                         .map(str::to_string)
                         .collect()
                 })
                 .unwrap_or_default();
-            if ips.is_empty() { "<pending>".into() } else { ips.join(",") }
+            if ips.is_empty() {
+                "<pending>".into()
+            } else {
+                ips.join(",")
+            }
         }
         Some("ExternalName") => s(obj, "/spec/externalName"),
         _ => "<none>".into(),
@@ -100,31 +123,91 @@ fn subjects_of(obj: &Value, kind: &str) -> Value {
 }
 
 /// Columns and per-object cells for a built-in type.
-fn builtin_columns(rt: &ResourceType) -> (Vec<PrinterColumn>, fn(&Value) -> Vec<Value>) {
+/// Renders the cells of one object.
+type CellsFn = fn(&Value) -> Vec<Value>;
+
+fn builtin_columns(rt: &ResourceType) -> (Vec<PrinterColumn>, CellsFn) {
     let name = col("Name", "string", "name", 0);
     match (rt.behaviour, rt.plural.as_str()) {
-        (Behaviour::Namespace, _) => (vec![name, col("Status", "string", "", 0), col("Age", "string", "", 0)], |o| {
-            vec![json!(s(o, "/metadata/name")), json!(s(o, "/status/phase")), age(o)]
-        }),
-        (Behaviour::ServiceAccount, _) => (vec![name, col("Secrets", "string", "", 0), col("Age", "string", "", 0)], |o| {
-            let n = o.get("secrets").and_then(Value::as_array).map_or(0, Vec::len);
-            vec![json!(s(o, "/metadata/name")), json!(n), age(o)]
-        }),
-        (Behaviour::Secret, _) => (
-            vec![name, col("Type", "string", "", 0), col("Data", "string", "", 0), col("Age", "string", "", 0)],
+        (Behaviour::Namespace, _) => (
+            vec![
+                name,
+                col("Status", "string", "", 0),
+                col("Age", "string", "", 0),
+            ],
             |o| {
-                let n = o.get("data").and_then(Value::as_object).map_or(0, |m| m.len());
-                vec![json!(s(o, "/metadata/name")), json!(s(o, "/type")), json!(n), age(o)]
+                vec![
+                    json!(s(o, "/metadata/name")),
+                    json!(s(o, "/status/phase")),
+                    age(o),
+                ]
             },
         ),
-        (Behaviour::Plain, "configmaps") => (vec![name, col("Data", "string", "", 0), col("Age", "string", "", 0)], |o| {
-            let n = o.get("data").and_then(Value::as_object).map_or(0, |m| m.len())
-                + o.get("binaryData").and_then(Value::as_object).map_or(0, |m| m.len());
-            vec![json!(s(o, "/metadata/name")), json!(n), age(o)]
-        }),
-        (Behaviour::Plain, "leases") => (vec![name, col("Holder", "string", "", 0), col("Age", "string", "", 0)], |o| {
-            vec![json!(s(o, "/metadata/name")), json!(s(o, "/spec/holderIdentity")), age(o)]
-        }),
+        (Behaviour::ServiceAccount, _) => (
+            vec![
+                name,
+                col("Secrets", "string", "", 0),
+                col("Age", "string", "", 0),
+            ],
+            |o| {
+                let n = o
+                    .get("secrets")
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len);
+                vec![json!(s(o, "/metadata/name")), json!(n), age(o)]
+            },
+        ),
+        (Behaviour::Secret, _) => (
+            vec![
+                name,
+                col("Type", "string", "", 0),
+                col("Data", "string", "", 0),
+                col("Age", "string", "", 0),
+            ],
+            |o| {
+                let n = o
+                    .get("data")
+                    .and_then(Value::as_object)
+                    .map_or(0, |m| m.len());
+                vec![
+                    json!(s(o, "/metadata/name")),
+                    json!(s(o, "/type")),
+                    json!(n),
+                    age(o),
+                ]
+            },
+        ),
+        (Behaviour::Plain, "configmaps") => (
+            vec![
+                name,
+                col("Data", "string", "", 0),
+                col("Age", "string", "", 0),
+            ],
+            |o| {
+                let n = o
+                    .get("data")
+                    .and_then(Value::as_object)
+                    .map_or(0, |m| m.len())
+                    + o.get("binaryData")
+                        .and_then(Value::as_object)
+                        .map_or(0, |m| m.len());
+                vec![json!(s(o, "/metadata/name")), json!(n), age(o)]
+            },
+        ),
+        (Behaviour::Plain, "leases") => (
+            vec![
+                name,
+                col("Holder", "string", "", 0),
+                col("Age", "string", "", 0),
+            ],
+            |o| {
+                vec![
+                    json!(s(o, "/metadata/name")),
+                    json!(s(o, "/spec/holderIdentity")),
+                    age(o),
+                ]
+            },
+        ),
         (Behaviour::Service, _) => (
             vec![
                 name,
@@ -139,7 +222,11 @@ fn builtin_columns(rt: &ResourceType) -> (Vec<PrinterColumn>, fn(&Value) -> Vec<
                 let selector: Vec<String> = o
                     .pointer("/spec/selector")
                     .and_then(Value::as_object)
-                    .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect())
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 vec![
                     json!(s(o, "/metadata/name")),
@@ -161,19 +248,41 @@ fn builtin_columns(rt: &ResourceType) -> (Vec<PrinterColumn>, fn(&Value) -> Vec<
                 col("Message", "string", "", 0),
             ],
             |o| {
-                let when = ["/lastTimestamp", "/deprecatedLastTimestamp", "/eventTime", "/metadata/creationTimestamp"]
-                    .iter()
-                    .find_map(|p| o.pointer(p).and_then(Value::as_str).and_then(clock::parse))
-                    .map(|t| clock::human_duration(clock::now_unix() - t))
-                    .unwrap_or_else(|| "<unknown>".into());
-                let obj = o.get("involvedObject").or_else(|| o.get("regarding")).cloned().unwrap_or_default();
+                let when = [
+                    "/lastTimestamp",
+                    "/deprecatedLastTimestamp",
+                    "/eventTime",
+                    "/metadata/creationTimestamp",
+                ]
+                .iter()
+                .find_map(|p| o.pointer(p).and_then(Value::as_str).and_then(clock::parse))
+                .map(|t| clock::human_duration(clock::now_unix() - t))
+                .unwrap_or_else(|| "<unknown>".into());
+                let obj = o
+                    .get("involvedObject")
+                    .or_else(|| o.get("regarding"))
+                    .cloned()
+                    .unwrap_or_default();
                 let object = format!(
                     "{}/{}",
-                    obj.get("kind").and_then(Value::as_str).unwrap_or_default().to_lowercase(),
+                    obj.get("kind")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_lowercase(),
                     obj.get("name").and_then(Value::as_str).unwrap_or_default()
                 );
-                let msg = o.get("message").or_else(|| o.get("note")).and_then(Value::as_str).unwrap_or_default();
-                vec![json!(when), json!(s(o, "/type")), json!(s(o, "/reason")), json!(object), json!(msg)]
+                let msg = o
+                    .get("message")
+                    .or_else(|| o.get("note"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                vec![
+                    json!(when),
+                    json!(s(o, "/type")),
+                    json!(s(o, "/reason")),
+                    json!(object),
+                    json!(msg),
+                ]
             },
         ),
         (Behaviour::Binding, _) => (
@@ -197,17 +306,28 @@ fn builtin_columns(rt: &ResourceType) -> (Vec<PrinterColumn>, fn(&Value) -> Vec<
                 ]
             },
         ),
-        (Behaviour::Role | Behaviour::Crd, _) => (vec![name, col("Created At", "date", "", 0)], |o| {
-            vec![json!(s(o, "/metadata/name")), json!(s(o, "/metadata/creationTimestamp"))]
+        (Behaviour::Role | Behaviour::Crd, _) => {
+            (vec![name, col("Created At", "date", "", 0)], |o| {
+                vec![
+                    json!(s(o, "/metadata/name")),
+                    json!(s(o, "/metadata/creationTimestamp")),
+                ]
+            })
+        }
+        _ => (vec![name, col("Age", "string", "", 0)], |o| {
+            vec![json!(s(o, "/metadata/name")), age(o)]
         }),
-        _ => (vec![name, col("Age", "string", "", 0)], |o| vec![json!(s(o, "/metadata/name")), age(o)]),
     }
 }
 
 /// Evaluates the simple JSONPath subset printer columns use.
 pub fn json_path(obj: &Value, path: &str) -> Option<Value> {
     let mut cur = vec![obj.clone()];
-    let mut rest = path.trim().trim_start_matches('{').trim_end_matches('}').trim_start_matches('$');
+    let mut rest = path
+        .trim()
+        .trim_start_matches('{')
+        .trim_end_matches('}')
+        .trim_start_matches('$');
     while !rest.is_empty() {
         if let Some(r) = rest.strip_prefix('.') {
             let end = r.find(['.', '[']).unwrap_or(r.len());
@@ -229,7 +349,12 @@ pub fn json_path(obj: &Value, path: &str) -> Option<Value> {
                     .cloned()
                     .collect();
             } else if inner == "*" {
-                cur = cur.iter().filter_map(Value::as_array).flatten().cloned().collect();
+                cur = cur
+                    .iter()
+                    .filter_map(Value::as_array)
+                    .flatten()
+                    .cloned()
+                    .collect();
             } else {
                 let i: usize = inner.parse().ok()?;
                 cur = cur.iter().filter_map(|v| v.get(i).cloned()).collect();
@@ -242,7 +367,9 @@ pub fn json_path(obj: &Value, path: &str) -> Option<Value> {
 }
 
 fn custom_cell(obj: &Value, c: &PrinterColumn) -> Value {
-    let Some(v) = json_path(obj, &c.json_path) else { return Value::Null };
+    let Some(v) = json_path(obj, &c.json_path) else {
+        return Value::Null;
+    };
     match c.type_.as_str() {
         "date" => v
             .as_str()
@@ -275,22 +402,23 @@ pub fn render(
     include: IncludeObject,
     meta_version: &str,
 ) -> Value {
-    let (columns, rows): (Vec<PrinterColumn>, Vec<Vec<Value>>) = if rt.behaviour == Behaviour::Custom {
-        let mut cols = vec![col("Name", "string", "name", 0)];
-        cols.extend(rt.columns(version).iter().cloned());
-        let rows = objects
-            .iter()
-            .map(|o| {
-                let mut cells = vec![json!(s(o, "/metadata/name"))];
-                cells.extend(rt.columns(version).iter().map(|c| custom_cell(o, c)));
-                cells
-            })
-            .collect();
-        (cols, rows)
-    } else {
-        let (cols, cells) = builtin_columns(rt);
-        (cols, objects.iter().map(cells).collect())
-    };
+    let (columns, rows): (Vec<PrinterColumn>, Vec<Vec<Value>>) =
+        if rt.behaviour == Behaviour::Custom {
+            let mut cols = vec![col("Name", "string", "name", 0)];
+            cols.extend(rt.columns(version).iter().cloned());
+            let rows = objects
+                .iter()
+                .map(|o| {
+                    let mut cells = vec![json!(s(o, "/metadata/name"))];
+                    cells.extend(rt.columns(version).iter().map(|c| custom_cell(o, c)));
+                    cells
+                })
+                .collect();
+            (cols, rows)
+        } else {
+            let (cols, cells) = builtin_columns(rt);
+            (cols, objects.iter().map(cells).collect())
+        };
     let defs: Vec<Value> = columns
         .iter()
         .map(|c| {
@@ -304,7 +432,9 @@ pub fn render(
         .zip(objects)
         .map(|(cells, o)| match include {
             IncludeObject::None => json!({"cells": cells}),
-            IncludeObject::Metadata => json!({"cells": cells, "object": partial_metadata(o, meta_version)}),
+            IncludeObject::Metadata => {
+                json!({"cells": cells, "object": partial_metadata(o, meta_version)})
+            }
             IncludeObject::Object => json!({"cells": cells, "object": o}),
         })
         .collect();
@@ -325,7 +455,10 @@ mod tests {
     fn json_path_subset() {
         let o = json!({"status": {"conditions": [{"type": "A", "status": "False"}, {"type": "Ready", "status": "True"}]},
             "spec": {"ips": ["1.2.3.4"]}});
-        assert_eq!(json_path(&o, ".status.conditions[?(@.type==\"Ready\")].status"), Some(json!("True")));
+        assert_eq!(
+            json_path(&o, ".status.conditions[?(@.type==\"Ready\")].status"),
+            Some(json!("True"))
+        );
         assert_eq!(json_path(&o, ".spec.ips[0]"), Some(json!("1.2.3.4")));
         assert_eq!(json_path(&o, ".spec.missing"), None);
     }

@@ -3,7 +3,10 @@
 
 use std::sync::Arc;
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 /// Why the PKI could not be set up.
@@ -30,16 +33,31 @@ pub struct Pki {
 pub fn generate() -> Result<Pki, TlsError> {
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(DnType::CommonName, "kube-fake-ca");
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "kube-fake-ca");
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     let ca_key = KeyPair::generate()?;
     let ca_cert = ca_params.self_signed(&ca_key)?;
     let issuer = Issuer::new(ca_params, ca_key);
 
-    let mut params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()])?;
-    params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+    let mut params = CertificateParams::new(vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ])?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "kube-apiserver");
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
     let key = KeyPair::generate()?;
     let cert = params.signed_by(&key, &issuer)?;
 
@@ -48,9 +66,15 @@ pub fn generate() -> Result<Pki, TlsError> {
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(
-            vec![CertificateDer::from(cert.der().to_vec()), CertificateDer::from(ca_cert.der().to_vec())],
+            vec![
+                CertificateDer::from(cert.der().to_vec()),
+                CertificateDer::from(ca_cert.der().to_vec()),
+            ],
             PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
         )?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Pki { ca_pem: ca_cert.pem(), server_config: Arc::new(config) })
+    Ok(Pki {
+        ca_pem: ca_cert.pem(),
+        server_config: Arc::new(config),
+    })
 }

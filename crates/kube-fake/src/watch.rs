@@ -60,7 +60,10 @@ pub struct WatchRequest {
 impl WatchRequest {
     fn visible(&self, stored: &Value) -> bool {
         let ns_ok = self.namespace.as_deref().is_none_or(|ns| {
-            stored.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
+            stored
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                == Some(ns)
         });
         ns_ok && self.labels.matches(stored) && self.fields.matches(stored)
     }
@@ -70,7 +73,9 @@ impl WatchRequest {
         match self.render {
             Render::Object => obj,
             Render::Metadata(v) => table::partial_metadata(&obj, v),
-            Render::Table(include, v) => table::render(&self.rt, &self.version, &[obj], json!({}), include, v),
+            Render::Table(include, v) => {
+                table::render(&self.rt, &self.version, &[obj], json!({}), include, v)
+            }
         }
     }
 
@@ -115,7 +120,9 @@ impl WatchRequest {
 }
 
 fn stream_response(rx: mpsc::Receiver<Bytes>) -> Response {
-    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx)) });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
     Response::builder()
         .status(200)
         .header("content-type", "application/json")
@@ -132,13 +139,16 @@ pub fn start(shared: Arc<Shared>, req: WatchRequest) -> Result<Response, ApiErro
         let inner = shared.lock();
         let store = &inner.store;
         let rv_param = req.resource_version.as_deref().filter(|s| !s.is_empty());
-        let from_state = match (rv_param, req.send_initial) {
-            (_, Some(true)) => true,
-            (None | Some("0"), None) => true,
-            _ => false,
-        };
+        let from_state = matches!(
+            (rv_param, req.send_initial),
+            (_, Some(true)) | (None | Some("0"), None)
+        );
         if from_state {
-            let ns = if req.rt.namespaced { req.namespace.as_deref() } else { None };
+            let ns = if req.rt.namespaced {
+                req.namespace.as_deref()
+            } else {
+                None
+            };
             for (_, obj) in store.list(&req.rt.storage.0, &req.rt.storage.1, ns) {
                 if req.visible(obj) {
                     initial.push(req.event_line("ADDED", obj));
