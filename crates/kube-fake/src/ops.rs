@@ -126,6 +126,31 @@ fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
         .expect("metadata was just made an object")
 }
 
+/// Drops the metadata fields Go's `omitempty` would not store: empty finalizers, labels,
+/// annotations and ownerReferences. Clients (kube-runtime's finalizer helper) rely on a missing
+/// `finalizers` reading as null.
+fn normalize_meta(obj: &mut Value) {
+    if let Some(Value::Object(meta)) = obj.get_mut("metadata") {
+        for field in [
+            "finalizers",
+            "labels",
+            "annotations",
+            "ownerReferences",
+            "managedFields",
+        ] {
+            let empty = match meta.get(field) {
+                Some(Value::Array(a)) => a.is_empty(),
+                Some(Value::Object(m)) => m.is_empty(),
+                Some(Value::Null) => true,
+                _ => false,
+            };
+            if empty {
+                meta.remove(field);
+            }
+        }
+    }
+}
+
 fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
     obj.get("metadata")?.get(field)?.as_str()
 }
@@ -354,6 +379,7 @@ pub fn create(
         m.remove("status");
     }
     admit(inner, rt, version, &ns, &name, None, &mut obj, ctx)?;
+    normalize_meta(&mut obj);
     let key = key_of(rt, &ns, &name);
     if inner.store.get(&key).is_some() {
         return Err(ApiError::already_exists(&rt.plural, &rt.group, &name));
@@ -522,6 +548,7 @@ fn finish_update(
         }
     }
     admit(inner, rt, version, &key.2, &name, Some(&old), &mut new, ctx)?;
+    normalize_meta(&mut new);
     if rt.generation {
         let drop_status = rt.has_status(version);
         if strip_for_generation(&old, drop_status) != strip_for_generation(&new, drop_status) {

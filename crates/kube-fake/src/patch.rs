@@ -189,11 +189,23 @@ fn merge_keyed_list(cur: &mut Vec<Value>, items: &[Value], key: &str) -> Result<
     Ok(())
 }
 
-/// RFC 6902 JSON patch.
+/// RFC 6902 JSON patch, atomic. Like the real server (evanphx/json-patch), a `test` for `null`
+/// succeeds on a missing path: kube-runtime's finalizer helper relies on it to add the first finalizer.
 pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), PatchError> {
     let patch: json_patch::Patch =
         serde_json::from_value(ops.clone()).map_err(|e| PatchError::Malformed(e.to_string()))?;
-    json_patch::patch(target, &patch).map_err(|e| PatchError::Apply(e.to_string()))
+    let mut doc = target.clone();
+    for op in patch.0 {
+        if let json_patch::PatchOperation::Test(t) = &op
+            && t.value.is_null()
+            && doc.pointer(t.path.as_str()).is_none_or(Value::is_null)
+        {
+            continue;
+        }
+        json_patch::patch(&mut doc, &[op]).map_err(|e| PatchError::Apply(e.to_string()))?;
+    }
+    *target = doc;
+    Ok(())
 }
 
 const UNTRACKED_META: [&str; 9] = [
@@ -436,6 +448,19 @@ pub fn server_side_apply(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_patch_test_null_passes_on_missing_path_and_is_atomic() {
+        let mut t = json!({"metadata": {"name": "x"}});
+        let add = json!([{"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["f"]}]);
+        assert!(json_patch(&mut t, &add).is_ok());
+        assert_eq!(t.pointer("/metadata/finalizers"), Some(&json!(["f"])));
+        let failing = json!([{"op": "add", "path": "/metadata/x", "value": 1},
+            {"op": "test", "path": "/metadata/name", "value": "y"}]);
+        assert!(json_patch(&mut t, &failing).is_err());
+        assert_eq!(t.pointer("/metadata/x"), None);
+    }
 
     #[test]
     fn merge_patch_removes_nulls_and_replaces_lists() {

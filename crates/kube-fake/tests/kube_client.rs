@@ -19,6 +19,7 @@ use kube::api::{
     PatchParams, PostParams,
 };
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
@@ -558,6 +559,60 @@ async fn service_account_kubeconfig_gets_exactly_its_permissions() -> Result<()>
             .as_ref()
             .and_then(api_status)
             .is_some_and(|s| s.is_forbidden())
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn kube_runtime_finalizer_helper_round_trip() -> Result<()> {
+    let fake = start().await?;
+    let cms: Api<ConfigMap> = Api::default_namespaced(kube_client(&fake).await?);
+    cms.create(&PostParams::default(), &mk_cm("guarded", json!({}), "1")?)
+        .await?;
+    let run = |obj: ConfigMap| {
+        let cms = cms.clone();
+        async move {
+            let mut seen = Vec::new();
+            finalizer(
+                &cms,
+                "harvester-cloud/cleanup",
+                std::sync::Arc::new(obj),
+                |ev| {
+                    seen.push(match ev {
+                        FinalizerEvent::Apply(_) => "apply",
+                        FinalizerEvent::Cleanup(_) => "cleanup",
+                    });
+                    async {
+                        Ok::<_, std::convert::Infallible>(
+                            kube::runtime::controller::Action::await_change(),
+                        )
+                    }
+                },
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            anyhow::Ok(seen)
+        }
+    };
+    assert!(
+        run(cms.get("guarded").await?).await?.is_empty(),
+        "the first pass only adds the finalizer"
+    );
+    assert_eq!(
+        cms.get("guarded").await?.finalizers(),
+        ["harvester-cloud/cleanup"]
+    );
+    assert_eq!(run(cms.get("guarded").await?).await?, ["apply"]);
+    let pending = cms.delete("guarded", &DeleteParams::default()).await?;
+    assert!(
+        pending.is_left(),
+        "a finalized object is only marked for deletion"
+    );
+    assert_eq!(run(cms.get("guarded").await?).await?, ["cleanup"]);
+    assert_eq!(
+        cms.get_opt("guarded").await?,
+        None,
+        "removing the last finalizer deleted it"
     );
     Ok(())
 }
