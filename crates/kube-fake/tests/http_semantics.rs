@@ -889,3 +889,54 @@ async fn impersonation_requires_rbac() -> Result<()> {
     assert_eq!(body["details"]["kind"], "users");
     Ok(())
 }
+
+#[tokio::test]
+async fn token_secret_for_a_replaced_account_is_deleted() -> Result<()> {
+    let fake = start().await?;
+    let raw = Raw::admin(&fake)?;
+    raw.post(
+        "/api/v1/namespaces/default/serviceaccounts",
+        &json!({"metadata": {"name": "old"}}),
+    )
+    .await?;
+    let secret = json!({"metadata": {"name": "old-token", "annotations": {
+        "kubernetes.io/service-account.name": "old", "kubernetes.io/service-account.uid": "not-the-uid"}},
+        "type": "kubernetes.io/service-account-token"});
+    assert_eq!(
+        raw.post("/api/v1/namespaces/default/secrets", &secret)
+            .await?
+            .0,
+        201
+    );
+    eventually(|| async {
+        let (code, _) = raw
+            .get("/api/v1/namespaces/default/secrets/old-token")
+            .await?;
+        Ok((code == 404).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn deletecollection_and_method_not_allowed() -> Result<()> {
+    let fake = start().await?;
+    let raw = Raw::admin(&fake)?;
+    for (name, app) in [("d1", "x"), ("d2", "x"), ("d3", "y")] {
+        raw.post(CM, &mk_cm(name, json!({"app": app}))).await?;
+    }
+    let (code, _) = raw.delete(&format!("{CM}?labelSelector=app%3Dx")).await?;
+    assert_eq!(code, 200);
+    let (_, left) = raw.get(&format!("{CM}?labelSelector=app")).await?;
+    assert_eq!(left["items"].as_array().map(Vec::len), Some(1));
+    let (code, body) = raw.put(CM, &mk_cm("d4", json!({}))).await?;
+    assert_eq!(
+        (code, body["reason"].clone()),
+        (405, json!("MethodNotAllowed"))
+    );
+    let (code, _) = raw
+        .get("/api/v1/namespaces/default/configmaps/d3/status")
+        .await?;
+    assert_eq!(code, 404, "configmaps have no status subresource");
+    Ok(())
+}

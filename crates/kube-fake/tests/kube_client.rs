@@ -616,3 +616,67 @@ async fn kube_runtime_finalizer_helper_round_trip() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn kube_runtime_controller_reconciles_against_the_fake() -> Result<()> {
+    use kube::runtime::controller::{Action, Controller};
+    use std::sync::Arc;
+
+    let fake = start().await?;
+    let client = kube_client(&fake).await?;
+    let cms: Api<ConfigMap> = Api::default_namespaced(client);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    async fn reconcile(
+        obj: Arc<ConfigMap>,
+        api: Arc<Api<ConfigMap>>,
+    ) -> Result<Action, kube::Error> {
+        if obj.labels().get("reconciled").is_none() {
+            let patch = json!({"metadata": {"labels": {"reconciled": "yes"}}});
+            api.patch(
+                &obj.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await?;
+        }
+        Ok(Action::await_change())
+    }
+    fn error_policy(_: Arc<ConfigMap>, _: &kube::Error, _: Arc<Api<ConfigMap>>) -> Action {
+        Action::requeue(Duration::from_millis(100))
+    }
+    let controller = Controller::new(
+        cms.clone(),
+        watcher::Config::default().labels("managed=true"),
+    )
+    .graceful_shutdown_on(async move {
+        let _ = stop_rx.await;
+    })
+    .run(reconcile, error_policy, Arc::new(cms.clone()))
+    .for_each(|_| async {});
+    let running = tokio::spawn(controller);
+    cms.create(
+        &PostParams::default(),
+        &mk_cm("managed", json!({"managed": "true"}), "1")?,
+    )
+    .await?;
+    cms.create(&PostParams::default(), &mk_cm("unmanaged", json!({}), "1")?)
+        .await?;
+    eventually(|| async {
+        Ok(cms
+            .get("managed")
+            .await?
+            .labels()
+            .contains_key("reconciled")
+            .then_some(()))
+    })
+    .await?;
+    assert!(
+        !cms.get("unmanaged")
+            .await?
+            .labels()
+            .contains_key("reconciled")
+    );
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(30), running).await??;
+    Ok(())
+}
