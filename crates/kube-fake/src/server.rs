@@ -56,12 +56,12 @@ pub enum FakeError {
 pub struct FakeApiServer;
 
 impl FakeApiServer {
-    /// A builder with defaults: `127.0.0.1:0`, tokens filled after 50 ms, 100,000 retained changes.
+    /// A builder with defaults: `127.0.0.1:0`, tokens filled after 50 ms, 20,000 retained changes.
     pub fn builder() -> FakeApiServerBuilder {
         FakeApiServerBuilder {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             token_mode: TokenMode::After(Duration::from_millis(50)),
-            history_limit: 100_000,
+            history_limit: 20_000,
             admin_token: None,
         }
     }
