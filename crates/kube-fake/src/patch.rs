@@ -307,6 +307,16 @@ fn remove_from_set(set: &mut Value, path: &[String]) {
     }
 }
 
+/// Whether forcing moved fields away from other managers (their sets differ from the stored ones).
+fn force_took_ownership(live: &Value, managed: &[Value]) -> bool {
+    let stored = live
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    stored.as_slice() != managed
+}
+
 fn apply_merge(target: &mut Value, applied: &Value) {
     match applied {
         Value::Object(a) => {
@@ -422,6 +432,24 @@ pub fn server_side_apply(
     }
     apply_merge(&mut result, &body);
 
+    // Like the real field manager, an apply that changes neither the object nor this manager's
+    // field set leaves managedFields (and their timestamps) alone, so the write stays a no-op.
+    let unchanged_set = managed
+        .iter()
+        .find(|m| is_mine(m))
+        .and_then(|m| m.get("fieldsV1"))
+        == Some(&new_set);
+    let mut before = live.clone();
+    let mut after = result.clone();
+    for v in [&mut before, &mut after] {
+        if let Some(Value::Object(meta)) = v.get_mut("metadata") {
+            meta.remove("managedFields");
+        }
+    }
+    if unchanged_set && before == after && !force_took_ownership(live, &managed) {
+        return Ok(live.clone());
+    }
+
     managed.retain(|m| !is_mine(m));
     managed.retain(|m| {
         m.get("fieldsV1")
@@ -513,6 +541,20 @@ mod tests {
         .unwrap_or_default();
         assert_eq!(second.pointer("/metadata/labels"), Some(&json!({"a": "1"})));
         assert_eq!(second.pointer("/data/k"), Some(&json!("v")));
+        let third = server_side_apply(
+            &second,
+            &json!({"metadata": {"name": "x", "labels": {"a": "1"}}}),
+            "m",
+            false,
+            "v1",
+            None,
+            "later",
+        )
+        .unwrap_or_default();
+        assert_eq!(
+            third, second,
+            "an identical apply keeps managedFields timestamps"
+        );
     }
 
     #[test]
