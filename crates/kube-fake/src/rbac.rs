@@ -178,7 +178,10 @@ fn applicable(store: &Store, id: &Identity, namespace: &str) -> Vec<Applied> {
 /// server's privileged-group authorizer runs before RBAC), everyone else by the stored RBAC objects.
 pub fn authorize(store: &Store, id: &Identity, a: &Attributes) -> Decision {
     if id.is_master() {
-        return Decision { allowed: true, reason: String::new() };
+        return Decision {
+            allowed: true,
+            reason: String::new(),
+        };
     }
     let ns = if a.path.is_some() {
         ""
