@@ -20,13 +20,14 @@ pub trait Harness: Sized {
 pub struct Embedded {
     dir: tempfile::TempDir,
     store: Arc<EmbeddedStore>,
+    durability: Durability,
 }
 
 impl Embedded {
-    async fn start() -> Self {
+    async fn start(durability: Durability) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path(), Durability::Normal).await.unwrap();
-        Embedded { dir, store }
+        let store = EmbeddedStore::open(dir.path(), durability).await.unwrap();
+        Embedded { dir, store, durability }
     }
 }
 
@@ -35,11 +36,11 @@ impl Harness for Embedded {
         self.store.clone()
     }
     async fn reopen(self) -> Self {
-        let Embedded { dir, store } = self;
+        let Embedded { dir, store, durability } = self;
         store.close().await;
         drop(store);
-        let store = EmbeddedStore::open(dir.path(), Durability::Normal).await.unwrap();
-        Embedded { dir, store }
+        let store = EmbeddedStore::open(dir.path(), durability).await.unwrap();
+        Embedded { dir, store, durability }
     }
 }
 
@@ -269,7 +270,19 @@ macro_rules! suite {
     };
 }
 
-suite!(embedded, Embedded::start(), [
+// Group commit (fsync shared by concurrent writers) and plain WAL commits must behave the same.
+suite!(embedded_full, Embedded::start(Durability::Full), [
+    create_get_and_conflicts,
+    noop_writes_change_nothing,
+    status_subresource,
+    finalizers_and_preconditions,
+    dependents_are_collected,
+    label_selectors_and_namespaces,
+    watch_replays_and_follows,
+    restart_keeps_objects_and_versions,
+]);
+
+suite!(embedded_normal, Embedded::start(Durability::Normal), [
     create_get_and_conflicts,
     noop_writes_change_nothing,
     status_subresource,

@@ -4,13 +4,17 @@
 //! POST checks every existing object before it creates anything, so a conflict leaves nothing
 //! behind; if a later step still fails, the objects this request created are removed again.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use k8s_openapi::api::{
     core::v1::{ConfigMap, Secret, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding},
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     naming::AccountNames,
@@ -98,11 +102,24 @@ struct Created {
 pub struct CloudConfig {
     store: Arc<dyn ObjectStore>,
     settings: Settings,
+    /// When the ClusterRoles were last seen to exist.
+    roles_seen: Mutex<Option<Instant>>,
+    /// The server URL from the `vip` ConfigMap, and when it was read.
+    vip_url: Mutex<Option<(Instant, String)>>,
 }
+
+/// How long a positive answer about the ClusterRoles or the VIP is reused. Both change rarely, and
+/// on the Kubernetes backend each check is an API request.
+const LOOKUP_TTL: Duration = Duration::from_secs(5);
 
 impl CloudConfig {
     pub fn new(store: Arc<dyn ObjectStore>, settings: Settings) -> Self {
-        CloudConfig { store, settings }
+        CloudConfig {
+            store,
+            settings,
+            roles_seen: Mutex::new(None),
+            vip_url: Mutex::new(None),
+        }
     }
 
     pub fn settings(&self) -> &Settings {
@@ -114,6 +131,9 @@ impl CloudConfig {
     }
 
     async fn check_cluster_roles(&self) -> Result<(), CloudConfigError> {
+        if lock(&self.roles_seen).is_some_and(|at| at.elapsed() < LOOKUP_TTL) {
+            return Ok(());
+        }
         let roles = self.api::<ClusterRole>();
         for name in [CLOUDPROVIDER_ROLE, CSI_DRIVER_ROLE] {
             let found = roles
@@ -124,12 +144,18 @@ impl CloudConfig {
                 return Err(CloudConfigError::ClusterRoleNotFound { name: name.into() });
             }
         }
+        *lock(&self.roles_seen) = Some(Instant::now());
         Ok(())
     }
 
     /// `https://<vip>:6443` from the `vip` ConfigMap, or the configured URL.
     pub async fn server_url(&self) -> Result<String, CloudConfigError> {
         if let Some(url) = &self.settings.server_url {
+            return Ok(url.clone());
+        }
+        if let Some((at, url)) = &*lock(&self.vip_url)
+            && at.elapsed() < LOOKUP_TTL
+        {
             return Ok(url.clone());
         }
         let ns = &self.settings.harvester_namespace;
@@ -145,7 +171,9 @@ impl CloudConfig {
             .as_ref()
             .and_then(|d| d.get("ip"))
             .ok_or_else(|| reason(format!("configmap {ns}/vip has no key \"ip\"")))?;
-        vip_url(vip).map_err(reason)
+        let url = vip_url(vip).map_err(reason)?;
+        *lock(&self.vip_url) = Some((Instant::now(), url.clone()));
+        Ok(url)
     }
 
     /// POST: ensures the account's objects and returns its kubeconfig.
@@ -459,7 +487,8 @@ impl CloudConfig {
             }
         })?;
         let kubeconfig = self.build(&names, &server, &secret)?;
-        info!(namespace = %ns, service_account = %names.service_account,
+        // Debug, not info: reads are frequent and change nothing (creations are logged at info).
+        debug!(namespace = %ns, service_account = %names.service_account,
             "kubeconfig for service account {ns}/{} is fetched", names.service_account);
         Ok(kubeconfig)
     }
@@ -483,6 +512,10 @@ impl CloudConfig {
             .map_err(|_| generate(format!("token in secret {} is not text", names.secret)))?;
         Ok(render::kubeconfig(server, &ca, &names.namespace, &token))
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `https://` + host:port of the VIP, IPv6 in brackets; the VIP must be an IP address.

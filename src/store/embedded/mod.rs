@@ -3,8 +3,12 @@
 //! SQLite is the durable copy; an in-memory index of every object serves reads (as an informer cache
 //! would), so reads never touch the database. Writes are serialised through one connection: each write
 //! is one transaction that stores the rows and the new resourceVersion, and only after it commits is
-//! the memory index updated and the change published. The data directory is locked so that exactly one
-//! process owns the index.
+//! the memory index updated. The data directory is locked so that exactly one process owns the index.
+//!
+//! Durability uses group commit: transactions commit to the WAL without waiting for the disk, and a
+//! syncer fsyncs the WAL once for every write that committed meanwhile. A write is acknowledged, a
+//! read returns an object, and a watch sees a change only once that change is on disk; so however
+//! many requests write at once, each pays one shared fsync rather than one each.
 
 mod state;
 pub mod tokens;
@@ -26,8 +30,8 @@ use sqlx::{
         SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
     },
 };
-use tokio::sync::{Mutex, broadcast};
-use tracing::info;
+use tokio::sync::{Mutex, Notify, broadcast, watch};
+use tracing::{Instrument, info};
 
 use self::state::{Row as StateRow, State};
 use super::{
@@ -91,6 +95,14 @@ pub struct EmbeddedStore {
     writer: Mutex<Option<SqliteConnection>>,
     state: RwLock<State>,
     changes: broadcast::Sender<Change>,
+    durability: Durability,
+    /// The last resourceVersion known to be on disk (and published to watchers).
+    durable: watch::Sender<u64>,
+    /// Wakes the syncer after a commit.
+    sync_wanted: Arc<Notify>,
+    /// Set when an fsync failed: nothing can be promised durable any more.
+    sync_failed: std::sync::atomic::AtomicBool,
+    wal_path: PathBuf,
     token_controller: RwLock<Option<Arc<TokenController>>>,
     _lock: std::fs::File,
 }
@@ -200,15 +212,109 @@ impl EmbeddedStore {
         })?;
         info!(path = %path.display(), objects = state.len(), resource_version = state.rv, "opened embedded store");
         let (changes, _) = broadcast::channel(4096);
-        Ok(Arc::new(EmbeddedStore {
+        let (durable, _) = watch::channel(state.rv);
+        let wal_path = data_dir.join("harvester-cloud.db-wal");
+        let store = Arc::new(EmbeddedStore {
             path,
             pool,
             writer: Mutex::new(Some(writer)),
             state: RwLock::new(state),
             changes,
+            durability,
+            durable,
+            sync_wanted: Arc::new(Notify::new()),
+            sync_failed: std::sync::atomic::AtomicBool::new(false),
+            wal_path,
             token_controller: RwLock::new(None),
             _lock: lock,
-        }))
+        });
+        let weak = Arc::downgrade(&store);
+        let wake = store.sync_wanted.clone();
+        tokio::spawn(
+            async move {
+                loop {
+                    {
+                        // Only a weak reference between rounds, so dropping the store ends the task.
+                        let Some(store) = weak.upgrade() else { return };
+                        while *store.durable.borrow() < store.read().rv
+                            && !store.sync_failed.load(std::sync::atomic::Ordering::SeqCst)
+                        {
+                            store.sync_round().await;
+                        }
+                    }
+                    // A notification sent while syncing leaves a permit, so none is lost.
+                    wake.notified().await;
+                }
+            }
+            .instrument(tracing::info_span!("wal_syncer")),
+        );
+        Ok(store)
+    }
+
+    /// One group-commit round: makes every committed change durable, then publishes it.
+    async fn sync_round(&self) {
+        let target = self.read().rv;
+        if self.durability == Durability::Full {
+            let wal = self.wal_path.clone();
+            let synced = tokio::task::spawn_blocking(move || std::fs::File::open(&wal)?.sync_data())
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            if let Err(e) = synced {
+                tracing::error!(error = %e, path = %self.wal_path.display(), "fsync of the write-ahead log failed; refusing further writes");
+                self.sync_failed.store(true, std::sync::atomic::Ordering::SeqCst);
+                // Wake the waiters so they can fail instead of hanging.
+                self.durable.send_modify(|_| {});
+                return;
+            }
+        }
+        self.publish(target);
+    }
+
+    /// Moves committed changes up to `target` into the history, sends them to watchers, and marks
+    /// them durable.
+    fn publish(&self, target: u64) {
+        let ready: Vec<Change> = {
+            let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+            let mut ready = Vec::new();
+            while state.unpublished.front().is_some_and(|c| c.resource_version <= target) {
+                if let Some(c) = state.unpublished.pop_front() {
+                    state.history.push_back(c.clone());
+                    ready.push(c);
+                }
+            }
+            while state.history.len() > HISTORY {
+                state.history.pop_front();
+            }
+            ready
+        };
+        for c in ready {
+            // A send error only means nobody watches right now.
+            let _ = self.changes.send(c);
+        }
+        self.durable.send_if_modified(|d| {
+            let moved = *d < target;
+            *d = (*d).max(target);
+            moved
+        });
+    }
+
+    /// Waits until `rv` is on disk.
+    async fn await_durable(&self, rv: u64) -> Result<(), StoreError> {
+        let mut rx = self.durable.subscribe();
+        loop {
+            if self.sync_failed.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(StoreError::backend(std::io::Error::other(
+                    "the write-ahead log could not be synced to disk",
+                )));
+            }
+            if *rx.borrow_and_update() >= rv {
+                return Ok(());
+            }
+            self.sync_wanted.notify_one();
+            if rx.changed().await.is_err() {
+                return Err(StoreError::backend(std::io::Error::other("the store is closed")));
+            }
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -267,6 +373,11 @@ impl EmbeddedStore {
         &self,
         plan: impl FnOnce(&State) -> Result<(Vec<StateRow>, T), StoreError>,
     ) -> Result<T, StoreError> {
+        if self.sync_failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::backend(std::io::Error::other(
+                "the write-ahead log could not be synced to disk; restart the service",
+            )));
+        }
         let mut guard = self.writer.lock().await;
         let conn = guard
             .as_mut()
@@ -322,15 +433,21 @@ impl EmbeddedStore {
             .map_err(StoreError::backend)?;
         tx.commit().await.map_err(StoreError::backend)?;
 
-        let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
-        for row in rows {
-            let change = state.apply(row);
-            // A send error only means nobody watches right now.
-            let _ = self.changes.send(change);
+        {
+            let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+            for row in rows {
+                state.apply(row);
+            }
         }
-        while state.history.len() > HISTORY {
-            state.history.pop_front();
+        if self.durability == Durability::Normal {
+            // Published in commit order: the writer lock is still held.
+            self.publish(last_rv);
+            return Ok(out);
         }
+        // Let the next writer commit while this one waits for the shared fsync.
+        drop(guard);
+        self.sync_wanted.notify_one();
+        self.await_durable(last_rv).await?;
         Ok(out)
     }
 
@@ -407,6 +524,13 @@ impl EmbeddedStore {
         data.insert("ca.crt".into(), Value::from(B64.encode(&controller.ca_pem)));
         data.insert("namespace".into(), Value::from(B64.encode(&namespace)));
         Ok(())
+    }
+}
+
+impl Drop for EmbeddedStore {
+    fn drop(&mut self) {
+        // Lets the syncer task notice that the store is gone.
+        self.sync_wanted.notify_one();
     }
 }
 
@@ -663,10 +787,19 @@ impl ObjectStore for EmbeddedStore {
         name: &str,
     ) -> Result<Option<Value>, StoreError> {
         let namespace = if kind.namespaced { namespace } else { "" };
-        Ok(self
+        let found = self
             .read()
             .get(kind.api_version, kind.kind, namespace, name)
-            .map(|v| (*v).clone()))
+            .map(|v| (*v).clone());
+        if let Some(v) = &found {
+            let rv = meta_str(v, "resourceVersion")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            if rv > *self.durable.borrow() {
+                self.await_durable(rv).await?;
+            }
+        }
+        Ok(found)
     }
 
     async fn list(
@@ -675,19 +808,25 @@ impl ObjectStore for EmbeddedStore {
         namespace: Option<&str>,
         selector: &LabelSelector,
     ) -> Result<ObjectList, StoreError> {
-        let state = self.read();
-        let items = state
-            .iter(
-                kind.api_version,
-                kind.kind,
-                namespace.filter(|_| kind.namespaced),
-            )
-            .filter(|v| selector.matches_object(v))
-            .map(|v| (**v).clone())
-            .collect();
+        let (items, rv) = {
+            let state = self.read();
+            let items: Vec<Value> = state
+                .iter(
+                    kind.api_version,
+                    kind.kind,
+                    namespace.filter(|_| kind.namespaced),
+                )
+                .filter(|v| selector.matches_object(v))
+                .map(|v| (**v).clone())
+                .collect();
+            (items, state.rv)
+        };
+        if rv > *self.durable.borrow() {
+            self.await_durable(rv).await?;
+        }
         Ok(ObjectList {
             items,
-            resource_version: state.rv.to_string(),
+            resource_version: rv.to_string(),
         })
     }
 
@@ -797,7 +936,7 @@ impl ObjectStore for EmbeddedStore {
         resource_version: &str,
     ) -> Result<ChangeStream, StoreError> {
         let since: u64 = if resource_version.is_empty() {
-            self.read().rv
+            *self.durable.borrow()
         } else {
             resource_version.parse().map_err(|_| StoreError::Gone)?
         };
@@ -809,7 +948,7 @@ impl ObjectStore for EmbeddedStore {
                 .history
                 .front()
                 .map(|c| c.resource_version - 1)
-                .unwrap_or(state.rv);
+                .unwrap_or(*self.durable.borrow());
             if since < covered_from {
                 return Err(StoreError::Gone);
             }

@@ -35,6 +35,9 @@ pub struct State {
     /// owner uid → dependents' uids.
     dependents: HashMap<String, Vec<String>>,
     pub rv: u64,
+    /// Committed changes not yet known to be on disk, in resourceVersion order.
+    pub unpublished: VecDeque<Change>,
+    /// Published changes retained for watches that resume from an older resourceVersion.
     pub history: VecDeque<Change>,
 }
 
@@ -157,8 +160,8 @@ impl State {
         }
     }
 
-    /// Applies a committed write and returns the change to publish.
-    pub fn apply(&mut self, row: Row) -> Change {
+    /// Applies a committed write and queues its change for publication once durable.
+    pub fn apply(&mut self, row: Row) {
         match row.change {
             ChangeType::Deleted => {
                 if let Some(names) = self
@@ -182,7 +185,6 @@ impl State {
             object: row.object,
             resource_version: row.rv,
         };
-        self.history.push_back(change.clone());
-        change
+        self.unpublished.push_back(change);
     }
 }
