@@ -40,7 +40,16 @@ fn start_server() -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_harvester-cloud"))
         .arg("--data-dir")
         .arg(dir.path())
-        .args(["--log-format", "json", "--log", "info", "serve", "--http", "--listen", "127.0.0.1:0"])
+        .args([
+            "--log-format",
+            "json",
+            "--log",
+            "info",
+            "serve",
+            "--http",
+            "--listen",
+            "127.0.0.1:0",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -50,14 +59,25 @@ fn start_server() -> Server {
     let addr = loop {
         let line = lines.next().expect("server exited").expect("read log");
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-        if v["message"].as_str().is_some_and(|m| m.starts_with("listening")) {
+        if v["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("listening"))
+        {
             break v["address"].as_str().expect("address").to_string();
         }
     };
     // Keep draining the log so the server never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    let token = std::fs::read_to_string(dir.path().join("admin-token")).expect("admin token").trim().to_string();
-    Server { child, addr, token, _dir: dir }
+    let token = std::fs::read_to_string(dir.path().join("admin-token"))
+        .expect("admin token")
+        .trim()
+        .to_string();
+    Server {
+        child,
+        addr,
+        token,
+        _dir: dir,
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -79,13 +99,18 @@ impl Scenario {
     fn request(self, token: &str, seq: u64, worker: usize) -> Request<Full<Bytes>> {
         let auth = format!("Bearer {token}");
         match self {
-            Scenario::Healthz => Request::get("/healthz").header("host", "bench").body(Full::default()),
-            Scenario::GetKubeconfig => Request::get("/v1/harvester/kubeconfig?namespace=bench&serviceAccountName=existing")
+            Scenario::Healthz => Request::get("/healthz")
                 .header("host", "bench")
-                .header("authorization", auth)
                 .body(Full::default()),
+            Scenario::GetKubeconfig => {
+                Request::get("/v1/harvester/kubeconfig?namespace=bench&serviceAccountName=existing")
+                    .header("host", "bench")
+                    .header("authorization", auth)
+                    .body(Full::default())
+            }
             Scenario::PostNewAccounts => {
-                let body = format!(r#"{{"namespace":"bench","serviceAccountName":"sa-{worker}-{seq}"}}"#);
+                let body =
+                    format!(r#"{{"namespace":"bench","serviceAccountName":"sa-{worker}-{seq}"}}"#);
                 Request::post("/v1/harvester/kubeconfig")
                     .header("host", "bench")
                     .header("authorization", auth)
@@ -104,7 +129,13 @@ struct Outcome {
     latencies_us: Vec<u64>,
 }
 
-async fn run(addr: &str, token: &str, scenario: Scenario, connections: usize, duration: Duration) -> Outcome {
+async fn run(
+    addr: &str,
+    token: &str,
+    scenario: Scenario,
+    connections: usize,
+    duration: Duration,
+) -> Outcome {
     let errors = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let deadline = start + duration;
@@ -115,7 +146,9 @@ async fn run(addr: &str, token: &str, scenario: Scenario, connections: usize, du
             let stream = TcpStream::connect(&addr).await.expect("connect");
             stream.set_nodelay(true).ok();
             let io = hyper_util::rt::TokioIo::new(stream);
-            let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.expect("handshake");
+            let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .expect("handshake");
             tokio::spawn(conn);
             let mut latencies = Vec::with_capacity(100_000);
             let mut seq = 0u64;
@@ -174,7 +207,11 @@ fn main() {
     let seconds = if smoke { 1 } else { arg("--seconds", 5) };
     let connections = arg("--connections", 32) as usize;
     let server = start_server();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
     rt.block_on(async {
         // The account GET reads.
         let o = run(&server.addr, &server.token, Scenario::PostNewAccounts, 1, Duration::from_millis(1)).await;

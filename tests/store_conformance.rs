@@ -27,7 +27,11 @@ impl Embedded {
     async fn start(durability: Durability) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path(), durability).await.unwrap();
-        Embedded { dir, store, durability }
+        Embedded {
+            dir,
+            store,
+            durability,
+        }
     }
 }
 
@@ -36,11 +40,19 @@ impl Harness for Embedded {
         self.store.clone()
     }
     async fn reopen(self) -> Self {
-        let Embedded { dir, store, durability } = self;
+        let Embedded {
+            dir,
+            store,
+            durability,
+        } = self;
         store.close().await;
         drop(store);
         let store = EmbeddedStore::open(dir.path(), durability).await.unwrap();
-        Embedded { dir, store, durability }
+        Embedded {
+            dir,
+            store,
+            durability,
+        }
     }
 }
 
@@ -67,7 +79,11 @@ fn mk_cm(name: &str, data: &str) -> Value {
 }
 
 fn rv(v: &Value) -> u64 {
-    v["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap()
+    v["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 pub mod cases {
@@ -81,7 +97,10 @@ pub mod cases {
         assert!(a["metadata"]["creationTimestamp"].is_string());
         assert_eq!(s.get(&k, "ns1", "a").await.unwrap().unwrap(), a);
         assert!(s.get(&k, "ns1", "nope").await.unwrap().is_none());
-        assert!(matches!(s.create(&k, mk_cm("a", "2")).await, Err(StoreError::AlreadyExists { .. })));
+        assert!(matches!(
+            s.create(&k, mk_cm("a", "2")).await,
+            Err(StoreError::AlreadyExists { .. })
+        ));
 
         // A write with the current version succeeds and moves the version forward.
         let mut next = a.clone();
@@ -91,27 +110,42 @@ pub mod cases {
         // A write with the old version is a conflict and changes nothing.
         let mut stale = a.clone();
         stale["data"]["k"] = json!("3");
-        assert!(matches!(s.replace(&k, stale).await, Err(StoreError::Conflict { .. })));
-        assert_eq!(s.get(&k, "ns1", "a").await.unwrap().unwrap()["data"]["k"], "2");
+        assert!(matches!(
+            s.replace(&k, stale).await,
+            Err(StoreError::Conflict { .. })
+        ));
+        assert_eq!(
+            s.get(&k, "ns1", "a").await.unwrap().unwrap()["data"]["k"],
+            "2"
+        );
         // uid and creationTimestamp belong to the server.
         let mut forged = b.clone();
         forged["metadata"]["creationTimestamp"] = json!("2000-01-01T00:00:00Z");
         forged["data"]["k"] = json!("4");
         let c = s.replace(&k, forged).await.unwrap();
-        assert_eq!(c["metadata"]["creationTimestamp"], a["metadata"]["creationTimestamp"]);
+        assert_eq!(
+            c["metadata"]["creationTimestamp"],
+            a["metadata"]["creationTimestamp"]
+        );
         assert!(matches!(
             s.replace(&k, mk_cm("missing", "1")).await,
             Err(StoreError::NotFound { .. })
         ));
         // Invalid names are refused as the API server refuses them.
-        assert!(matches!(s.create(&k, mk_cm("Bad_Name", "1")).await, Err(StoreError::Invalid { .. })));
+        assert!(matches!(
+            s.create(&k, mk_cm("Bad_Name", "1")).await,
+            Err(StoreError::Invalid { .. })
+        ));
     }
 
     pub async fn noop_writes_change_nothing<H: Harness>(h: H) {
         let s = h.store();
         let k = cm_kind();
         let a = s.create(&k, mk_cm("a", "1")).await.unwrap();
-        let list = s.list(&k, None, &LabelSelector::everything()).await.unwrap();
+        let list = s
+            .list(&k, None, &LabelSelector::everything())
+            .await
+            .unwrap();
         let mut watch = s.watch(&k, None, &list.resource_version).await.unwrap();
         let same = s.replace(&k, a.clone()).await.unwrap();
         assert_eq!(rv(&same), rv(&a));
@@ -119,7 +153,11 @@ pub mod cases {
         let mut changed = a.clone();
         changed["data"]["k"] = json!("2");
         s.replace(&k, changed).await.unwrap();
-        let ev = tokio::time::timeout(Duration::from_secs(5), watch.next()).await.unwrap().unwrap().unwrap();
+        let ev = tokio::time::timeout(Duration::from_secs(5), watch.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         assert_eq!(ev.change, ChangeType::Modified);
         assert_eq!(ev.object["data"]["k"], "2");
     }
@@ -144,7 +182,10 @@ pub mod cases {
         let w3 = s.replace(&k, sp).await.unwrap();
         assert_eq!(w3["spec"]["size"], 2);
         assert_eq!(w3["status"]["ready"], true, "a main write ignores status");
-        assert_eq!(w3["metadata"]["generation"], 2, "spec changes bump generation");
+        assert_eq!(
+            w3["metadata"]["generation"], 2,
+            "spec changes bump generation"
+        );
     }
 
     pub async fn finalizers_and_preconditions<H: Harness>(h: H) {
@@ -153,9 +194,19 @@ pub mod cases {
         let mut obj = mk_cm("f", "1");
         obj["metadata"]["finalizers"] = json!(["example.com/cleanup"]);
         let f = s.create(&k, obj).await.unwrap();
-        let wrong = Preconditions { uid: Some("other".into()), ..Default::default() };
-        assert!(matches!(s.delete(&k, "ns1", "f", &wrong).await, Err(StoreError::Conflict { .. })));
-        let pending = match s.delete(&k, "ns1", "f", &Preconditions::default()).await.unwrap() {
+        let wrong = Preconditions {
+            uid: Some("other".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            s.delete(&k, "ns1", "f", &wrong).await,
+            Err(StoreError::Conflict { .. })
+        ));
+        let pending = match s
+            .delete(&k, "ns1", "f", &Preconditions::default())
+            .await
+            .unwrap()
+        {
             Deleted::Pending(v) => v,
             Deleted::Gone(_) => panic!("an object with finalizers must wait"),
         };
@@ -163,7 +214,10 @@ pub mod cases {
         // No new finalizers while terminating.
         let mut more = pending.clone();
         more["metadata"]["finalizers"] = json!(["example.com/cleanup", "x/y"]);
-        assert!(matches!(s.replace(&k, more).await, Err(StoreError::Invalid { .. })));
+        assert!(matches!(
+            s.replace(&k, more).await,
+            Err(StoreError::Invalid { .. })
+        ));
         // Removing the last finalizer completes the deletion.
         let mut done = pending.clone();
         done["metadata"]["finalizers"] = json!([]);
@@ -188,10 +242,15 @@ pub mod cases {
         other["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
             "name": "x", "uid": "someone-else"}]);
         s.create(&k, other).await.unwrap();
-        s.delete(&k, "ns1", "owner", &Preconditions::default()).await.unwrap();
+        s.delete(&k, "ns1", "owner", &Preconditions::default())
+            .await
+            .unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while s.get(&k, "ns1", "dep").await.unwrap().is_some() {
-            assert!(tokio::time::Instant::now() < deadline, "dependent was not collected");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "dependent was not collected"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(s.get(&k, "ns1", "other").await.unwrap().is_some());
@@ -207,13 +266,22 @@ pub mod cases {
         elsewhere["metadata"]["namespace"] = json!("ns2");
         s.create(&k, elsewhere).await.unwrap();
         let names = |items: Vec<Value>| {
-            let mut n: Vec<String> = items.iter().map(|v| v["metadata"]["name"].as_str().unwrap().to_string()).collect();
+            let mut n: Vec<String> = items
+                .iter()
+                .map(|v| v["metadata"]["name"].as_str().unwrap().to_string())
+                .collect();
             n.sort();
             n
         };
         let sel = LabelSelector::parse("tier=web").unwrap();
-        assert_eq!(names(s.list(&k, Some("ns1"), &sel).await.unwrap().items), ["a", "c"]);
-        assert_eq!(names(s.list(&k, None, &sel).await.unwrap().items), ["a", "c", "d"]);
+        assert_eq!(
+            names(s.list(&k, Some("ns1"), &sel).await.unwrap().items),
+            ["a", "c"]
+        );
+        assert_eq!(
+            names(s.list(&k, None, &sel).await.unwrap().items),
+            ["a", "c", "d"]
+        );
         let sel = LabelSelector::parse("tier notin (web),app").unwrap();
         assert_eq!(names(s.list(&k, None, &sel).await.unwrap().items), ["b"]);
     }
@@ -221,26 +289,46 @@ pub mod cases {
     pub async fn watch_replays_and_follows<H: Harness>(h: H) {
         let s = h.store();
         let k = cm_kind();
-        let start = s.list(&k, None, &LabelSelector::everything()).await.unwrap().resource_version;
+        let start = s
+            .list(&k, None, &LabelSelector::everything())
+            .await
+            .unwrap()
+            .resource_version;
         let a = s.create(&k, mk_cm("a", "1")).await.unwrap();
         let mut a2 = a.clone();
         a2["data"]["k"] = json!("2");
         s.replace(&k, a2).await.unwrap();
         // Replay from before the changes, then live events.
         let mut w = s.watch(&k, Some("ns1"), &start).await.unwrap();
-        s.delete(&k, "ns1", "a", &Preconditions::default()).await.unwrap();
+        s.delete(&k, "ns1", "a", &Preconditions::default())
+            .await
+            .unwrap();
         let mut got = Vec::new();
         for _ in 0..3 {
-            let ev = tokio::time::timeout(Duration::from_secs(5), w.next()).await.unwrap().unwrap().unwrap();
+            let ev = tokio::time::timeout(Duration::from_secs(5), w.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
             got.push((ev.change, ev.resource_version));
         }
-        assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), [ChangeType::Added, ChangeType::Modified, ChangeType::Deleted]);
-        assert!(got.windows(2).all(|w| w[0].1 < w[1].1), "versions increase: {got:?}");
+        assert_eq!(
+            got.iter().map(|g| g.0).collect::<Vec<_>>(),
+            [ChangeType::Added, ChangeType::Modified, ChangeType::Deleted]
+        );
+        assert!(
+            got.windows(2).all(|w| w[0].1 < w[1].1),
+            "versions increase: {got:?}"
+        );
         // Other kinds and namespaces are not delivered.
         let mut other = mk_cm("b", "1");
         other["metadata"]["namespace"] = json!("ns2");
         s.create(&k, other).await.unwrap();
-        assert!(tokio::time::timeout(Duration::from_millis(200), w.next()).await.is_err());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), w.next())
+                .await
+                .is_err()
+        );
     }
 
     pub async fn restart_keeps_objects_and_versions<H: Harness>(h: H) {
@@ -252,7 +340,11 @@ pub mod cases {
         let b = s.create(&k, mk_cm("b", "1")).await.unwrap();
         assert!(rv(&b) > rv(&a), "versions keep increasing across restarts");
         // A watch from before the restart must relist.
-        assert!(matches!(s.watch(&k, None, &rv(&a).saturating_sub(1).to_string()).await, Err(StoreError::Gone)));
+        assert!(matches!(
+            s.watch(&k, None, &rv(&a).saturating_sub(1).to_string())
+                .await,
+            Err(StoreError::Gone)
+        ));
     }
 }
 
@@ -271,24 +363,32 @@ macro_rules! suite {
 }
 
 // Group commit (fsync shared by concurrent writers) and plain WAL commits must behave the same.
-suite!(embedded_full, Embedded::start(Durability::Full), [
-    create_get_and_conflicts,
-    noop_writes_change_nothing,
-    status_subresource,
-    finalizers_and_preconditions,
-    dependents_are_collected,
-    label_selectors_and_namespaces,
-    watch_replays_and_follows,
-    restart_keeps_objects_and_versions,
-]);
+suite!(
+    embedded_full,
+    Embedded::start(Durability::Full),
+    [
+        create_get_and_conflicts,
+        noop_writes_change_nothing,
+        status_subresource,
+        finalizers_and_preconditions,
+        dependents_are_collected,
+        label_selectors_and_namespaces,
+        watch_replays_and_follows,
+        restart_keeps_objects_and_versions,
+    ]
+);
 
-suite!(embedded_normal, Embedded::start(Durability::Normal), [
-    create_get_and_conflicts,
-    noop_writes_change_nothing,
-    status_subresource,
-    finalizers_and_preconditions,
-    dependents_are_collected,
-    label_selectors_and_namespaces,
-    watch_replays_and_follows,
-    restart_keeps_objects_and_versions,
-]);
+suite!(
+    embedded_normal,
+    Embedded::start(Durability::Normal),
+    [
+        create_get_and_conflicts,
+        noop_writes_change_nothing,
+        status_subresource,
+        finalizers_and_preconditions,
+        dependents_are_collected,
+        label_selectors_and_namespaces,
+        watch_replays_and_follows,
+        restart_keeps_objects_and_versions,
+    ]
+);
