@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::addr::{parse_ip, to_u128};
-use super::allocator::{PoolAllocator, PoolError};
+use super::allocator::{Addrs, PoolAllocator, PoolError};
 use super::range::RangeSet;
 use super::spec::{RangeSpec, null_as_default};
 
@@ -123,7 +123,7 @@ impl PoolAllocator {
         // address, so which one is kept does not vary between runs.
         held.sort_by_key(|&(value, _, _)| value);
 
-        let mut ids: HashMap<Arc<str>, Vec<u128>> = HashMap::with_capacity(held.len());
+        let mut ids: HashMap<Arc<str>, Addrs> = HashMap::with_capacity(held.len());
         let mut by_ip: Vec<(u128, Arc<str>)> = Vec::with_capacity(held.len());
         let mut runs: Vec<(u128, u128)> = Vec::new();
         for (value, text, id) in held {
@@ -137,7 +137,9 @@ impl PoolAllocator {
                 Some((key, _)) => key.clone(),
                 None => Arc::from(id),
             };
-            ids.entry(key.clone()).or_default().push(value);
+            ids.entry(key.clone())
+                .and_modify(|values| values.insert(value))
+                .or_insert(Addrs::One(value));
             by_ip.push((value, key));
             match runs.last_mut() {
                 Some((_, end)) if end.checked_add(1) == Some(value) => *end = value,
@@ -171,8 +173,8 @@ impl PoolAllocator {
             };
             pool.history_by_id
                 .entry(key.clone())
-                .or_default()
-                .insert(value);
+                .and_modify(|values| values.insert(value))
+                .or_insert(Addrs::One(value));
             pool.history.insert(value, key);
         }
 
