@@ -42,7 +42,7 @@ pub enum AllocateError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
     #[error("invalid ranges for IP pool {pool}: {source}")]
-    Ranges { pool: String, source: RangeError },
+    ParseRanges { pool: String, source: RangeError },
     #[error("fail to get ip from pool {pool}, error: {source}")]
     Allocate {
         pool: String,
@@ -51,7 +51,7 @@ pub enum PoolError {
     },
     /// The new ranges would leave a held address outside the pool (or make it the gateway).
     #[error("allocated IP {ip} is excluded")]
-    Shrink {
+    Resize {
         pool: String,
         ip: String,
         id: String,
@@ -155,7 +155,7 @@ pub struct PoolAllocator {
 
 impl PoolAllocator {
     pub fn new(name: &str, ranges: &[RangeSpec]) -> Result<Self, PoolError> {
-        let ranges = RangeSet::parse(ranges).map_err(|source| PoolError::Ranges {
+        let ranges = RangeSet::parse(ranges).map_err(|source| PoolError::ParseRanges {
             pool: name.into(),
             source,
         })?;
@@ -360,7 +360,7 @@ impl PoolAllocator {
     /// Replaces the ranges. Growing keeps every allocation; a change that would leave a held address
     /// outside the pool, or make it a gateway, is refused. History outside the new ranges is dropped.
     pub fn resize(&mut self, ranges: &[RangeSpec]) -> Result<(), PoolError> {
-        let ranges = RangeSet::parse(ranges).map_err(|source| PoolError::Ranges {
+        let ranges = RangeSet::parse(ranges).map_err(|source| PoolError::ParseRanges {
             pool: self.name.clone(),
             source,
         })?;
@@ -372,7 +372,7 @@ impl PoolAllocator {
             // The lowest offender, so that the message does not depend on hash order.
             .min_by_key(|(v, _)| **v)
         {
-            return Err(PoolError::Shrink {
+            return Err(PoolError::Resize {
                 pool: self.name.clone(),
                 ip: self.ip(value).to_string(),
                 id: id.to_string(),
@@ -380,7 +380,7 @@ impl PoolAllocator {
         }
         // Only possible for a restored status; such an entry can never fit a range.
         if let Some((ip, id)) = self.foreign.iter().next() {
-            return Err(PoolError::Shrink {
+            return Err(PoolError::Resize {
                 pool: self.name.clone(),
                 ip: ip.clone(),
                 id: id.clone(),

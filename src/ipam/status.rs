@@ -102,7 +102,7 @@ impl PoolAllocator {
         ranges: &[RangeSpec],
         status: &PoolStatus,
     ) -> Result<Self, PoolError> {
-        let ranges = RangeSet::parse(ranges).map_err(|source| PoolError::Ranges {
+        let ranges = RangeSet::parse(ranges).map_err(|source| PoolError::ParseRanges {
             pool: name.into(),
             source,
         })?;
