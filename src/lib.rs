@@ -7,6 +7,7 @@ pub mod auth;
 pub mod certs;
 pub mod config;
 pub mod http;
+pub mod ipam;
 pub mod issuer;
 pub mod kubeconfig;
 pub mod store;

@@ -1,0 +1,865 @@
+//! The per-pool allocator: who holds which address, the release history, and the round-robin cursor.
+//!
+//! Observable behaviour is Harvester's (applicant ids `<lbNamespace>/<lbName>`, history reuse,
+//! round-robin after `lastAllocated`, gateway skipped), with the listed defects fixed: an id that
+//! already holds an address gets it back, and an unusable history address falls back to a fresh one.
+//!
+//! Cost does not depend on the pool size. Held addresses are kept as coalesced runs in a `BTreeMap`,
+//! so "the next free address after the cursor" jumps over a whole run in one O(log n) lookup instead of
+//! walking it address by address; memory grows with allocations, history and ranges only.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::addr::{Family, from_u128, to_u128};
+use super::range::{RangeError, RangeSet};
+use super::spec::RangeSpec;
+
+/// Why an address could not be reserved; the texts are those of the upstream allocator, which the
+/// load balancer controller wraps as `fail to get ip from pool <pool>, error: <cause>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocateError {
+    #[error("no IP addresses available in range set: {ranges}")]
+    Exhausted { ranges: String },
+    #[error("{ip} not in range set {ranges}")]
+    NotInRange { ip: IpAddr, ranges: String },
+    #[error("requested ip {ip} is subnet's gateway")]
+    Gateway { ip: IpAddr },
+    #[error("requested IP address {ip} is not available in range set {ranges}")]
+    Taken {
+        ip: IpAddr,
+        holder: String,
+        ranges: String,
+    },
+    /// Only for a request of a specific address by an id that already holds another one: upstream
+    /// would hand out a second address.
+    #[error("{held} has been allocated to {id}, duplicate allocation is not allowed")]
+    Duplicate { held: IpAddr, id: String },
+}
+
+/// A failed operation on one pool.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    #[error("invalid ranges for IP pool {pool}: {source}")]
+    ParseRanges { pool: String, source: RangeError },
+    #[error("fail to get ip from pool {pool}, error: {source}")]
+    Allocate {
+        pool: String,
+        id: String,
+        source: AllocateError,
+    },
+    /// The new ranges would leave a held address outside the pool (or make it the gateway).
+    #[error("allocated IP {ip} is excluded")]
+    Resize {
+        pool: String,
+        ip: String,
+        id: String,
+    },
+}
+
+/// An address handed to an applicant, with what the load balancer status needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    pub ip: IpAddr,
+    /// The netmask of the range's subnet (`allocatedAddress.mask`, dotted for IPv4).
+    pub mask: IpAddr,
+    pub prefix_len: u8,
+    /// The gateway of the range the address came from, if it has one.
+    pub gateway: Option<IpAddr>,
+    pub origin: Origin,
+}
+
+/// Where an allocated address came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The id already held it; nothing changed.
+    Held,
+    /// The id held it before and released it.
+    History,
+    /// The caller asked for this exact address.
+    Requested,
+    /// The next free address after `lastAllocated`.
+    Fresh,
+}
+
+/// The addresses of one id, ascending. Almost always exactly one, which then needs no heap
+/// allocation; `Many` always has at least two.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Addrs {
+    One(u128),
+    Many(Vec<u128>),
+}
+
+impl Addrs {
+    pub(super) fn as_slice(&self) -> &[u128] {
+        match self {
+            Addrs::One(value) => std::slice::from_ref(value),
+            Addrs::Many(values) => values,
+        }
+    }
+
+    pub(super) fn insert(&mut self, value: u128) {
+        match self {
+            Addrs::One(v) if *v == value => {}
+            Addrs::One(v) => *self = Addrs::Many(vec![(*v).min(value), (*v).max(value)]),
+            Addrs::Many(values) => {
+                if let Err(at) = values.binary_search(&value) {
+                    values.insert(at, value);
+                }
+            }
+        }
+    }
+
+    /// Removes `value`; true when nothing is left, so the caller drops the entry.
+    pub(super) fn remove(&mut self, value: u128) -> bool {
+        match self {
+            Addrs::One(v) => *v == value,
+            Addrs::Many(values) => {
+                values.retain(|v| *v != value);
+                if let [only] = values.as_slice() {
+                    *self = Addrs::One(*only);
+                }
+                false
+            }
+        }
+    }
+}
+
+/// One pool's allocation state. Build it with [`PoolAllocator::new`] or, after a restart, with
+/// [`PoolAllocator::from_status`]; write it back with [`PoolAllocator::status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolAllocator {
+    pub(super) name: String,
+    pub(super) ranges: RangeSet,
+    /// The range set as error messages print it, computed once.
+    pub(super) ranges_text: String,
+    /// Every held address of the pool's family, usable or not. Hashed, not ordered: `runs` answers
+    /// the ordered questions, and a hash lookup costs fewer cache misses than a tree walk.
+    pub(super) by_ip: HashMap<u128, Arc<str>>,
+    /// The addresses each id holds, ascending; more than one only in a restored, inconsistent status.
+    pub(super) by_id: HashMap<Arc<str>, Addrs>,
+    /// `by_ip` as maximal runs of consecutive addresses: start -> end, inclusive.
+    pub(super) runs: BTreeMap<u128, u128>,
+    /// Released addresses and their last holder. Every entry is usable and free.
+    pub(super) history: HashMap<u128, Arc<str>>,
+    /// The same per id, ascending; almost always a single address.
+    pub(super) history_by_id: HashMap<Arc<str>, Addrs>,
+    /// Status entries that are not addresses of this pool's family, kept verbatim so that writing the
+    /// status back loses nothing and nothing is handed out over them.
+    pub(super) foreign: BTreeMap<String, String>,
+    pub(super) last_allocated: Option<u128>,
+    /// How many held addresses are usable (inside a range, not a gateway).
+    pub(super) in_use: u128,
+}
+
+impl PoolAllocator {
+    pub fn new(name: &str, ranges: &[RangeSpec]) -> Result<Self, PoolError> {
+        let ranges = RangeSet::parse(ranges).map_err(|source| PoolError::ParseRanges {
+            pool: name.into(),
+            source,
+        })?;
+        Ok(Self::empty(name, ranges))
+    }
+
+    pub(super) fn empty(name: &str, ranges: RangeSet) -> Self {
+        PoolAllocator {
+            name: name.into(),
+            ranges_text: ranges.to_string(),
+            ranges,
+            by_ip: HashMap::new(),
+            by_id: HashMap::new(),
+            runs: BTreeMap::new(),
+            history: HashMap::new(),
+            history_by_id: HashMap::new(),
+            foreign: BTreeMap::new(),
+            last_allocated: None,
+            in_use: 0,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn ranges(&self) -> &RangeSet {
+        &self.ranges
+    }
+
+    pub fn family(&self) -> Family {
+        self.ranges.family()
+    }
+
+    /// Addresses the pool can hand out in all (the status `total`).
+    pub fn total(&self) -> u128 {
+        self.ranges.total()
+    }
+
+    /// Usable addresses nobody holds (the status `available`).
+    pub fn available(&self) -> u128 {
+        self.total().saturating_sub(self.in_use)
+    }
+
+    /// Usable addresses somebody holds.
+    pub fn in_use(&self) -> u128 {
+        self.in_use
+    }
+
+    pub fn last_allocated(&self) -> Option<IpAddr> {
+        self.last_allocated.map(|v| self.ip(v))
+    }
+
+    /// The id holding `ip`, if any.
+    pub fn holder(&self, ip: IpAddr) -> Option<&str> {
+        let (family, value) = to_u128(ip);
+        if family != self.family() {
+            return None;
+        }
+        self.by_ip.get(&value).map(|id| &**id)
+    }
+
+    /// The usable address `id` holds, if any.
+    pub fn address_of(&self, id: &str) -> Option<IpAddr> {
+        self.usable_held(id).map(|v| self.ip(v))
+    }
+
+    /// The addresses `id` held before, ascending.
+    pub fn history_of(&self, id: &str) -> Vec<IpAddr> {
+        self.history_by_id
+            .get(id)
+            .map(|values| values.as_slice().iter().map(|&v| self.ip(v)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Held entries that the pool could not hand out today: outside the ranges, on a gateway, or not
+    /// addresses of the pool's family. They only come from a restored status (hand edits, a spec
+    /// changed behind the webhook), and stay held until released.
+    pub fn strays(&self) -> Vec<(String, String)> {
+        let mut held: Vec<(u128, &Arc<str>)> = self
+            .by_ip
+            .iter()
+            .filter(|(v, _)| !self.ranges.usable_value(**v))
+            .map(|(v, id)| (*v, id))
+            .collect();
+        held.sort_unstable_by_key(|(v, _)| *v);
+        let mut out: Vec<(String, String)> = held
+            .into_iter()
+            .map(|(v, id)| (self.ip(v).to_string(), id.to_string()))
+            .collect();
+        out.extend(self.foreign.iter().map(|(ip, id)| (ip.clone(), id.clone())));
+        out
+    }
+
+    /// Gives `id` an address: the one it holds, else the one it held before, else the next free one
+    /// after `lastAllocated`.
+    pub fn allocate(&mut self, id: &str) -> Result<Allocation, PoolError> {
+        if let Some(held) = self.usable_held(id) {
+            return Ok(self.allocation(held, Origin::Held));
+        }
+        // Every history entry is usable and free, so the first one can be taken as is; the loop is a
+        // guard against a broken invariant, not a search.
+        let remembered = self
+            .history_by_id
+            .get(id)
+            .and_then(|values| values.as_slice().iter().copied().find(|&v| self.is_free(v)));
+        if let Some(value) = remembered {
+            self.reserve(id, value);
+            return Ok(self.allocation(value, Origin::History));
+        }
+        match self.next_free() {
+            Some(value) => {
+                self.reserve(id, value);
+                Ok(self.allocation(value, Origin::Fresh))
+            }
+            None => Err(self.fail(
+                id,
+                AllocateError::Exhausted {
+                    ranges: self.ranges_text.clone(),
+                },
+            )),
+        }
+    }
+
+    /// Gives `id` exactly `ip`, or says why not.
+    pub fn allocate_ip(&mut self, id: &str, ip: IpAddr) -> Result<Allocation, PoolError> {
+        let ip = ip.to_canonical();
+        let (family, value) = to_u128(ip);
+        let range = (family == self.family())
+            .then(|| self.ranges.range_of(value))
+            .flatten();
+        let Some(range) = range else {
+            return Err(self.fail(
+                id,
+                AllocateError::NotInRange {
+                    ip,
+                    ranges: self.ranges_text.clone(),
+                },
+            ));
+        };
+        if range.gateway_inside() == Some(value) {
+            return Err(self.fail(id, AllocateError::Gateway { ip }));
+        }
+        if let Some(holder) = self.by_ip.get(&value) {
+            if &**holder == id {
+                return Ok(self.allocation(value, Origin::Held));
+            }
+            let holder = holder.to_string();
+            return Err(self.fail(
+                id,
+                AllocateError::Taken {
+                    ip,
+                    holder,
+                    ranges: self.ranges_text.clone(),
+                },
+            ));
+        }
+        if let Some(held) = self.usable_held(id) {
+            let held = self.ip(held);
+            return Err(self.fail(
+                id,
+                AllocateError::Duplicate {
+                    held,
+                    id: id.into(),
+                },
+            ));
+        }
+        self.reserve(id, value);
+        Ok(self.allocation(value, Origin::Requested))
+    }
+
+    /// Releases everything `id` holds into the history; returns what was released. Releasing an id
+    /// that holds nothing is a no-op.
+    pub fn release(&mut self, id: &str) -> Vec<IpAddr> {
+        let mut released = Vec::new();
+        if let Some(values) = self.by_id.remove(id) {
+            for &value in values.as_slice() {
+                if let Some(holder) = self.by_ip.remove(&value) {
+                    self.unhold(value, holder);
+                    released.push(self.ip(value));
+                }
+            }
+        }
+        if !self.foreign.is_empty() {
+            self.foreign.retain(|_, holder| holder != id);
+        }
+        released
+    }
+
+    /// Releases one address, whoever holds it; returns the holder.
+    pub(super) fn release_ip(&mut self, value: u128) -> Option<Arc<str>> {
+        let holder = self.by_ip.remove(&value)?;
+        if let Some(values) = self.by_id.get_mut(&*holder)
+            && values.remove(value)
+        {
+            self.by_id.remove(&*holder);
+        }
+        self.unhold(value, holder.clone());
+        Some(holder)
+    }
+
+    /// Replaces the ranges. Growing keeps every allocation; a change that would leave a held address
+    /// outside the pool, or make it a gateway, is refused. History outside the new ranges is dropped.
+    pub fn resize(&mut self, ranges: &[RangeSpec]) -> Result<(), PoolError> {
+        let ranges = RangeSet::parse(ranges).map_err(|source| PoolError::ParseRanges {
+            pool: self.name.clone(),
+            source,
+        })?;
+        let same_family = ranges.family() == self.family();
+        if let Some((&value, id)) = self
+            .by_ip
+            .iter()
+            .filter(|(v, _)| !same_family || !ranges.usable_value(**v))
+            // The lowest offender, so that the message does not depend on hash order.
+            .min_by_key(|(v, _)| **v)
+        {
+            return Err(PoolError::Resize {
+                pool: self.name.clone(),
+                ip: self.ip(value).to_string(),
+                id: id.to_string(),
+            });
+        }
+        // Only possible for a restored status; such an entry can never fit a range.
+        if let Some((ip, id)) = self.foreign.iter().next() {
+            return Err(PoolError::Resize {
+                pool: self.name.clone(),
+                ip: ip.clone(),
+                id: id.clone(),
+            });
+        }
+        if !same_family {
+            // Nothing is held, so the history is all there is to drop.
+            self.history.clear();
+            self.history_by_id.clear();
+        }
+        self.ranges_text = ranges.to_string();
+        self.ranges = ranges;
+        self.in_use = self.by_ip.len() as u128;
+        let dropped: Vec<u128> = self
+            .history
+            .keys()
+            .copied()
+            .filter(|v| !self.ranges.usable_value(*v))
+            .collect();
+        for value in dropped {
+            self.forget(value);
+        }
+        Ok(())
+    }
+
+    fn fail(&self, id: &str, source: AllocateError) -> PoolError {
+        PoolError::Allocate {
+            pool: self.name.clone(),
+            id: id.into(),
+            source,
+        }
+    }
+
+    fn ip(&self, value: u128) -> IpAddr {
+        from_u128(self.family(), value)
+    }
+
+    fn allocation(&self, value: u128, origin: Origin) -> Allocation {
+        let range = self.ranges.range_of(value);
+        let subnet = range.map(|r| r.subnet());
+        Allocation {
+            ip: self.ip(value),
+            mask: subnet.map_or_else(|| self.ip(self.family().max()), |s| s.netmask()),
+            prefix_len: subnet.map_or(self.family().bits(), |s| s.prefix_len()),
+            gateway: range.and_then(|r| r.gateway()),
+            origin,
+        }
+    }
+
+    fn usable_held(&self, id: &str) -> Option<u128> {
+        let held = self.by_id.get(id)?;
+        held.as_slice()
+            .iter()
+            .copied()
+            .find(|v| self.ranges.usable_value(*v))
+    }
+
+    fn is_free(&self, value: u128) -> bool {
+        self.ranges.usable_value(value) && !self.by_ip.contains_key(&value)
+    }
+
+    /// Shares one allocation of the id string between the maps.
+    fn intern(&self, id: &str) -> Arc<str> {
+        if let Some((key, _)) = self.by_id.get_key_value(id) {
+            return key.clone();
+        }
+        if let Some((key, _)) = self.history_by_id.get_key_value(id) {
+            return key.clone();
+        }
+        Arc::from(id)
+    }
+
+    fn reserve(&mut self, id: &str, value: u128) {
+        let key = self.intern(id);
+        self.forget(value);
+        self.by_ip.insert(value, key.clone());
+        self.by_id
+            .entry(key)
+            .and_modify(|held| held.insert(value))
+            .or_insert(Addrs::One(value));
+        self.hold_run(value);
+        if self.ranges.usable_value(value) {
+            self.in_use += 1;
+        }
+        self.last_allocated = Some(value);
+    }
+
+    /// Bookkeeping after `value` left `by_ip` (and `by_id`).
+    fn unhold(&mut self, value: u128, holder: Arc<str>) {
+        self.free_run(value);
+        if self.ranges.usable_value(value) {
+            self.in_use -= 1;
+            self.remember(value, holder);
+        }
+    }
+
+    fn remember(&mut self, value: u128, holder: Arc<str>) {
+        self.forget(value);
+        self.history_by_id
+            .entry(holder.clone())
+            .and_modify(|values| values.insert(value))
+            .or_insert(Addrs::One(value));
+        self.history.insert(value, holder);
+    }
+
+    fn forget(&mut self, value: u128) {
+        if let Some(old) = self.history.remove(&value)
+            && let Some(values) = self.history_by_id.get_mut(&*old)
+            && values.remove(value)
+        {
+            self.history_by_id.remove(&*old);
+        }
+    }
+
+    fn hold_run(&mut self, value: u128) {
+        let mut start = value;
+        let mut end = value;
+        if let Some(prev) = value.checked_sub(1)
+            && let Some((&s, &e)) = self.runs.range(..=prev).next_back()
+            && e == prev
+        {
+            start = s;
+        }
+        if let Some(next) = value.checked_add(1)
+            && let Some(e) = self.runs.remove(&next)
+        {
+            end = e;
+        }
+        self.runs.insert(start, end);
+    }
+
+    fn free_run(&mut self, value: u128) {
+        let Some((&start, &end)) = self.runs.range(..=value).next_back() else {
+            return;
+        };
+        if end < value {
+            return;
+        }
+        self.runs.remove(&start);
+        if start < value {
+            self.runs.insert(start, value - 1);
+        }
+        if value < end {
+            self.runs.insert(value + 1, end);
+        }
+    }
+
+    /// The first address at or after `value` that nobody holds (it may lie outside every range).
+    fn skip_held(&self, value: u128) -> Option<u128> {
+        match self.runs.range(..=value).next_back() {
+            Some((_, &end)) if end >= value => end.checked_add(1),
+            _ => Some(value),
+        }
+    }
+
+    /// The first free, non-gateway address of range `index` within `[lo, hi]`.
+    fn free_in(&self, index: usize, lo: u128, hi: u128) -> Option<u128> {
+        let gateway = self.ranges.ranges()[index].gateway_inside();
+        let mut at = lo;
+        loop {
+            let candidate = self.skip_held(at)?;
+            if candidate > hi {
+                return None;
+            }
+            if Some(candidate) != gateway {
+                return Some(candidate);
+            }
+            // The gateway is skipped once; the next candidate cannot be it again.
+            at = candidate.checked_add(1)?;
+        }
+    }
+
+    /// Upstream's round robin: start after `lastAllocated` when it lies in a range (else at the first
+    /// range's start), walk the ranges in spec order wrapping around, and try `lastAllocated` last.
+    fn next_free(&self) -> Option<u128> {
+        let ranges = self.ranges.ranges();
+        let count = ranges.len();
+        let (first, from) = self
+            .last_allocated
+            .and_then(|last| {
+                let index = self.ranges.find(last)?;
+                let (_, end) = ranges[index].bounds();
+                Some(if last < end {
+                    (index, last + 1)
+                } else {
+                    let next = (index + 1) % count;
+                    (next, ranges[next].bounds().0)
+                })
+            })
+            .unwrap_or((0, ranges[0].bounds().0));
+
+        let (start, end) = ranges[first].bounds();
+        if let Some(found) = self.free_in(first, from, end) {
+            return Some(found);
+        }
+        for step in 1..count {
+            let index = (first + step) % count;
+            let (start, end) = ranges[index].bounds();
+            if let Some(found) = self.free_in(index, start, end) {
+                return Some(found);
+            }
+        }
+        if from > start {
+            return self.free_in(first, start, from - 1);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mk_range(subnet: &str, start: &str, end: &str, gateway: &str) -> RangeSpec {
+        RangeSpec {
+            range_start: start.into(),
+            range_end: end.into(),
+            subnet: subnet.into(),
+            gateway: gateway.into(),
+        }
+    }
+
+    fn mk_pool(ranges: &[RangeSpec]) -> PoolAllocator {
+        PoolAllocator::new("pool1", ranges).expect("valid ranges")
+    }
+
+    fn mk_ip(text: &str) -> IpAddr {
+        text.parse().expect("valid ip")
+    }
+
+    fn alloc(pool: &mut PoolAllocator, id: &str) -> String {
+        pool.allocate(id).expect("allocates").ip.to_string()
+    }
+
+    #[test]
+    fn round_robin_starts_at_range_start_and_skips_the_gateway() {
+        let mut pool = mk_pool(&[mk_range("192.168.0.0/24", "", "192.168.0.4", "")]);
+        assert_eq!(alloc(&mut pool, "default/a"), "192.168.0.2");
+        assert_eq!(alloc(&mut pool, "default/b"), "192.168.0.3");
+        assert_eq!(alloc(&mut pool, "default/c"), "192.168.0.4");
+        assert_eq!(pool.available(), 0);
+        let err = pool.allocate("default/d").expect_err("exhausted");
+        assert_eq!(
+            err.to_string(),
+            "fail to get ip from pool pool1, error: no IP addresses available in range set: 192.168.0.1-192.168.0.4"
+        );
+    }
+
+    #[test]
+    fn round_robin_continues_after_last_allocated_and_wraps() {
+        let mut pool = mk_pool(&[mk_range("10.0.0.0/24", "10.0.0.10", "10.0.0.13", "")]);
+        assert_eq!(alloc(&mut pool, "ns/a"), "10.0.0.10");
+        assert_eq!(alloc(&mut pool, "ns/b"), "10.0.0.11");
+        pool.release("ns/a");
+        // Not .10 again: the cursor is after .11.
+        assert_eq!(alloc(&mut pool, "ns/c"), "10.0.0.12");
+        assert_eq!(alloc(&mut pool, "ns/d"), "10.0.0.13");
+        // Wraps to the start and finds the released .10 (history of another id is not protected).
+        assert_eq!(alloc(&mut pool, "ns/e"), "10.0.0.10");
+        assert_eq!(pool.history_of("ns/a"), Vec::<IpAddr>::new());
+    }
+
+    #[test]
+    fn last_allocated_itself_is_tried_last() {
+        let mut pool = mk_pool(&[mk_range("10.0.0.0/24", "10.0.0.10", "10.0.0.12", "")]);
+        for id in ["ns/a", "ns/b", "ns/c"] {
+            alloc(&mut pool, id);
+        }
+        // Cursor at .12; free .12 and .10: the scan after .12 wraps to .10 before .12.
+        pool.release("ns/c");
+        pool.release("ns/a");
+        assert_eq!(alloc(&mut pool, "ns/x"), "10.0.0.10");
+        assert_eq!(alloc(&mut pool, "ns/y"), "10.0.0.12");
+    }
+
+    #[test]
+    fn ranges_are_walked_in_spec_order_not_address_order() {
+        let mut pool = mk_pool(&[
+            mk_range("10.0.1.0/24", "10.0.1.5", "10.0.1.6", ""),
+            mk_range("10.0.0.0/24", "10.0.0.5", "10.0.0.6", ""),
+        ]);
+        let got: Vec<String> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| alloc(&mut pool, id))
+            .collect();
+        assert_eq!(got, ["10.0.1.5", "10.0.1.6", "10.0.0.5", "10.0.0.6"]);
+    }
+
+    #[test]
+    fn only_a_range_s_own_gateway_is_skipped() {
+        // The first range's gateway (.1) lies in the second range, where it is an ordinary address,
+        // as in upstream's per-range iterator and per-range total.
+        let mut pool = mk_pool(&[
+            mk_range("10.0.0.0/24", "10.0.0.20", "10.0.0.20", ""),
+            mk_range("10.0.0.0/24", "10.0.0.1", "10.0.0.2", "10.0.0.2"),
+        ]);
+        assert_eq!(pool.total(), 2);
+        assert_eq!(alloc(&mut pool, "a"), "10.0.0.20");
+        assert_eq!(alloc(&mut pool, "b"), "10.0.0.1");
+        assert!(pool.allocate("c").is_err());
+    }
+
+    #[test]
+    fn history_gives_the_same_address_back() {
+        let mut pool = mk_pool(&[mk_range("10.0.0.0/24", "10.0.0.10", "10.0.0.20", "")]);
+        assert_eq!(alloc(&mut pool, "default/lb1"), "10.0.0.10");
+        assert_eq!(alloc(&mut pool, "default/lb2"), "10.0.0.11");
+        assert_eq!(pool.release("default/lb1"), vec![mk_ip("10.0.0.10")]);
+        assert_eq!(pool.history_of("default/lb1"), vec![mk_ip("10.0.0.10")]);
+        let again = pool.allocate("default/lb1").expect("allocates");
+        assert_eq!(
+            (again.ip, again.origin),
+            (mk_ip("10.0.0.10"), Origin::History)
+        );
+        assert!(pool.history_of("default/lb1").is_empty());
+        assert_eq!(pool.last_allocated(), Some(mk_ip("10.0.0.10")));
+    }
+
+    #[test]
+    fn holding_id_gets_its_address_back_without_error() {
+        let mut pool = mk_pool(&[mk_range("10.0.0.0/24", "10.0.0.10", "10.0.0.20", "")]);
+        let first = pool.allocate("default/lb1").expect("allocates");
+        let again = pool.allocate("default/lb1").expect("idempotent");
+        assert_eq!((again.ip, again.origin), (first.ip, Origin::Held));
+        assert_eq!(pool.in_use(), 1);
+    }
+
+    #[test]
+    fn unusable_history_falls_back_to_a_fresh_address() {
+        let mut pool = mk_pool(&[mk_range("10.0.0.0/24", "10.0.0.10", "10.0.0.20", "")]);
+        alloc(&mut pool, "ns/a");
+        let b = alloc(&mut pool, "ns/b");
+        pool.release("ns/b");
+        // Shrink the pool so that .11 is gone; the history entry goes with it.
+        pool.resize(&[
+            mk_range("10.0.0.0/24", "10.0.0.10", "10.0.0.10", ""),
+            mk_range("10.0.1.0/24", "10.0.1.10", "10.0.1.20", ""),
+        ])
+        .expect("resizes");
+        assert_eq!(b, "10.0.0.11");
+        assert!(pool.history_of("ns/b").is_empty());
+        let again = pool.allocate("ns/b").expect("fresh");
+        assert_eq!(
+            (again.ip.to_string().as_str(), again.origin),
+            ("10.0.1.10", Origin::Fresh)
+        );
+    }
+
+    #[test]
+    fn requested_addresses_fail_clearly() {
+        let mut pool = mk_pool(&[mk_range("10.0.0.0/24", "10.0.0.1", "10.0.0.20", "")]);
+        let cause =
+            |pool: &mut PoolAllocator, id: &str, ip: &str| match pool.allocate_ip(id, mk_ip(ip)) {
+                Err(PoolError::Allocate { source, .. }) => source.to_string(),
+                other => panic!("expected an allocation error, got {other:?}"),
+            };
+        assert_eq!(
+            cause(&mut pool, "ns/a", "10.0.0.30"),
+            "10.0.0.30 not in range set 10.0.0.1-10.0.0.20"
+        );
+        assert_eq!(
+            cause(&mut pool, "ns/a", "fd00::1"),
+            "fd00::1 not in range set 10.0.0.1-10.0.0.20"
+        );
+        assert_eq!(
+            cause(&mut pool, "ns/a", "10.0.0.1"),
+            "requested ip 10.0.0.1 is subnet's gateway"
+        );
+        let got = pool.allocate_ip("ns/a", mk_ip("10.0.0.7")).expect("free");
+        assert_eq!(got.origin, Origin::Requested);
+        assert_eq!(got.mask.to_string(), "255.255.255.0");
+        assert_eq!(got.gateway, Some(mk_ip("10.0.0.1")));
+        assert_eq!(
+            cause(&mut pool, "ns/b", "10.0.0.7"),
+            "requested IP address 10.0.0.7 is not available in range set 10.0.0.1-10.0.0.20"
+        );
+        assert_eq!(
+            pool.allocate_ip("ns/a", mk_ip("10.0.0.7"))
+                .expect("held")
+                .origin,
+            Origin::Held
+        );
+        assert_eq!(
+            cause(&mut pool, "ns/a", "10.0.0.8"),
+            "10.0.0.7 has been allocated to ns/a, duplicate allocation is not allowed"
+        );
+        // The cursor follows requested addresses too, as upstream's Reserve does.
+        assert_eq!(alloc(&mut pool, "ns/c"), "10.0.0.8");
+    }
+
+    #[test]
+    fn resize_grows_keeps_and_refuses_to_strand() {
+        let mut pool = mk_pool(&[mk_range("10.0.0.0/24", "10.0.0.10", "10.0.0.11", "")]);
+        alloc(&mut pool, "a");
+        alloc(&mut pool, "b");
+        assert!(pool.allocate("c").is_err());
+        pool.resize(&[mk_range("10.0.0.0/24", "10.0.0.10", "10.0.0.20", "")])
+            .expect("grows");
+        assert_eq!((pool.total(), pool.available()), (11, 9));
+        assert_eq!(alloc(&mut pool, "c"), "10.0.0.12");
+        let err = pool
+            .resize(&[mk_range("10.0.0.0/24", "10.0.0.10", "10.0.0.11", "")])
+            .expect_err("would strand .12");
+        assert_eq!(err.to_string(), "allocated IP 10.0.0.12 is excluded");
+        let err = pool
+            .resize(&[mk_range(
+                "10.0.0.0/24",
+                "10.0.0.10",
+                "10.0.0.20",
+                "10.0.0.11",
+            )])
+            .expect_err("would make .11 the gateway");
+        assert_eq!(err.to_string(), "allocated IP 10.0.0.11 is excluded");
+        let err = pool.resize(&[]).expect_err("empty");
+        assert_eq!(
+            err.to_string(),
+            "invalid ranges for IP pool pool1: range can't be empty"
+        );
+        // A failed resize changes nothing.
+        assert_eq!((pool.total(), pool.available()), (11, 8));
+    }
+
+    #[test]
+    fn ipv6_slash_64_allocates_near_the_top_of_the_space() {
+        let mut pool = mk_pool(&[mk_range(
+            "2001:db8::/64",
+            "2001:db8::ffff:ffff:ffff:fffe",
+            "",
+            "",
+        )]);
+        assert_eq!(pool.total(), 2);
+        assert_eq!(alloc(&mut pool, "a"), "2001:db8::ffff:ffff:ffff:fffe");
+        assert_eq!(alloc(&mut pool, "b"), "2001:db8::ffff:ffff:ffff:ffff");
+        assert!(pool.allocate("c").is_err());
+
+        let mut top = mk_pool(&[mk_range(
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00/120",
+            "",
+            "",
+            "",
+        )]);
+        let mut last = String::new();
+        for i in 0..254 {
+            last = alloc(&mut top, &format!("ns/{i}"));
+        }
+        assert_eq!(last, "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff");
+        assert!(top.allocate("ns/full").is_err());
+        top.release("ns/7");
+        assert_eq!(
+            alloc(&mut top, "ns/again"),
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff09"
+        );
+    }
+
+    #[test]
+    fn addrs_stay_sorted_and_collapse_back_to_one() {
+        let mut addrs = Addrs::One(5);
+        addrs.insert(5);
+        assert_eq!(addrs, Addrs::One(5));
+        addrs.insert(3);
+        addrs.insert(9);
+        assert_eq!(addrs.as_slice(), [3, 5, 9]);
+        assert!(!addrs.remove(5));
+        assert!(!addrs.remove(3));
+        assert_eq!(addrs, Addrs::One(9));
+        assert!(!addrs.remove(1));
+        assert!(addrs.remove(9));
+    }
+
+    #[test]
+    fn runs_coalesce_and_split() {
+        let mut pool = mk_pool(&[mk_range("10.0.0.0/24", "10.0.0.10", "10.0.0.20", "")]);
+        for id in ["a", "b", "c", "d"] {
+            alloc(&mut pool, id);
+        }
+        assert_eq!(pool.runs.len(), 1);
+        pool.release("b");
+        assert_eq!(pool.runs.len(), 2);
+        alloc(&mut pool, "b");
+        assert_eq!(pool.runs.len(), 1);
+    }
+}

@@ -1,0 +1,586 @@
+//! Ranges and range sets: defaults, validation with the upstream messages, usable-address counts.
+//!
+//! A range is built from a [`RangeSpec`] exactly as Harvester's `MakeRange` does (defaults from the
+//! subnet, each explicit address checked, reversed bounds swapped). A [`RangeSet`] is a pool's ranges in
+//! spec order, which is also the round-robin order; its ranges never overlap and share one family.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use super::addr::{Cidr, Family, from_u128, parse_ip, to_u128};
+use super::spec::RangeSpec;
+
+/// Why a pool's ranges are not acceptable. The texts are the upstream ones.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RangeError {
+    #[error("range can't be empty")]
+    Empty,
+    #[error("invalid CIDR address: {subnet}, a valid example is 192.168.1.0/24")]
+    Subnet { subnet: String },
+    #[error("invalid range start {value}: {source}")]
+    Start { value: String, source: BoundError },
+    #[error("invalid range end {value}: {source}")]
+    End { value: String, source: BoundError },
+    #[error("invalid gateway {value}: {source}")]
+    Gateway { value: String, source: BoundError },
+    #[error("there are overlaps between range {first} and {second}")]
+    Overlap { first: String, second: String },
+    /// Not an upstream message: upstream builds such a pool and then misbehaves.
+    #[error("ranges {first} and {second} mix address families")]
+    MixedFamilies { first: String, second: String },
+}
+
+/// Why an explicit `rangeStart`, `rangeEnd` or `gateway` is not acceptable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BoundError {
+    #[error("invalid IP {ip}")]
+    Invalid { ip: String },
+    #[error("IP {ip} is out of subnet {subnet}")]
+    OutOfSubnet { ip: String, subnet: String },
+    #[error("IP {ip} is the network address")]
+    Network { ip: String },
+    #[error("IP {ip} is the broadcast address")]
+    Broadcast { ip: String },
+}
+
+/// One validated range: `[start, end]` inside `subnet`, with an optional gateway that is never handed
+/// out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpRange {
+    subnet: Cidr,
+    start: u128,
+    end: u128,
+    gateway: Option<u128>,
+}
+
+impl IpRange {
+    pub fn parse(spec: &RangeSpec) -> Result<Self, RangeError> {
+        let subnet = Cidr::parse(&spec.subnet).ok_or_else(|| RangeError::Subnet {
+            subnet: spec.subnet.clone(),
+        })?;
+        let (default_start, default_end, default_gateway) = if subnet.is_point() {
+            (subnet.network(), subnet.network(), None)
+        } else {
+            let first = subnet.network() + 1;
+            let last = match subnet.family() {
+                // The broadcast address is not a host address.
+                Family::V4 => subnet.last() - 1,
+                Family::V6 => subnet.last(),
+            };
+            (first, last, Some(first))
+        };
+
+        let start = match bound(&spec.range_start, &subnet) {
+            Ok(value) => value.unwrap_or(default_start),
+            Err(source) => {
+                return Err(RangeError::Start {
+                    value: spec.range_start.clone(),
+                    source,
+                });
+            }
+        };
+        let end = match bound(&spec.range_end, &subnet) {
+            Ok(value) => value.unwrap_or(default_end),
+            Err(source) => {
+                return Err(RangeError::End {
+                    value: spec.range_end.clone(),
+                    source,
+                });
+            }
+        };
+        let gateway = match bound(&spec.gateway, &subnet) {
+            Ok(Some(value)) => Some(value),
+            Ok(None) => default_gateway,
+            Err(source) => {
+                return Err(RangeError::Gateway {
+                    value: spec.gateway.clone(),
+                    source,
+                });
+            }
+        };
+        let (start, end) = if start > end {
+            (end, start)
+        } else {
+            (start, end)
+        };
+        Ok(IpRange {
+            subnet,
+            start,
+            end,
+            gateway,
+        })
+    }
+
+    pub fn family(&self) -> Family {
+        self.subnet.family()
+    }
+
+    pub fn subnet(&self) -> Cidr {
+        self.subnet
+    }
+
+    pub fn start(&self) -> IpAddr {
+        from_u128(self.family(), self.start)
+    }
+
+    pub fn end(&self) -> IpAddr {
+        from_u128(self.family(), self.end)
+    }
+
+    pub fn gateway(&self) -> Option<IpAddr> {
+        self.gateway.map(|gw| from_u128(self.family(), gw))
+    }
+
+    /// Addresses this range can hand out: its length, less the gateway when it lies inside.
+    pub fn size(&self) -> u128 {
+        // A range never contains `::` (it would be a network address), so the length fits.
+        let len = self.end - self.start + 1;
+        len - u128::from(self.gateway_inside().is_some())
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let (family, value) = to_u128(ip);
+        family == self.family() && self.contains_value(value)
+    }
+
+    pub fn overlaps(&self, other: &IpRange) -> bool {
+        self.family() == other.family() && self.start <= other.end && other.start <= self.end
+    }
+
+    pub(crate) fn bounds(&self) -> (u128, u128) {
+        (self.start, self.end)
+    }
+
+    pub(crate) fn contains_value(&self, value: u128) -> bool {
+        self.start <= value && value <= self.end
+    }
+
+    /// The gateway, when it is one of this range's addresses and so must be skipped.
+    pub(crate) fn gateway_inside(&self) -> Option<u128> {
+        self.gateway.filter(|gw| self.contains_value(*gw))
+    }
+}
+
+impl fmt::Display for IpRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.start(), self.end())
+    }
+}
+
+/// Checks one explicit address in the upstream order. `Ok(None)` means "not given".
+fn bound(text: &str, subnet: &Cidr) -> Result<Option<u128>, BoundError> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let ip = parse_ip(text).ok_or_else(|| BoundError::Invalid { ip: text.into() })?;
+    let (family, value) = to_u128(ip);
+    if !subnet.contains(family, value) {
+        return Err(BoundError::OutOfSubnet {
+            ip: text.into(),
+            subnet: subnet.to_string(),
+        });
+    }
+    // The single address of a /32 or /128 is both "network" and "broadcast"; it is the usable one.
+    if subnet.is_point() {
+        return Ok(Some(value));
+    }
+    if value == subnet.network() {
+        return Err(BoundError::Network { ip: text.into() });
+    }
+    // IPv6 has no broadcast address: its last address is the default range end.
+    if family == Family::V4 && value == subnet.last() {
+        return Err(BoundError::Broadcast { ip: text.into() });
+    }
+    Ok(Some(value))
+}
+
+/// A pool's ranges in spec order (the round-robin order), non-overlapping, one family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeSet {
+    family: Family,
+    ranges: Vec<IpRange>,
+    /// `(start, index into ranges)`, ascending, to find an address's range in O(log R).
+    by_start: Vec<(u128, usize)>,
+    total: u128,
+}
+
+impl RangeSet {
+    pub fn parse(specs: &[RangeSpec]) -> Result<Self, RangeError> {
+        let ranges = specs
+            .iter()
+            .map(IpRange::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        let first = ranges.first().ok_or(RangeError::Empty)?;
+        let family = first.family();
+        if let Some(other) = ranges.iter().find(|r| r.family() != family) {
+            return Err(RangeError::MixedFamilies {
+                first: first.to_string(),
+                second: other.to_string(),
+            });
+        }
+        // Report the first pair in spec order, as upstream's nested loop does.
+        for (i, a) in ranges.iter().enumerate() {
+            if let Some(b) = ranges[i + 1..].iter().find(|b| a.overlaps(b)) {
+                return Err(RangeError::Overlap {
+                    first: a.to_string(),
+                    second: b.to_string(),
+                });
+            }
+        }
+        let mut by_start: Vec<(u128, usize)> = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.start, i))
+            .collect();
+        by_start.sort_unstable();
+        let total = ranges
+            .iter()
+            .map(IpRange::size)
+            .fold(0u128, u128::saturating_add);
+        Ok(RangeSet {
+            family,
+            ranges,
+            by_start,
+            total,
+        })
+    }
+
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    pub fn ranges(&self) -> &[IpRange] {
+        &self.ranges
+    }
+
+    /// The number of addresses the pool can hand out (the status `total`).
+    pub fn total(&self) -> u128 {
+        self.total
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let (family, value) = to_u128(ip);
+        family == self.family && self.find(value).is_some()
+    }
+
+    /// In a range and not that range's gateway.
+    pub fn is_usable(&self, ip: IpAddr) -> bool {
+        let (family, value) = to_u128(ip);
+        family == self.family && self.usable_value(value)
+    }
+
+    /// Whether any range of `self` overlaps any range of `other` (ranges of other families never do).
+    pub fn overlaps(&self, other: &RangeSet) -> bool {
+        if self.family != other.family {
+            return false;
+        }
+        // Both lists are sorted and internally disjoint, so a merge walk finds any intersection.
+        let (mut i, mut j) = (0, 0);
+        while let (Some(&(_, a)), Some(&(_, b))) = (self.by_start.get(i), other.by_start.get(j)) {
+            let (a, b) = (&self.ranges[a], &other.ranges[b]);
+            if a.overlaps(b) {
+                return true;
+            }
+            if a.end < b.end {
+                i += 1;
+            } else {
+                j += 1;
+            }
+        }
+        false
+    }
+
+    /// The index of the range holding `value`.
+    pub(crate) fn find(&self, value: u128) -> Option<usize> {
+        let after = self.by_start.partition_point(|&(start, _)| start <= value);
+        let &(_, index) = self.by_start.get(after.checked_sub(1)?)?;
+        self.ranges[index].contains_value(value).then_some(index)
+    }
+
+    pub(crate) fn usable_value(&self, value: u128) -> bool {
+        self.find(value)
+            .is_some_and(|i| self.ranges[i].gateway_inside() != Some(value))
+    }
+
+    /// The range and gateway an address is handed out with.
+    pub(crate) fn range_of(&self, value: u128) -> Option<&IpRange> {
+        self.find(value).map(|i| &self.ranges[i])
+    }
+}
+
+impl fmt::Display for RangeSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, range) in self.ranges.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{range}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mk_range(subnet: &str, start: &str, end: &str, gateway: &str) -> RangeSpec {
+        RangeSpec {
+            range_start: start.into(),
+            range_end: end.into(),
+            subnet: subnet.into(),
+            gateway: gateway.into(),
+        }
+    }
+
+    fn mk_subnet(subnet: &str) -> RangeSpec {
+        mk_range(subnet, "", "", "")
+    }
+
+    fn total(specs: &[RangeSpec]) -> u128 {
+        RangeSet::parse(specs).expect("valid ranges").total()
+    }
+
+    fn err(spec: RangeSpec) -> String {
+        IpRange::parse(&spec)
+            .expect_err("invalid range")
+            .to_string()
+    }
+
+    #[test]
+    fn totals_table_from_the_reference() {
+        let net = "192.168.0.0/24";
+        assert_eq!(total(&[mk_subnet(net)]), 253);
+        assert_eq!(
+            total(&[mk_range(net, "192.168.0.1", "192.168.0.10", "192.168.0.11")]),
+            10
+        );
+        assert_eq!(
+            total(&[mk_range(net, "192.168.0.1", "192.168.0.10", "")]),
+            9
+        );
+        assert_eq!(total(&[mk_range(net, "192.168.0.251", "", "")]), 4);
+        assert_eq!(total(&[mk_range(net, "", "192.168.0.10", "")]), 9);
+    }
+
+    #[test]
+    fn defaults_follow_the_subnet() {
+        let r = IpRange::parse(&mk_subnet("192.168.100.0/24")).expect("valid");
+        assert_eq!(r.to_string(), "192.168.100.1-192.168.100.254");
+        assert_eq!(
+            r.gateway().map(|g| g.to_string()).as_deref(),
+            Some("192.168.100.1")
+        );
+
+        let r = IpRange::parse(&mk_range(
+            "192.168.100.0/24",
+            "192.168.100.30",
+            "192.168.100.40",
+            "",
+        ))
+        .expect("valid");
+        assert_eq!(r.to_string(), "192.168.100.30-192.168.100.40");
+        assert_eq!(
+            r.gateway().map(|g| g.to_string()).as_deref(),
+            Some("192.168.100.1")
+        );
+        assert_eq!(r.size(), 11);
+
+        // IPv6 has no broadcast address, so the last address is a host.
+        let r = IpRange::parse(&mk_subnet("fd00::/120")).expect("valid");
+        assert_eq!(r.to_string(), "fd00::1-fd00::ff");
+        assert_eq!(r.size(), 254);
+    }
+
+    #[test]
+    fn point_subnets_are_one_address_without_gateway() {
+        let r = IpRange::parse(&mk_subnet("192.168.100.10/32")).expect("valid");
+        assert_eq!(r.to_string(), "192.168.100.10-192.168.100.10");
+        assert_eq!(r.gateway(), None);
+        assert_eq!(r.size(), 1);
+
+        let r = IpRange::parse(&mk_subnet("fd00::7/128")).expect("valid");
+        assert_eq!(r.to_string(), "fd00::7-fd00::7");
+        assert_eq!(r.size(), 1);
+
+        // Naming the one address explicitly is allowed (upstream calls it the network address).
+        let r = IpRange::parse(&mk_range("192.168.100.10/32", "192.168.100.10", "", ""))
+            .expect("valid");
+        assert_eq!(r.size(), 1);
+        assert_eq!(
+            err(mk_range("192.168.100.10/32", "192.168.101.10", "", "")),
+            "invalid range start 192.168.101.10: IP 192.168.101.10 is out of subnet 192.168.100.10/32"
+        );
+    }
+
+    #[test]
+    fn reversed_bounds_are_swapped() {
+        let set = RangeSet::parse(&[mk_range(
+            "192.168.0.0/24",
+            "192.168.0.20",
+            "192.168.0.10",
+            "",
+        )])
+        .expect("valid");
+        assert_eq!(set.to_string(), "192.168.0.10-192.168.0.20");
+    }
+
+    #[test]
+    fn range_set_strings_from_upstream_tests() {
+        let cases: [(&[RangeSpec], Option<&str>); 6] = [
+            (
+                &[mk_range(
+                    "192.168.0.0/24",
+                    "192.168.0.10",
+                    "192.168.0.20",
+                    "",
+                )],
+                Some("192.168.0.10-192.168.0.20"),
+            ),
+            (
+                &[mk_subnet("192.168.0.0/24")],
+                Some("192.168.0.1-192.168.0.254"),
+            ),
+            (
+                &[
+                    mk_range("192.168.0.0/24", "192.168.0.10", "192.168.0.20", ""),
+                    mk_subnet("192.168.10.0/24"),
+                ],
+                Some("192.168.0.10-192.168.0.20,192.168.10.1-192.168.10.254"),
+            ),
+            (
+                &[mk_range(
+                    "192.168.0.0/24",
+                    "192.168.0.20",
+                    "192.168.0.10",
+                    "",
+                )],
+                Some("192.168.0.10-192.168.0.20"),
+            ),
+            (&[mk_range("", "192.168.0.1", "192.168.0.10", "")], None),
+            (&[mk_range("192.168.10.0/24", "192.168.0.10", "", "")], None),
+        ];
+        for (specs, want) in cases {
+            let got = RangeSet::parse(specs).map(|s| s.to_string()).ok();
+            assert_eq!(got.as_deref(), want, "{specs:?}");
+        }
+    }
+
+    #[test]
+    fn error_messages_are_the_upstream_ones() {
+        let net = "192.168.0.0/24";
+        assert_eq!(
+            err(mk_subnet("192.168.0.0")),
+            "invalid CIDR address: 192.168.0.0, a valid example is 192.168.1.0/24"
+        );
+        assert_eq!(
+            err(mk_range(net, "192.168.0.x", "", "")),
+            "invalid range start 192.168.0.x: invalid IP 192.168.0.x"
+        );
+        assert_eq!(
+            err(mk_range(net, "", "10.0.0.1", "")),
+            "invalid range end 10.0.0.1: IP 10.0.0.1 is out of subnet 192.168.0.0/24"
+        );
+        assert_eq!(
+            err(mk_range(net, "192.168.0.0", "", "")),
+            "invalid range start 192.168.0.0: IP 192.168.0.0 is the network address"
+        );
+        assert_eq!(
+            err(mk_range(net, "", "192.168.0.255", "")),
+            "invalid range end 192.168.0.255: IP 192.168.0.255 is the broadcast address"
+        );
+        assert_eq!(
+            err(mk_range(net, "", "", "192.168.0.255")),
+            "invalid gateway 192.168.0.255: IP 192.168.0.255 is the broadcast address"
+        );
+        assert_eq!(
+            err(mk_range(net, "", "", "fd00::1")),
+            "invalid gateway fd00::1: IP fd00::1 is out of subnet 192.168.0.0/24"
+        );
+        // The start is checked before the end, and the end before the gateway.
+        assert_eq!(
+            err(mk_range(net, "a", "b", "c")),
+            "invalid range start a: invalid IP a"
+        );
+        assert_eq!(
+            err(mk_range(net, "", "b", "c")),
+            "invalid range end b: invalid IP b"
+        );
+    }
+
+    #[test]
+    fn set_level_errors() {
+        assert_eq!(
+            RangeSet::parse(&[]).expect_err("empty").to_string(),
+            "range can't be empty"
+        );
+        let overlap = RangeSet::parse(&[
+            mk_subnet("192.168.100.0/24"),
+            mk_range("192.168.100.0/24", "192.168.100.10", "192.168.100.20", ""),
+        ])
+        .expect_err("overlap");
+        assert_eq!(
+            overlap.to_string(),
+            "there are overlaps between range 192.168.100.1-192.168.100.254 and 192.168.100.10-192.168.100.20"
+        );
+        let mixed = RangeSet::parse(&[mk_subnet("192.168.100.0/24"), mk_subnet("fd00::/120")])
+            .expect_err("mixed");
+        assert!(matches!(mixed, RangeError::MixedFamilies { .. }));
+    }
+
+    #[test]
+    fn sets_overlap_only_within_a_family() {
+        let a = RangeSet::parse(&[
+            mk_range("192.168.100.0/24", "192.168.100.10", "192.168.100.20", ""),
+            mk_range("192.168.100.0/24", "192.168.100.30", "192.168.100.40", ""),
+        ])
+        .expect("valid");
+        let whole = RangeSet::parse(&[mk_subnet("192.168.100.0/24")]).expect("valid");
+        let gap = RangeSet::parse(&[mk_range(
+            "192.168.100.0/24",
+            "192.168.100.50",
+            "192.168.100.60",
+            "",
+        )])
+        .expect("valid");
+        let between = RangeSet::parse(&[mk_range(
+            "192.168.100.0/24",
+            "192.168.100.21",
+            "192.168.100.29",
+            "",
+        )])
+        .expect("valid");
+        let v6 = RangeSet::parse(&[mk_subnet("fd00::/64")]).expect("valid");
+        assert!(a.overlaps(&whole) && whole.overlaps(&a));
+        assert!(!a.overlaps(&gap) && !a.overlaps(&between) && !between.overlaps(&a));
+        assert!(!a.overlaps(&v6));
+    }
+
+    #[test]
+    fn usable_excludes_the_gateway_and_outside() {
+        let set = RangeSet::parse(&[mk_range("10.0.0.0/24", "10.0.0.1", "10.0.0.5", "10.0.0.3")])
+            .expect("valid");
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        assert!(set.is_usable(ip("10.0.0.1")));
+        assert!(set.contains(ip("10.0.0.3")) && !set.is_usable(ip("10.0.0.3")));
+        assert!(!set.contains(ip("10.0.0.6")));
+        assert!(!set.contains(ip("::a00:1")));
+        assert_eq!(set.total(), 4);
+    }
+
+    #[test]
+    fn a_slash_64_counts_without_enumerating() {
+        let set = RangeSet::parse(&[mk_subnet("2001:db8::/64")]).expect("valid");
+        assert_eq!(set.total(), (1u128 << 64) - 2);
+    }
+
+    #[test]
+    fn odd_small_subnets_follow_the_rules_literally() {
+        // /30: .1 is the gateway, .2 the only host.
+        assert_eq!(total(&[mk_subnet("192.168.0.0/30")]), 1);
+        // /31: start .1 and end .0 swap; the default gateway .1 lies inside.
+        assert_eq!(total(&[mk_subnet("192.168.0.0/31")]), 1);
+        // /127: one address, which is the default gateway.
+        assert_eq!(total(&[mk_subnet("fd00::/127")]), 0);
+    }
+}

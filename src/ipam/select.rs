@@ -1,0 +1,622 @@
+//! Which pool a load balancer takes its address from.
+//!
+//! The order is upstream's (explicit `spec.ipPool`, strict match, global pool, loose match for guest
+//! clusters) with two defects fixed: ties between equally prioritised pools go to the lowest name
+//! instead of the cache's iteration order, and the loose match runs before the global fallback so that
+//! namespace-only pools made in the UI are not shadowed by a global pool. Pools being deleted are
+//! never chosen.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use super::spec::{ALL, PoolSpec, Selector, Tuple};
+
+/// What the load balancer asks for, from its annotations (`loadbalancer.harvesterhci.io/network`,
+/// `…/project`, `…/namespace`, `…/cluster`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Requirement {
+    pub network: String,
+    pub project: String,
+    pub namespace: String,
+    pub cluster: String,
+}
+
+/// Printed as Go's `%+v` of a `*Requirement`, which is what the upstream error shows.
+impl fmt::Display for Requirement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "&{{Network:{} Project:{} Namespace:{} Cluster:{}}}",
+            self.network, self.project, self.namespace, self.cluster
+        )
+    }
+}
+
+/// `spec.workloadType`: anything but `cluster` is a VM load balancer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum WorkloadType {
+    #[default]
+    Vm,
+    Cluster,
+}
+
+impl WorkloadType {
+    pub fn parse(text: &str) -> Self {
+        if text == "cluster" {
+            WorkloadType::Cluster
+        } else {
+            WorkloadType::Vm
+        }
+    }
+}
+
+/// The parts of a LoadBalancer that pool selection reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LbRequest {
+    /// The LoadBalancer's own namespace.
+    pub lb_namespace: String,
+    /// `spec.ipPool`; when set, no matching is done.
+    pub ip_pool: String,
+    pub workload_type: WorkloadType,
+    /// Annotation `loadbalancer.harvesterhci.io/network`.
+    pub network: String,
+    /// Annotation `loadbalancer.harvesterhci.io/project`.
+    pub project: String,
+    /// Annotation `loadbalancer.harvesterhci.io/namespace`; empty means the LoadBalancer's namespace.
+    pub namespace: String,
+    /// Annotation `loadbalancer.harvesterhci.io/cluster`.
+    pub cluster: String,
+}
+
+impl LbRequest {
+    pub fn requirement(&self) -> Requirement {
+        Requirement {
+            network: self.network.clone(),
+            project: self.project.clone(),
+            namespace: if self.namespace.is_empty() {
+                self.lb_namespace.clone()
+            } else {
+                self.namespace.clone()
+            },
+            cluster: self.cluster.clone(),
+        }
+    }
+}
+
+/// A pool as selection sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolEntry<'a> {
+    pub name: &'a str,
+    pub spec: &'a PoolSpec,
+    /// Has a deletion timestamp: not offered to new load balancers.
+    pub deleting: bool,
+}
+
+/// How the pool was chosen, for events and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SelectedBy {
+    Explicit,
+    Strict,
+    Loose,
+    Global,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Selected<'a> {
+    pub pool: &'a str,
+    pub by: SelectedBy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectError {
+    #[error("no matched IPPool with requirement {requirement}")]
+    NoMatch { requirement: Requirement },
+    /// Upstream reports a named pool that does not exist when it looks for its allocator.
+    #[error("fail to get allocator {pool}")]
+    UnknownPool { pool: String },
+    #[error("IP pool {pool} is being deleted")]
+    PoolDeleting { pool: String },
+}
+
+fn field_matches(pool: &str, wanted: &str, empty_is_any: bool) -> bool {
+    pool == ALL || wanted == ALL || pool == wanted || (empty_is_any && pool.is_empty())
+}
+
+fn tuple_matches(tuple: &Tuple, requirement: &Requirement, loose: bool) -> bool {
+    field_matches(&tuple.project, &requirement.project, loose)
+        && field_matches(&tuple.namespace, &requirement.namespace, false)
+        && field_matches(&tuple.guest_cluster, &requirement.cluster, loose)
+}
+
+impl Selector {
+    /// Upstream's matcher: the network must be equal ("" only matches ""), and some scope tuple must
+    /// match with `*` on either side as a wildcard.
+    pub fn matches(&self, requirement: &Requirement) -> bool {
+        self.matches_with(requirement, false)
+    }
+
+    /// The loose match for guest clusters: a tuple's empty project or guest cluster is also a wildcard.
+    pub fn matches_loosely(&self, requirement: &Requirement) -> bool {
+        self.matches_with(requirement, true)
+    }
+
+    fn matches_with(&self, requirement: &Requirement, loose: bool) -> bool {
+        self.network == requirement.network
+            && self
+                .scope
+                .iter()
+                .any(|t| tuple_matches(t, requirement, loose))
+    }
+}
+
+/// Higher priority first, then the lower name.
+fn better<'a>(current: Option<PoolEntry<'a>>, candidate: PoolEntry<'a>) -> Option<PoolEntry<'a>> {
+    Some(match current {
+        Some(c)
+            if (c.spec.selector.priority, std::cmp::Reverse(c.name))
+                >= (
+                    candidate.spec.selector.priority,
+                    std::cmp::Reverse(candidate.name),
+                ) =>
+        {
+            c
+        }
+        _ => candidate,
+    })
+}
+
+fn explicit<'a>(found: Option<&PoolEntry<'a>>, name: &str) -> Result<Selected<'a>, SelectError> {
+    match found {
+        None => Err(SelectError::UnknownPool { pool: name.into() }),
+        Some(p) if p.deleting => Err(SelectError::PoolDeleting { pool: name.into() }),
+        Some(p) => Ok(Selected {
+            pool: p.name,
+            by: SelectedBy::Explicit,
+        }),
+    }
+}
+
+/// Chooses the pool for one load balancer in one pass over `pools`. For many selections over the same
+/// pools, [`PoolIndex`] avoids the pass.
+pub fn select_pool<'a>(
+    pools: &[PoolEntry<'a>],
+    request: &LbRequest,
+) -> Result<Selected<'a>, SelectError> {
+    if !request.ip_pool.is_empty() {
+        return explicit(
+            pools.iter().find(|p| p.name == request.ip_pool),
+            &request.ip_pool,
+        );
+    }
+    let requirement = request.requirement();
+    let guest = request.workload_type == WorkloadType::Cluster;
+    let (mut strict, mut loose, mut global) = (None, None, None);
+    for &pool in pools.iter().filter(|p| !p.deleting) {
+        let selector = &pool.spec.selector;
+        if selector.is_global() {
+            global = better(global, pool);
+        } else if selector.matches(&requirement) {
+            strict = better(strict, pool);
+        } else if guest && selector.matches_loosely(&requirement) {
+            loose = better(loose, pool);
+        }
+    }
+    let chosen = [
+        (strict, SelectedBy::Strict),
+        (loose, SelectedBy::Loose),
+        (global, SelectedBy::Global),
+    ]
+    .into_iter()
+    .find_map(|(pool, by)| pool.map(|p| Selected { pool: p.name, by }));
+    chosen.ok_or(SelectError::NoMatch { requirement })
+}
+
+/// The pools indexed for repeated selection: by name, and per network in selection order, so a
+/// selection only looks at the pools of its network and stops at the first match.
+#[derive(Debug, Clone)]
+pub struct PoolIndex<'a> {
+    by_name: HashMap<&'a str, PoolEntry<'a>>,
+    /// Non-global, live pools per network, highest priority first, then by name.
+    by_network: HashMap<&'a str, Vec<PoolEntry<'a>>>,
+    global: Option<PoolEntry<'a>>,
+}
+
+impl<'a> PoolIndex<'a> {
+    pub fn new(pools: &[PoolEntry<'a>]) -> Self {
+        let mut by_network: HashMap<&'a str, Vec<PoolEntry<'a>>> = HashMap::new();
+        let mut global = None;
+        for &pool in pools.iter().filter(|p| !p.deleting) {
+            if pool.spec.selector.is_global() {
+                global = better(global, pool);
+            } else {
+                by_network
+                    .entry(pool.spec.selector.network.as_str())
+                    .or_default()
+                    .push(pool);
+            }
+        }
+        for list in by_network.values_mut() {
+            list.sort_by(|a, b| {
+                b.spec
+                    .selector
+                    .priority
+                    .cmp(&a.spec.selector.priority)
+                    .then_with(|| a.name.cmp(b.name))
+            });
+        }
+        PoolIndex {
+            by_name: pools.iter().map(|p| (p.name, *p)).collect(),
+            by_network,
+            global,
+        }
+    }
+
+    pub fn select(&self, request: &LbRequest) -> Result<Selected<'a>, SelectError> {
+        if !request.ip_pool.is_empty() {
+            return explicit(self.by_name.get(request.ip_pool.as_str()), &request.ip_pool);
+        }
+        let requirement = request.requirement();
+        let candidates = self
+            .by_network
+            .get(requirement.network.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let first = |loose: bool| {
+            candidates
+                .iter()
+                .find(|p| p.spec.selector.matches_with(&requirement, loose))
+                .map(|p| p.name)
+        };
+        let chosen = first(false)
+            .map(|pool| (pool, SelectedBy::Strict))
+            .or_else(|| {
+                (request.workload_type == WorkloadType::Cluster)
+                    .then(|| first(true))
+                    .flatten()
+                    .map(|pool| (pool, SelectedBy::Loose))
+            })
+            .or_else(|| self.global.map(|p| (p.name, SelectedBy::Global)));
+        match chosen {
+            Some((pool, by)) => Ok(Selected { pool, by }),
+            None => Err(SelectError::NoMatch { requirement }),
+        }
+    }
+}
+
+/// What to do about a load balancer's pool before allocating (upstream's stickiness rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolPlan<'a> {
+    /// No pool yet: select one and allocate.
+    Select,
+    /// Keep the pool already in `allocatedAddress.ipPool`; it is never re-selected.
+    Keep { pool: &'a str },
+    /// `spec.ipPool` now names another pool: release the address to `pool`, clear
+    /// `allocatedAddress`, and select again on the next pass.
+    Release { pool: &'a str },
+}
+
+pub fn plan_pool<'a>(allocated_pool: &'a str, spec_ip_pool: &str) -> PoolPlan<'a> {
+    if allocated_pool.is_empty() {
+        PoolPlan::Select
+    } else if !spec_ip_pool.is_empty() && spec_ip_pool != allocated_pool {
+        PoolPlan::Release {
+            pool: allocated_pool,
+        }
+    } else {
+        PoolPlan::Keep {
+            pool: allocated_pool,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipam::spec::RangeSpec;
+
+    fn mk_tuple(project: &str, namespace: &str, cluster: &str) -> Tuple {
+        Tuple {
+            project: project.into(),
+            namespace: namespace.into(),
+            guest_cluster: cluster.into(),
+        }
+    }
+
+    fn mk_spec(network: &str, priority: u32, scope: &[Tuple]) -> PoolSpec {
+        PoolSpec {
+            description: String::new(),
+            ranges: vec![RangeSpec {
+                subnet: "172.19.110.192/27".into(),
+                ..RangeSpec::default()
+            }],
+            selector: Selector {
+                priority,
+                network: network.into(),
+                scope: scope.to_vec(),
+            },
+        }
+    }
+
+    fn mk_request(network: &str, project: &str, namespace: &str, cluster: &str) -> LbRequest {
+        // No LB namespace, so the requirement is exactly what the test names (as upstream's tests).
+        LbRequest {
+            network: network.into(),
+            project: project.into(),
+            namespace: namespace.into(),
+            cluster: cluster.into(),
+            ..LbRequest::default()
+        }
+    }
+
+    fn mk_guest(network: &str, project: &str, namespace: &str, cluster: &str) -> LbRequest {
+        LbRequest {
+            workload_type: WorkloadType::Cluster,
+            ..mk_request(network, project, namespace, cluster)
+        }
+    }
+
+    const VLAN10: &str = "default/vlan10";
+
+    struct Fixture {
+        default: PoolSpec,
+        default_priority: PoolSpec,
+        global: PoolSpec,
+        no_scope: PoolSpec,
+        with_scope: PoolSpec,
+    }
+
+    fn mk_fixture() -> Fixture {
+        Fixture {
+            default: mk_spec(VLAN10, 0, &[mk_tuple(ALL, "default", ALL)]),
+            default_priority: mk_spec(VLAN10, 100, &[mk_tuple(ALL, "default", ALL)]),
+            global: mk_spec("", 0, &[mk_tuple(ALL, ALL, ALL)]),
+            no_scope: mk_spec(VLAN10, 0, &[mk_tuple("", "default", "")]),
+            with_scope: mk_spec(VLAN10, 0, &[mk_tuple("project1", "default", "cluster1")]),
+        }
+    }
+
+    fn mk_entry<'a>(name: &'a str, spec: &'a PoolSpec) -> PoolEntry<'a> {
+        PoolEntry {
+            name,
+            spec,
+            deleting: false,
+        }
+    }
+
+    /// Runs both implementations and insists they agree.
+    fn pick(pools: &[PoolEntry<'_>], request: &LbRequest) -> Result<String, String> {
+        let linear = select_pool(pools, request);
+        let indexed = PoolIndex::new(pools).select(request);
+        assert_eq!(
+            linear, indexed,
+            "linear and indexed selection disagree for {request:?}"
+        );
+        linear
+            .map(|s| s.pool.to_string())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn matrix_with_global_pool() {
+        let f = mk_fixture();
+        let pools = [
+            mk_entry("default", &f.default),
+            mk_entry("global", &f.global),
+        ];
+        assert_eq!(
+            pick(&pools, &mk_request(VLAN10, "", "default", "")).as_deref(),
+            Ok("default")
+        );
+        assert_eq!(
+            pick(&pools, &mk_request(VLAN10, "", "test", "")).as_deref(),
+            Ok("global")
+        );
+        assert_eq!(
+            pick(&pools, &mk_guest(VLAN10, "unknow", "", "cluster1")).as_deref(),
+            Ok("global")
+        );
+    }
+
+    #[test]
+    fn matrix_without_global_pool() {
+        let f = mk_fixture();
+        let pools = [mk_entry("default", &f.default)];
+        assert_eq!(
+            pick(&pools, &mk_request(VLAN10, "", "default", "")).as_deref(),
+            Ok("default")
+        );
+        assert_eq!(
+            pick(&pools, &mk_request(VLAN10, "", "test", "")),
+            Err("no matched IPPool with requirement &{Network:default/vlan10 Project: Namespace:test Cluster:}".into())
+        );
+        assert_eq!(
+            pick(&pools, &mk_guest(VLAN10, "unknow", "guest-cluster-1", "cluster1")),
+            Err(
+                "no matched IPPool with requirement &{Network:default/vlan10 Project:unknow Namespace:guest-cluster-1 Cluster:cluster1}"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn matrix_priority_wins() {
+        let f = mk_fixture();
+        for pools in [
+            [
+                mk_entry("default", &f.default),
+                mk_entry("defaultPriority", &f.default_priority),
+            ],
+            [
+                mk_entry("defaultPriority", &f.default_priority),
+                mk_entry("default", &f.default),
+            ],
+        ] {
+            assert_eq!(
+                pick(&pools, &mk_request(VLAN10, "", "default", "")).as_deref(),
+                Ok("defaultPriority")
+            );
+        }
+    }
+
+    #[test]
+    fn matrix_guest_cluster_loose_mode() {
+        let f = mk_fixture();
+        let pools = [
+            mk_entry("vlan-100-with-scope", &f.with_scope),
+            mk_entry("vlan-100-no-scope", &f.no_scope),
+        ];
+        assert_eq!(
+            pick(&pools, &mk_guest(VLAN10, "project1", "default", "cluster1")).as_deref(),
+            Ok("vlan-100-with-scope")
+        );
+        assert_eq!(
+            pick(&pools, &mk_guest(VLAN10, "unknow", "default", "cluster1")).as_deref(),
+            Ok("vlan-100-no-scope")
+        );
+        assert_eq!(
+            pick(&pools, &mk_guest(VLAN10, "", "default", "")).as_deref(),
+            Ok("vlan-100-no-scope")
+        );
+        // VM load balancers never match loosely.
+        assert!(pick(&pools, &mk_request(VLAN10, "unknow", "default", "cluster1")).is_err());
+    }
+
+    #[test]
+    fn loose_match_is_tried_before_the_global_pool() {
+        let f = mk_fixture();
+        let pools = [
+            mk_entry("global", &f.global),
+            mk_entry("vlan-100-no-scope", &f.no_scope),
+        ];
+        let got =
+            select_pool(&pools, &mk_guest(VLAN10, "p-abc", "default", "c1")).expect("matches");
+        assert_eq!(
+            got,
+            Selected {
+                pool: "vlan-100-no-scope",
+                by: SelectedBy::Loose
+            }
+        );
+        // A VM load balancer in the same namespace still falls back to the global pool.
+        assert_eq!(
+            pick(&pools, &mk_request(VLAN10, "p-abc", "default", "c1")).as_deref(),
+            Ok("global")
+        );
+    }
+
+    #[test]
+    fn the_global_pool_serves_any_network() {
+        let f = mk_fixture();
+        let pools = [mk_entry("global", &f.global)];
+        let got = select_pool(&pools, &mk_request("default/other", "", "x", "")).expect("global");
+        assert_eq!(got.by, SelectedBy::Global);
+    }
+
+    #[test]
+    fn ties_go_to_the_lowest_name_whatever_the_order() {
+        let f = mk_fixture();
+        let twin = f.default.clone();
+        for pools in [
+            [mk_entry("b-pool", &f.default), mk_entry("a-pool", &twin)],
+            [mk_entry("a-pool", &twin), mk_entry("b-pool", &f.default)],
+        ] {
+            assert_eq!(
+                pick(&pools, &mk_request(VLAN10, "", "default", "")).as_deref(),
+                Ok("a-pool")
+            );
+        }
+    }
+
+    #[test]
+    fn the_namespace_annotation_defaults_to_the_lb_namespace() {
+        let f = mk_fixture();
+        let pools = [mk_entry("default", &f.default)];
+        let request = LbRequest {
+            lb_namespace: "default".into(),
+            network: VLAN10.into(),
+            ..LbRequest::default()
+        };
+        assert_eq!(request.requirement().namespace, "default");
+        assert_eq!(pick(&pools, &request).as_deref(), Ok("default"));
+    }
+
+    #[test]
+    fn explicit_pool_skips_matching() {
+        let f = mk_fixture();
+        let mut pools = vec![
+            mk_entry("default", &f.default),
+            mk_entry("global", &f.global),
+        ];
+        let mut request = mk_request("nowhere", "", "nobody", "");
+        request.ip_pool = "default".into();
+        assert_eq!(pick(&pools, &request).as_deref(), Ok("default"));
+        request.ip_pool = "missing".into();
+        assert_eq!(
+            pick(&pools, &request),
+            Err("fail to get allocator missing".into())
+        );
+        pools[0].deleting = true;
+        request.ip_pool = "default".into();
+        assert_eq!(
+            pick(&pools, &request),
+            Err("IP pool default is being deleted".into())
+        );
+    }
+
+    #[test]
+    fn deleting_pools_are_never_matched() {
+        let f = mk_fixture();
+        let mut pools = vec![
+            mk_entry("defaultPriority", &f.default_priority),
+            mk_entry("default", &f.default),
+        ];
+        pools[0].deleting = true;
+        assert_eq!(
+            pick(&pools, &mk_request(VLAN10, "", "default", "")).as_deref(),
+            Ok("default")
+        );
+        let mut global = [mk_entry("global", &f.global)];
+        global[0].deleting = true;
+        assert!(pick(&global, &mk_request("", "", "x", "")).is_err());
+    }
+
+    #[test]
+    fn network_must_match_exactly() {
+        let f = mk_fixture();
+        let pools = [mk_entry("default", &f.default)];
+        assert!(pick(&pools, &mk_request("", "", "default", "")).is_err());
+        let bare = mk_spec("", 0, &[mk_tuple(ALL, "default", ALL)]);
+        let pools = [mk_entry("bare", &bare)];
+        assert_eq!(
+            pick(&pools, &mk_request("", "", "default", "")).as_deref(),
+            Ok("bare")
+        );
+        assert!(pick(&pools, &mk_request(VLAN10, "", "default", "")).is_err());
+    }
+
+    #[test]
+    fn a_wildcard_requirement_matches_any_tuple_value() {
+        let f = mk_fixture();
+        let pools = [mk_entry("vlan-100-with-scope", &f.with_scope)];
+        assert_eq!(
+            pick(&pools, &mk_request(VLAN10, ALL, "default", ALL)).as_deref(),
+            Ok("vlan-100-with-scope")
+        );
+    }
+
+    #[test]
+    fn stickiness_plan() {
+        assert_eq!(plan_pool("", ""), PoolPlan::Select);
+        assert_eq!(plan_pool("", "p2"), PoolPlan::Select);
+        assert_eq!(plan_pool("p1", ""), PoolPlan::Keep { pool: "p1" });
+        assert_eq!(plan_pool("p1", "p1"), PoolPlan::Keep { pool: "p1" });
+        assert_eq!(plan_pool("p1", "p2"), PoolPlan::Release { pool: "p1" });
+    }
+
+    #[test]
+    fn workload_type_parsing() {
+        assert_eq!(WorkloadType::parse("cluster"), WorkloadType::Cluster);
+        assert_eq!(WorkloadType::parse("vm"), WorkloadType::Vm);
+        assert_eq!(WorkloadType::parse(""), WorkloadType::Vm);
+    }
+}

@@ -1,0 +1,170 @@
+//! The IPPool `spec` as it travels on the wire: ranges and selector, in the CRD's camelCase JSON.
+//!
+//! Field order, names and omission rules follow the upstream Go types so a pool written by Harvester
+//! round-trips unchanged. The CRD module embeds or converts these; nothing here validates.
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// `IPPool.spec`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolSpec {
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub description: String,
+    /// Required by the CRD; an absent list reads as empty so validation can name the problem.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub ranges: Vec<RangeSpec>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub selector: Selector,
+}
+
+/// One entry of `spec.ranges`. Empty strings mean "use the default" (see [`crate::ipam::IpRange`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RangeSpec {
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub range_start: String,
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub range_end: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub subnet: String,
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub gateway: String,
+}
+
+/// `spec.selector`: which load balancers may take addresses from the pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Selector {
+    /// Higher wins among matching pools; 0 is the lowest.
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "is_zero"
+    )]
+    pub priority: u32,
+    /// `namespace/name` of the VM network, or empty for none.
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub network: String,
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub scope: Vec<Tuple>,
+}
+
+/// One scope entry; `*` matches anything.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Tuple {
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub project: String,
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub namespace: String,
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub guest_cluster: String,
+}
+
+/// The wildcard of scope tuples and requirements.
+pub const ALL: &str = "*";
+
+impl Selector {
+    /// A global pool has exactly one scope tuple `*`/`*`/`*`, whatever its network; this is what the
+    /// upstream mutator turns into the `global-ip-pool=true` label.
+    pub fn is_global(&self) -> bool {
+        matches!(self.scope.as_slice(), [t] if t.project == ALL && t.namespace == ALL && t.guest_cluster == ALL)
+    }
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+/// Go clients write `null` for empty slices and maps; read it as the empty value.
+pub(crate) fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_round_trips_the_upstream_json_shape() {
+        let json = r#"{"ranges":[{"rangeStart":"192.168.0.10","subnet":"192.168.0.0/24"}],"selector":{"priority":3,"network":"default/vlan10","scope":[{"project":"*","namespace":"default","guestCluster":"*"}]}}"#;
+        let spec: PoolSpec = serde_json::from_str(json).expect("valid json");
+        assert_eq!(spec.ranges[0].range_start, "192.168.0.10");
+        assert_eq!(spec.selector.scope[0].guest_cluster, "*");
+        assert_eq!(serde_json::to_string(&spec).expect("serialises"), json);
+    }
+
+    #[test]
+    fn nulls_and_missing_fields_read_as_empty() {
+        let spec: PoolSpec =
+            serde_json::from_str(r#"{"ranges":null,"selector":{"scope":null,"priority":null}}"#)
+                .expect("valid json");
+        assert!(spec.ranges.is_empty());
+        assert_eq!(spec.selector, Selector::default());
+        assert_eq!(
+            serde_json::to_string(&spec).expect("serialises"),
+            r#"{"ranges":[],"selector":{}}"#
+        );
+    }
+
+    #[test]
+    fn global_means_exactly_one_all_wildcard_tuple() {
+        let all = Tuple {
+            project: ALL.into(),
+            namespace: ALL.into(),
+            guest_cluster: ALL.into(),
+        };
+        let mut selector = Selector {
+            scope: vec![all.clone()],
+            network: "default/vlan10".into(),
+            ..Selector::default()
+        };
+        assert!(selector.is_global());
+        selector.scope.push(all);
+        assert!(!selector.is_global());
+        selector.scope.truncate(1);
+        selector.scope[0].project = "p".into();
+        assert!(!selector.is_global());
+    }
+}
