@@ -63,9 +63,11 @@ fn cm_kind() -> Kind {
 /// A namespaced custom kind with a status subresource.
 fn widget_kind() -> Kind {
     Kind {
-        api_version: "example.harvesterhci.io/v1",
-        kind: "Widget",
-        singular: "widget",
+        group: "example.harvesterhci.io".into(),
+        version: "v1".into(),
+        api_version: "example.harvesterhci.io/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
         namespaced: true,
         status_subresource: true,
         names: NameRule::Subdomain,

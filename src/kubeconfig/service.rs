@@ -78,14 +78,14 @@ fn store_err(step: &'static str) -> impl FnOnce(StoreError) -> CloudConfigError 
 }
 
 fn uid_of<K: Object>(obj: &K) -> Result<String, CloudConfigError> {
-    obj.metadata()
+    obj.meta()
         .uid
         .clone()
         .ok_or_else(|| CloudConfigError::Store {
             step: CREATE_SA,
             source: StoreError::Invalid {
-                kind: K::KIND.to_lowercase(),
-                name: obj.metadata().name.clone().unwrap_or_default(),
+                kind: K::kind(&()).to_lowercase(),
+                name: obj.meta().name.clone().unwrap_or_default(),
                 reason: "metadata.uid is missing".into(),
             },
         })
@@ -361,7 +361,7 @@ impl CloudConfig {
         obj: &K,
         created: &mut Vec<Created>,
     ) -> Result<K, StoreError> {
-        let meta = obj.metadata();
+        let meta = obj.meta();
         let (ns, name) = (
             meta.namespace.clone().unwrap_or_default(),
             meta.name.clone().unwrap_or_default(),
@@ -372,13 +372,13 @@ impl CloudConfig {
                     kind: api.kind().clone(),
                     namespace: ns,
                     name,
-                    uid: new.metadata().uid.clone(),
+                    uid: new.meta().uid.clone(),
                 });
                 Ok(new)
             }
             Err(e) if e.is_already_exists() => {
                 api.get(&ns, &name).await?.ok_or(StoreError::Conflict {
-                    kind: api.kind().singular.to_string(),
+                    kind: api.kind().singular(),
                     name,
                 })
             }

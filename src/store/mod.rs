@@ -7,23 +7,25 @@
 pub mod embedded;
 pub mod selector;
 
-use std::{any::TypeId, fmt, sync::Arc, time::Duration};
+use std::{any::TypeId, borrow::Cow, fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
-use k8s_openapi::{NamespaceResourceScope, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use k8s_openapi::NamespaceResourceScope;
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
 
 pub use selector::LabelSelector;
 
-/// Identifies a resource type: what a Kubernetes client would call its GroupVersionKind plus scope.
+/// Identifies a resource type: its group, version, kind, plural and scope, as a Kubernetes client
+/// would need them to build a URL.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Kind {
-    pub api_version: &'static str,
-    pub kind: &'static str,
-    /// Lower-case singular name used in Kubernetes-style messages (`serviceaccount "x" not found`).
-    pub singular: &'static str,
+    pub group: Cow<'static, str>,
+    pub version: Cow<'static, str>,
+    pub api_version: Cow<'static, str>,
+    pub kind: Cow<'static, str>,
+    pub plural: Cow<'static, str>,
     pub namespaced: bool,
     /// Whether `status` is a subresource: plain replaces keep the stored status.
     pub status_subresource: bool,
@@ -49,39 +51,58 @@ impl NameRule {
     }
 }
 
+/// Built-in kinds whose `status` is a subresource. Custom resources say so themselves
+/// ([`Kind::with_status_subresource`]).
+const CORE_STATUS_SUBRESOURCE: &[&str] = &[
+    "Service",
+    "Namespace",
+    "Pod",
+    "Node",
+    "PersistentVolumeClaim",
+];
+
 impl Kind {
-    /// The descriptor of a k8s-openapi (or kube-derive) type.
+    /// The descriptor of a k8s-openapi or kube-derive type.
     pub fn of<K: Object>() -> Kind {
+        let group = K::group(&());
+        let kind = K::kind(&());
         Kind {
-            api_version: K::API_VERSION,
-            kind: K::KIND,
-            singular: singular_of(K::URL_PATH_SEGMENT),
-            namespaced: TypeId::of::<K::Scope>() == TypeId::of::<NamespaceResourceScope>(),
-            status_subresource: false,
-            names: if K::GROUP == "rbac.authorization.k8s.io" {
+            status_subresource: group.is_empty()
+                && CORE_STATUS_SUBRESOURCE.contains(&kind.as_ref()),
+            names: if group == "rbac.authorization.k8s.io" {
                 NameRule::PathSegment
             } else {
                 NameRule::Subdomain
             },
+            version: K::version(&()),
+            api_version: K::api_version(&()),
+            plural: K::plural(&()),
+            namespaced: TypeId::of::<K::Scope>() == TypeId::of::<NamespaceResourceScope>(),
+            group,
+            kind,
         }
     }
-}
 
-fn singular_of(plural: &'static str) -> &'static str {
-    // Kubernetes messages use the resource name; our kinds all pluralise with a trailing "s".
-    plural.strip_suffix('s').unwrap_or(plural)
+    pub fn with_status_subresource(mut self) -> Kind {
+        self.status_subresource = true;
+        self
+    }
+
+    /// Lower-case kind, as Kubernetes-style messages use it (`serviceaccount "x" not found`).
+    pub fn singular(&self) -> String {
+        self.kind.to_lowercase()
+    }
 }
 
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.singular)
+        write!(f, "{}", self.singular())
     }
 }
 
-/// Any typed object the store can hold.
+/// Any typed object the store can hold: k8s-openapi types and kube-derive custom resources.
 pub trait Object:
-    k8s_openapi::Resource
-    + k8s_openapi::Metadata<Ty = ObjectMeta>
+    kube::Resource<DynamicType = (), Scope: 'static>
     + Serialize
     + DeserializeOwned
     + Clone
@@ -92,8 +113,7 @@ pub trait Object:
 }
 
 impl<T> Object for T where
-    T: k8s_openapi::Resource
-        + k8s_openapi::Metadata<Ty = ObjectMeta>
+    T: kube::Resource<DynamicType = (), Scope: 'static>
         + Serialize
         + DeserializeOwned
         + Clone
@@ -246,7 +266,7 @@ impl<K> Clone for Api<K> {
 
 fn decode<K: Object>(kind: &Kind, v: Value) -> Result<K, StoreError> {
     serde_json::from_value(v).map_err(|e| StoreError::Invalid {
-        kind: kind.singular.to_string(),
+        kind: kind.singular(),
         name: String::new(),
         reason: format!("stored object does not decode: {e}"),
     })
@@ -254,13 +274,13 @@ fn decode<K: Object>(kind: &Kind, v: Value) -> Result<K, StoreError> {
 
 fn encode<K: Object>(kind: &Kind, obj: &K) -> Result<Value, StoreError> {
     let mut v = serde_json::to_value(obj).map_err(|e| StoreError::Invalid {
-        kind: kind.singular.to_string(),
-        name: obj.metadata().name.clone().unwrap_or_default(),
+        kind: kind.singular(),
+        name: obj.meta().name.clone().unwrap_or_default(),
         reason: e.to_string(),
     })?;
     if let Some(m) = v.as_object_mut() {
-        m.insert("apiVersion".into(), Value::from(kind.api_version));
-        m.insert("kind".into(), Value::from(kind.kind));
+        m.insert("apiVersion".into(), Value::from(kind.api_version.as_ref()));
+        m.insert("kind".into(), Value::from(kind.kind.as_ref()));
     }
     Ok(v)
 }

@@ -607,7 +607,7 @@ fn meta_mut<'a>(kind: &Kind, obj: &'a mut Value) -> Result<&'a mut Map<String, V
                 .or_insert_with(|| json!({}))
                 .as_object_mut()
         })
-        .ok_or_else(|| not_an_object(kind.singular, &name))
+        .ok_or_else(|| not_an_object(&kind.singular(), &name))
 }
 
 fn meta_str(obj: &Value, field: &str) -> Option<String> {
@@ -640,7 +640,7 @@ fn comparable(obj: &Value) -> Value {
 
 fn invalid(kind: &Kind, name: &str, reason: impl Into<String>) -> StoreError {
     StoreError::Invalid {
-        kind: kind.singular.to_string(),
+        kind: kind.singular(),
         name: name.to_string(),
         reason: reason.into(),
     }
@@ -648,14 +648,14 @@ fn invalid(kind: &Kind, name: &str, reason: impl Into<String>) -> StoreError {
 
 fn not_found(kind: &Kind, name: &str) -> StoreError {
     StoreError::NotFound {
-        kind: kind.singular.to_string(),
+        kind: kind.singular(),
         name: name.to_string(),
     }
 }
 
 fn conflict(kind: &Kind, name: &str) -> StoreError {
     StoreError::Conflict {
-        kind: kind.singular.to_string(),
+        kind: kind.singular(),
         name: name.to_string(),
     }
 }
@@ -809,7 +809,7 @@ impl ObjectStore for EmbeddedStore {
         let namespace = if kind.namespaced { namespace } else { "" };
         let found = self
             .read()
-            .get(kind.api_version, kind.kind, namespace, name)
+            .get(&kind.api_version, &kind.kind, namespace, name)
             .map(|v| (*v).clone());
         if let Some(v) = &found {
             let rv = meta_str(v, "resourceVersion")
@@ -832,8 +832,8 @@ impl ObjectStore for EmbeddedStore {
             let state = self.read();
             let items: Vec<Value> = state
                 .iter(
-                    kind.api_version,
-                    kind.kind,
+                    &kind.api_version,
+                    &kind.kind,
                     namespace.filter(|_| kind.namespaced),
                 )
                 .filter(|v| selector.matches_object(v))
@@ -866,11 +866,11 @@ impl ObjectStore for EmbeddedStore {
         let (namespace, name) = checked_key(kind, &mut object)?;
         self.write(|state| {
             if state
-                .get(kind.api_version, kind.kind, &namespace, &name)
+                .get(&kind.api_version, &kind.kind, &namespace, &name)
                 .is_some()
             {
                 return Err(StoreError::AlreadyExists {
-                    kind: kind.singular.to_string(),
+                    kind: kind.singular(),
                     name: name.clone(),
                 });
             }
@@ -925,7 +925,7 @@ impl ObjectStore for EmbeddedStore {
         let namespace = if kind.namespaced { namespace } else { "" };
         self.write(|state| {
             let current = state
-                .get(kind.api_version, kind.kind, namespace, name)
+                .get(&kind.api_version, &kind.kind, namespace, name)
                 .ok_or_else(|| not_found(kind, name))?;
             if let Some(uid) = &preconditions.uid
                 && meta_str(&current, "uid").as_ref() != Some(uid)
@@ -1072,7 +1072,7 @@ impl EmbeddedStore {
         let (namespace, name) = checked_key(kind, &mut object)?;
         self.write(|state| {
             let current = state
-                .get(kind.api_version, kind.kind, &namespace, &name)
+                .get(&kind.api_version, &kind.kind, &namespace, &name)
                 .ok_or_else(|| not_found(kind, &name))?;
             let want_rv = meta_str(&object, "resourceVersion").filter(|s| !s.is_empty());
             if want_rv.is_some() && want_rv != meta_str(&current, "resourceVersion") {
