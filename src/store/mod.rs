@@ -6,6 +6,7 @@
 
 pub mod embedded;
 pub mod selector;
+pub mod watcher;
 
 use std::{any::TypeId, borrow::Cow, fmt, sync::Arc, time::Duration};
 

@@ -1,0 +1,943 @@
+//! Admission of LoadBalancers and IPPools: upstream's mutating and validating webhooks, with their
+//! messages, as one service that both the HTTP API and the ValidatingAdmissionWebhook endpoint call.
+//!
+//! The checks themselves are pure functions ([`validate_lb_create`], [`validate_lb_update`],
+//! [`mutate_lb`]; IPPool checks are [`crate::ipam::admission`]); [`Admission`] gathers what they read
+//! (other pools, VMs, VMIs, the namespace, the VM network) through the store port.
+//!
+//! Deliberate differences from upstream:
+//! - The network of a pool is checked for existence only where VM networks exist
+//!   ([`NetworkCheck::Require`], the Kubernetes backend); the embedded backend has none.
+//! - The cluster-type mutator needs the LoadBalancer's Namespace for the Rancher project; where the
+//!   Namespace does not exist (the embedded backend keeps none) the project annotation is left as the
+//!   caller wrote it instead of failing the request.
+
+use std::{collections::HashMap, sync::Arc};
+
+use k8s_openapi::api::core::v1::Namespace;
+
+use super::kinds::{
+    LABEL_CREATOR, LABEL_GUEST_CLUSTER_NAME, NODE_DRIVER, NetworkAttachmentDefinition,
+    VirtualMachine, VirtualMachineInstance,
+};
+use crate::{
+    crd::{
+        ANNOTATION_CLUSTER, ANNOTATION_MANAGEMENT_NETWORK, ANNOTATION_NAMESPACE,
+        ANNOTATION_NETWORK, ANNOTATION_PROJECT, IPPool, LABEL_GLOBAL_POOL, LABEL_GUEST_CLUSTER,
+        LABEL_VID, LoadBalancer, pool_api,
+    },
+    ipam::{self, PoolEntry},
+    store::{Api, LabelSelector, ObjectStore, StoreError},
+};
+
+/// The largest port number.
+const MAX_PORT: i32 = 65535;
+/// Rancher's annotation of a namespace: its project, `c-xxxxx:p-xxxxx`.
+const PROJECT_ID_ANNOTATION: &str = "field.cattle.io/projectId";
+
+/// Why a LoadBalancer is refused; the texts are the upstream webhook's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LbRejection {
+    #[error("the loadbalancer needs to have at least one listener")]
+    NoListener,
+    #[error("listener has duplicate name {name}")]
+    DuplicateName { name: String },
+    #[error("listener {listener} has duplicate port {key} with listener {other}")]
+    DuplicatePort {
+        listener: String,
+        key: String,
+        other: String,
+    },
+    #[error("listener {listener} has duplicate backend port {key} with listener {other}")]
+    DuplicateBackendPort {
+        listener: String,
+        key: String,
+        other: String,
+    },
+    #[error("listener port {port} must <= {MAX_PORT}")]
+    PortTooLarge { port: i32 },
+    #[error("listener port {port} must >= 1")]
+    PortTooSmall { port: i32 },
+    #[error("listener backend port {port} must <= {MAX_PORT}")]
+    BackendPortTooLarge { port: i32 },
+    #[error("listener backend port {port} must >= 1")]
+    BackendPortTooSmall { port: i32 },
+    #[error("healthcheck SuccessThreshold should > 0")]
+    SuccessThreshold,
+    #[error("healthcheck FailureThreshold should > 0")]
+    FailureThreshold,
+    #[error("healthcheck PeriodSeconds should > 0")]
+    PeriodSeconds,
+    #[error("healthcheck TimeoutSeconds should > 0")]
+    TimeoutSeconds,
+    #[error("healthcheck port {port} can only be a TCP backend port")]
+    HealthCheckNotTcp { port: u64 },
+    #[error("healthcheck port {port} is not in listener backend port list")]
+    HealthCheckPortUnknown { port: u64 },
+    #[error("can't change the IPAM from {old} to {new}")]
+    IpamChange { old: String, new: String },
+    #[error("can't change the WorkloadType from {old} to {new}")]
+    WorkloadTypeChange { old: String, new: String },
+    #[error("the vm {namespace}/{vm} shows guest cluster {cluster} is being removed")]
+    GuestClusterRemoving {
+        namespace: String,
+        vm: String,
+        cluster: String,
+    },
+}
+
+/// A refused LoadBalancer create or update, wrapped as upstream wraps it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LbAdmissionError {
+    #[error("create loadbalancer {namespace}/{name} failed: {source}")]
+    Create {
+        namespace: String,
+        name: String,
+        source: Box<LbRejection>,
+    },
+    #[error("create loadbalancer {namespace}/{name} failed with healthyCheck: {source}")]
+    CreateHealthCheck {
+        namespace: String,
+        name: String,
+        source: Box<LbRejection>,
+    },
+    #[error("create loadbalancer {namespace}/{name} failed with guest cluster check: {source}")]
+    CreateGuestCluster {
+        namespace: String,
+        name: String,
+        source: Box<LbRejection>,
+    },
+    #[error("update loadbalancer {namespace}/{name} failed: {source}")]
+    Update {
+        namespace: String,
+        name: String,
+        source: Box<LbRejection>,
+    },
+    #[error("update loadbalancer {namespace}/{name} failed with healthyCheck: {source}")]
+    UpdateHealthCheck {
+        namespace: String,
+        name: String,
+        source: Box<LbRejection>,
+    },
+}
+
+/// Why an IPPool's VM network is refused (upstream's mutator).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetworkError {
+    #[error(
+        "can't create IP pool {pool} because network-attachment-definitions.k8s.cni.cncf.io \"{network}\" not found"
+    )]
+    CreateNotFound { pool: String, network: String },
+    #[error(
+        "can't update IP pool {pool} because network-attachment-definitions.k8s.cni.cncf.io \"{network}\" not found"
+    )]
+    UpdateNotFound { pool: String, network: String },
+}
+
+/// A refused or failed admission.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError {
+    #[error(transparent)]
+    LoadBalancer(#[from] LbAdmissionError),
+    #[error(transparent)]
+    Pool(Box<ipam::AdmissionError>),
+    #[error(transparent)]
+    Network(#[from] NetworkError),
+    /// Reading what the checks need failed; nothing was decided.
+    #[error("cannot read {what} for admission: {source}")]
+    Read {
+        what: &'static str,
+        source: StoreError,
+    },
+}
+
+impl From<ipam::AdmissionError> for AdmitError {
+    fn from(e: ipam::AdmissionError) -> Self {
+        AdmitError::Pool(Box::new(e))
+    }
+}
+
+impl AdmitError {
+    /// A refusal (as opposed to a failure to decide).
+    pub fn is_rejection(&self) -> bool {
+        !matches!(self, AdmitError::Read { .. })
+    }
+}
+
+/// Whether a pool's `selector.network` must name an existing NetworkAttachmentDefinition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetworkCheck {
+    /// Kubernetes backend: VM networks exist, and a pool on an unknown one is refused (as upstream).
+    Require,
+    /// Embedded backend: there are no VM networks to look up; any name is accepted (VLAN ID 0).
+    Skip,
+}
+
+fn ids(lb: &LoadBalancer) -> (String, String) {
+    (
+        lb.metadata.namespace.clone().unwrap_or_default(),
+        lb.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn is_cluster(lb: &LoadBalancer) -> bool {
+    lb.spec.workload_type == "cluster"
+}
+
+/// Listener rules; a cluster-type load balancer may have none (its load balancing is in the guest).
+pub fn check_listeners(lb: &LoadBalancer) -> Result<(), LbRejection> {
+    if is_cluster(lb) {
+        return Ok(());
+    }
+    let listeners = &lb.spec.listeners;
+    if listeners.is_empty() {
+        return Err(LbRejection::NoListener);
+    }
+    let mut names = std::collections::HashSet::new();
+    let mut ports: HashMap<String, usize> = HashMap::new();
+    let mut backends: HashMap<String, usize> = HashMap::new();
+    for (i, l) in listeners.iter().enumerate() {
+        if !names.insert(l.name.as_str()) {
+            return Err(LbRejection::DuplicateName {
+                name: l.name.clone(),
+            });
+        }
+        let key = format!("{}:{}", l.protocol, l.port);
+        if let Some(&other) = ports.get(&key) {
+            return Err(LbRejection::DuplicatePort {
+                listener: l.name.clone(),
+                key,
+                other: listeners[other].name.clone(),
+            });
+        }
+        ports.insert(key, i);
+        let key = format!("{}:{}", l.protocol, l.backend_port);
+        if let Some(&other) = backends.get(&key) {
+            return Err(LbRejection::DuplicateBackendPort {
+                listener: l.name.clone(),
+                key,
+                other: listeners[other].name.clone(),
+            });
+        }
+        backends.insert(key, i);
+    }
+    for l in listeners {
+        if l.port > MAX_PORT {
+            return Err(LbRejection::PortTooLarge { port: l.port });
+        }
+        if l.port < 1 {
+            return Err(LbRejection::PortTooSmall { port: l.port });
+        }
+        if l.backend_port > MAX_PORT {
+            return Err(LbRejection::BackendPortTooLarge {
+                port: l.backend_port,
+            });
+        }
+        if l.backend_port < 1 {
+            return Err(LbRejection::BackendPortTooSmall {
+                port: l.backend_port,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Health-check rules (VM type, port set): the first listener on that backend port must be TCP, and
+/// then every threshold must be positive.
+pub fn check_health_check(lb: &LoadBalancer) -> Result<(), LbRejection> {
+    if is_cluster(lb) {
+        return Ok(());
+    }
+    let Some(hc) = lb.spec.health_check.as_ref().filter(|hc| hc.port != 0) else {
+        return Ok(());
+    };
+    let mut wrong_protocol = false;
+    for l in &lb.spec.listeners {
+        if u64::try_from(l.backend_port).ok() != Some(hc.port) {
+            continue;
+        }
+        if l.protocol == "TCP" {
+            return match () {
+                _ if hc.success_threshold == 0 => Err(LbRejection::SuccessThreshold),
+                _ if hc.failure_threshold == 0 => Err(LbRejection::FailureThreshold),
+                _ if hc.period_seconds == 0 => Err(LbRejection::PeriodSeconds),
+                _ if hc.timeout_seconds == 0 => Err(LbRejection::TimeoutSeconds),
+                _ => Ok(()),
+            };
+        }
+        wrong_protocol = true;
+    }
+    Err(if wrong_protocol {
+        LbRejection::HealthCheckNotTcp { port: hc.port }
+    } else {
+        LbRejection::HealthCheckPortUnknown { port: hc.port }
+    })
+}
+
+/// The guest-cluster check of a new cluster-type load balancer: refused while a VM of its cluster (in
+/// its namespace) is marked for removal. `vms` are the VMs of the load balancer's namespace.
+pub fn check_guest_cluster(lb: &LoadBalancer, vms: &[VirtualMachine]) -> Result<(), LbRejection> {
+    if !is_cluster(lb) {
+        return Ok(());
+    }
+    let cluster = lb
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_GUEST_CLUSTER))
+        .map(String::as_str)
+        .unwrap_or_default();
+    if cluster.is_empty() || cluster == "kubernetes" {
+        return Ok(());
+    }
+    let namespace = lb.metadata.namespace.as_deref().unwrap_or_default();
+    match vms.iter().find(|vm| {
+        vm.metadata.namespace.as_deref() == Some(namespace)
+            && vm.guest_cluster() == Some(cluster)
+            && vm.guest_cluster_removing()
+    }) {
+        Some(vm) => Err(LbRejection::GuestClusterRemoving {
+            namespace: namespace.into(),
+            vm: vm.metadata.name.clone().unwrap_or_default(),
+            cluster: cluster.into(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The validating webhook on create.
+pub fn validate_lb_create(
+    lb: &LoadBalancer,
+    vms: &[VirtualMachine],
+) -> Result<(), LbAdmissionError> {
+    let (namespace, name) = ids(lb);
+    check_listeners(lb).map_err(|source| LbAdmissionError::Create {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        source: Box::new(source),
+    })?;
+    check_health_check(lb).map_err(|source| LbAdmissionError::CreateHealthCheck {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        source: Box::new(source),
+    })?;
+    check_guest_cluster(lb, vms).map_err(|source| LbAdmissionError::CreateGuestCluster {
+        namespace,
+        name,
+        source: Box::new(source),
+    })
+}
+
+/// The validating webhook on update; objects being deleted are not checked.
+pub fn validate_lb_update(old: &LoadBalancer, new: &LoadBalancer) -> Result<(), LbAdmissionError> {
+    if new.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let (namespace, name) = ids(new);
+    let update = |source| LbAdmissionError::Update {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        source: Box::new(source),
+    };
+    check_listeners(new).map_err(update)?;
+    check_health_check(new).map_err(|source| LbAdmissionError::UpdateHealthCheck {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        source: Box::new(source),
+    })?;
+    let (old_ipam, new_ipam) = (&old.spec.ipam, &new.spec.ipam);
+    if (old_ipam == "dhcp") != (new_ipam == "dhcp") {
+        return Err(update(LbRejection::IpamChange {
+            old: old_ipam.clone(),
+            new: new_ipam.clone(),
+        }));
+    }
+    let (old_type, new_type) = (&old.spec.workload_type, &new.spec.workload_type);
+    if (old_type == "cluster") != (new_type == "cluster") {
+        return Err(update(LbRejection::WorkloadTypeChange {
+            old: old_type.clone(),
+            new: new_type.clone(),
+        }));
+    }
+    Ok(())
+}
+
+/// Upstream's findNetwork (v1.9): the LoadBalancer's network annotation, else the guest cluster's
+/// management network, else the first Multus network of a VMI of its guest cluster (by label, then the
+/// legacy name prefix). `vmis` are the VMIs of the load balancer's namespace.
+pub fn find_network(lb: &LoadBalancer, vmis: &[VirtualMachineInstance]) -> String {
+    let annotation = |k: &str| {
+        lb.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(k))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let network = annotation(ANNOTATION_NETWORK);
+    if !network.is_empty() {
+        return network;
+    }
+    let management = annotation(ANNOTATION_MANAGEMENT_NETWORK);
+    if !management.is_empty() {
+        return management;
+    }
+    let cluster = annotation(ANNOTATION_CLUSTER);
+    if cluster.is_empty() {
+        return String::new();
+    }
+    let by_label = vmis
+        .iter()
+        .filter(|v| v.label(LABEL_GUEST_CLUSTER_NAME) == Some(cluster.as_str()))
+        .find_map(|v| v.first_multus_network());
+    let legacy = || {
+        vmis.iter()
+            .filter(|v| {
+                v.label(LABEL_CREATOR) == Some(NODE_DRIVER)
+                    && v.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(&cluster))
+            })
+            .find_map(|v| v.first_multus_network())
+    };
+    by_label.or_else(legacy).unwrap_or_default().to_string()
+}
+
+/// Upstream's mutator: VM type records its namespace; cluster type also gets its project (from the
+/// namespace, when known) and network; health-check thresholds left at zero get their defaults.
+pub fn mutate_lb(
+    lb: &mut LoadBalancer,
+    namespace: Option<&Namespace>,
+    vmis: &[VirtualMachineInstance],
+) {
+    if lb.metadata.deletion_timestamp.is_some() {
+        return;
+    }
+    let lb_namespace = lb.metadata.namespace.clone().unwrap_or_default();
+    let network = is_cluster(lb).then(|| find_network(lb, vmis));
+    let annotations = lb.metadata.annotations.get_or_insert_default();
+    annotations.insert(ANNOTATION_NAMESPACE.into(), lb_namespace);
+    if let Some(network) = network {
+        if let Some(ns) = namespace {
+            let project = ns
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(PROJECT_ID_ANNOTATION))
+                .map(|p| p.replacen(':', "/", 1))
+                .unwrap_or_default();
+            annotations.insert(ANNOTATION_PROJECT.into(), project);
+        }
+        annotations.insert(ANNOTATION_NETWORK.into(), network);
+    }
+    if let Some(hc) = lb.spec.health_check.as_mut().filter(|hc| hc.port != 0) {
+        for (field, default) in [
+            (&mut hc.success_threshold, 2),
+            (&mut hc.failure_threshold, 2),
+            (&mut hc.period_seconds, 1),
+            (&mut hc.timeout_seconds, 1),
+        ] {
+            if *field == 0 {
+                *field = default;
+            }
+        }
+    }
+}
+
+/// Upstream's IPPool mutator: the VLAN ID and global labels.
+pub fn mutate_pool(pool: &mut IPPool, vid: u32) {
+    if pool.metadata.deletion_timestamp.is_some() {
+        return;
+    }
+    let global = pool.ipam_spec().selector.is_global();
+    let labels = pool.metadata.labels.get_or_insert_default();
+    labels.insert(LABEL_VID.into(), vid.to_string());
+    labels.insert(LABEL_GLOBAL_POOL.into(), global.to_string());
+}
+
+/// Admission with what the checks read, through the store port.
+#[derive(Clone)]
+pub struct Admission {
+    store: Arc<dyn ObjectStore>,
+    networks: NetworkCheck,
+}
+
+impl Admission {
+    pub fn new(store: Arc<dyn ObjectStore>, networks: NetworkCheck) -> Self {
+        Admission { store, networks }
+    }
+
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    async fn read<T>(
+        &self,
+        what: &'static str,
+        f: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, AdmitError> {
+        f.await.map_err(|source| AdmitError::Read { what, source })
+    }
+
+    async fn vmis(&self, namespace: &str) -> Result<Vec<VirtualMachineInstance>, AdmitError> {
+        let api = Api::<VirtualMachineInstance>::new(self.store.clone());
+        self.read(
+            "virtual machine instances",
+            api.list(Some(namespace), &LabelSelector::everything()),
+        )
+        .await
+    }
+
+    /// Mutates a LoadBalancer as upstream's mutating webhook does.
+    pub async fn mutate_lb(&self, lb: &mut LoadBalancer) -> Result<(), AdmitError> {
+        let namespace = lb.metadata.namespace.clone().unwrap_or_default();
+        let (ns, vmis) = if is_cluster(lb) {
+            let api = Api::<Namespace>::new(self.store.clone());
+            let ns = self.read("namespace", api.get("", &namespace)).await?;
+            (ns, self.vmis(&namespace).await?)
+        } else {
+            (None, Vec::new())
+        };
+        mutate_lb(lb, ns.as_ref(), &vmis);
+        Ok(())
+    }
+
+    /// Validates a new LoadBalancer (after mutation).
+    pub async fn validate_lb_create(&self, lb: &LoadBalancer) -> Result<(), AdmitError> {
+        let vms = if is_cluster(lb) {
+            let api = Api::<VirtualMachine>::new(self.store.clone());
+            let namespace = lb.metadata.namespace.clone().unwrap_or_default();
+            self.read(
+                "virtual machines",
+                api.list(
+                    Some(&namespace),
+                    &LabelSelector::from_labels([(LABEL_CREATOR, NODE_DRIVER)]),
+                ),
+            )
+            .await?
+        } else {
+            Vec::new()
+        };
+        Ok(validate_lb_create(lb, &vms)?)
+    }
+
+    pub fn validate_lb_update(
+        &self,
+        old: &LoadBalancer,
+        new: &LoadBalancer,
+    ) -> Result<(), AdmitError> {
+        Ok(validate_lb_update(old, new)?)
+    }
+
+    async fn pools(&self) -> Result<Vec<IPPool>, AdmitError> {
+        self.read(
+            "IP pools",
+            pool_api(self.store.clone()).list(None, &LabelSelector::everything()),
+        )
+        .await
+    }
+
+    /// The VLAN ID of a pool's network, refusing an unknown network where networks exist.
+    async fn vid(&self, pool: &IPPool, create: bool) -> Result<u32, AdmitError> {
+        let network = &pool.spec.selector.network;
+        if network.is_empty() || self.networks == NetworkCheck::Skip {
+            return Ok(0);
+        }
+        let (namespace, name) = network.split_once('/').unwrap_or(("", network));
+        let api = Api::<NetworkAttachmentDefinition>::new(self.store.clone());
+        let nad = if namespace.is_empty() {
+            None
+        } else {
+            self.read("network attachment definition", api.get(namespace, name))
+                .await?
+        };
+        match nad {
+            Some(nad) => Ok(nad.vlan_id()),
+            None => {
+                let (pool, network) = (pool.name().to_string(), name.to_string());
+                Err(if create {
+                    NetworkError::CreateNotFound { pool, network }
+                } else {
+                    NetworkError::UpdateNotFound { pool, network }
+                }
+                .into())
+            }
+        }
+    }
+
+    /// Mutates and validates a new pool.
+    pub async fn admit_pool_create(&self, pool: &mut IPPool) -> Result<(), AdmitError> {
+        let vid = self.vid(pool, true).await?;
+        mutate_pool(pool, vid);
+        let others = self.pools().await?;
+        let specs: Vec<(String, ipam::PoolSpec, bool)> = others
+            .iter()
+            .map(|p| (p.name().to_string(), p.ipam_spec(), p.is_deleting()))
+            .collect();
+        let entries = entries(&specs);
+        let spec = pool.ipam_spec();
+        let me = PoolEntry {
+            name: pool.name(),
+            spec: &spec,
+            deleting: false,
+        };
+        Ok(ipam::validate_create(&me, &entries)?)
+    }
+
+    /// Mutates and validates a changed pool; `old` is the stored one (its status says what is held).
+    pub async fn admit_pool_update(
+        &self,
+        old: &IPPool,
+        new: &mut IPPool,
+    ) -> Result<(), AdmitError> {
+        if new.is_deleting() {
+            return Ok(());
+        }
+        let vid = self.vid(new, false).await?;
+        mutate_pool(new, vid);
+        let others = self.pools().await?;
+        let specs: Vec<(String, ipam::PoolSpec, bool)> = others
+            .iter()
+            .map(|p| (p.name().to_string(), p.ipam_spec(), p.is_deleting()))
+            .collect();
+        let entries = entries(&specs);
+        let spec = new.ipam_spec();
+        let me = PoolEntry {
+            name: new.name(),
+            spec: &spec,
+            deleting: false,
+        };
+        Ok(ipam::validate_update(&me, &old.allocated(), &entries)?)
+    }
+
+    /// Refuses to delete a pool that still holds addresses.
+    pub fn admit_pool_delete(&self, pool: &IPPool) -> Result<(), AdmitError> {
+        Ok(ipam::validate_delete(pool.name(), &pool.allocated())?)
+    }
+}
+
+fn entries(specs: &[(String, ipam::PoolSpec, bool)]) -> Vec<PoolEntry<'_>> {
+    specs
+        .iter()
+        .map(|(name, spec, deleting)| PoolEntry {
+            name,
+            spec,
+            deleting: *deleting,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{HealthCheck, Listener, LoadBalancerSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn mk_listener(name: &str, port: i32, protocol: &str, backend: i32) -> Listener {
+        Listener {
+            name: name.into(),
+            port,
+            protocol: protocol.into(),
+            backend_port: backend,
+        }
+    }
+
+    fn mk_lb(workload: &str, listeners: Vec<Listener>) -> LoadBalancer {
+        LoadBalancer {
+            metadata: ObjectMeta {
+                name: Some("lb1".into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            spec: LoadBalancerSpec {
+                workload_type: workload.into(),
+                listeners,
+                ..Default::default()
+            },
+            status: None,
+        }
+    }
+
+    fn create(lb: &LoadBalancer) -> String {
+        validate_lb_create(lb, &[])
+            .expect_err("refused")
+            .to_string()
+    }
+
+    #[test]
+    fn listener_messages() {
+        assert_eq!(
+            create(&mk_lb("vm", vec![])),
+            "create loadbalancer default/lb1 failed: the loadbalancer needs to have at least one listener"
+        );
+        assert!(validate_lb_create(&mk_lb("cluster", vec![]), &[]).is_ok());
+        let cases = [
+            (
+                vec![
+                    mk_listener("a", 80, "TCP", 8080),
+                    mk_listener("a", 81, "TCP", 8081),
+                ],
+                "listener has duplicate name a",
+            ),
+            (
+                vec![
+                    mk_listener("a", 80, "TCP", 8080),
+                    mk_listener("b", 80, "TCP", 8081),
+                ],
+                "listener b has duplicate port TCP:80 with listener a",
+            ),
+            (
+                vec![
+                    mk_listener("a", 80, "TCP", 8080),
+                    mk_listener("b", 81, "TCP", 8080),
+                ],
+                "listener b has duplicate backend port TCP:8080 with listener a",
+            ),
+            (
+                vec![mk_listener("a", 65536, "TCP", 1)],
+                "listener port 65536 must <= 65535",
+            ),
+            (
+                vec![mk_listener("a", 0, "TCP", 1)],
+                "listener port 0 must >= 1",
+            ),
+            (
+                vec![mk_listener("a", 1, "TCP", 70000)],
+                "listener backend port 70000 must <= 65535",
+            ),
+            (
+                vec![mk_listener("a", 1, "TCP", -1)],
+                "listener backend port -1 must >= 1",
+            ),
+        ];
+        for (listeners, want) in cases {
+            assert_eq!(
+                create(&mk_lb("vm", listeners)),
+                format!("create loadbalancer default/lb1 failed: {want}")
+            );
+        }
+        // The protocol is part of the key.
+        assert!(
+            validate_lb_create(
+                &mk_lb(
+                    "",
+                    vec![
+                        mk_listener("a", 80, "TCP", 80),
+                        mk_listener("b", 80, "UDP", 80)
+                    ]
+                ),
+                &[]
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn health_check_messages_in_order() {
+        let mut lb = mk_lb(
+            "vm",
+            vec![
+                mk_listener("a", 80, "UDP", 8080),
+                mk_listener("b", 81, "TCP", 8081),
+            ],
+        );
+        let with = |lb: &mut LoadBalancer, hc: HealthCheck| {
+            lb.spec.health_check = Some(hc);
+            create(lb)
+        };
+        let prefix = "create loadbalancer default/lb1 failed with healthyCheck: ";
+        assert_eq!(
+            with(
+                &mut lb,
+                HealthCheck {
+                    port: 8080,
+                    ..Default::default()
+                }
+            ),
+            format!("{prefix}healthcheck port 8080 can only be a TCP backend port")
+        );
+        assert_eq!(
+            with(
+                &mut lb,
+                HealthCheck {
+                    port: 9999,
+                    ..Default::default()
+                }
+            ),
+            format!("{prefix}healthcheck port 9999 is not in listener backend port list")
+        );
+        let mut hc = HealthCheck {
+            port: 8081,
+            ..Default::default()
+        };
+        for want in [
+            "healthcheck SuccessThreshold should > 0",
+            "healthcheck FailureThreshold should > 0",
+            "healthcheck PeriodSeconds should > 0",
+            "healthcheck TimeoutSeconds should > 0",
+        ] {
+            assert_eq!(with(&mut lb, hc.clone()), format!("{prefix}{want}"));
+            match want {
+                w if w.contains("Success") => hc.success_threshold = 1,
+                w if w.contains("Failure") => hc.failure_threshold = 1,
+                w if w.contains("Period") => hc.period_seconds = 1,
+                _ => hc.timeout_seconds = 1,
+            }
+        }
+        lb.spec.health_check = Some(hc);
+        assert!(validate_lb_create(&lb, &[]).is_ok());
+        // The mutator fills zero thresholds, so a mutated object passes.
+        let mut lb = mk_lb("vm", vec![mk_listener("a", 80, "TCP", 8080)]);
+        lb.spec.health_check = Some(HealthCheck {
+            port: 8080,
+            ..Default::default()
+        });
+        mutate_lb(&mut lb, None, &[]);
+        let hc = lb.spec.health_check.clone().expect("kept");
+        assert_eq!(
+            (
+                hc.success_threshold,
+                hc.failure_threshold,
+                hc.period_seconds,
+                hc.timeout_seconds
+            ),
+            (2, 2, 1, 1)
+        );
+        assert!(validate_lb_create(&lb, &[]).is_ok());
+    }
+
+    #[test]
+    fn ipam_and_workload_type_changes() {
+        let mut old = mk_lb("cluster", vec![]);
+        let mut new = old.clone();
+        old.spec.ipam = String::new();
+        new.spec.ipam = "pool".into();
+        assert!(validate_lb_update(&old, &new).is_ok());
+        new.spec.ipam = "dhcp".into();
+        assert_eq!(
+            validate_lb_update(&old, &new)
+                .expect_err("refused")
+                .to_string(),
+            "update loadbalancer default/lb1 failed: can't change the IPAM from  to dhcp"
+        );
+        new.spec.ipam = String::new();
+        new.spec.workload_type = "vm".into();
+        new.spec.listeners = vec![mk_listener("a", 80, "TCP", 80)];
+        assert_eq!(
+            validate_lb_update(&old, &new)
+                .expect_err("refused")
+                .to_string(),
+            "update loadbalancer default/lb1 failed: can't change the WorkloadType from cluster to vm"
+        );
+        // Objects being deleted are not checked.
+        new.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(validate_lb_update(&old, &new).is_ok());
+    }
+
+    fn mk_vm(name: &str, cluster: &str, removing: bool) -> VirtualMachine {
+        let mut vm = VirtualMachine::default();
+        vm.metadata.name = Some(name.into());
+        vm.metadata.namespace = Some("default".into());
+        vm.metadata.labels = Some(
+            [
+                (LABEL_CREATOR.to_string(), NODE_DRIVER.to_string()),
+                (LABEL_GUEST_CLUSTER_NAME.to_string(), cluster.to_string()),
+            ]
+            .into(),
+        );
+        if removing {
+            vm.metadata.annotations = Some(
+                [(
+                    super::super::kinds::ANNOTATION_REMOVE_ALL_PVCS.to_string(),
+                    "true".to_string(),
+                )]
+                .into(),
+            );
+        }
+        vm
+    }
+
+    #[test]
+    fn guest_cluster_being_removed_refuses_new_cluster_lbs() {
+        let mut lb = mk_lb("cluster", vec![]);
+        lb.metadata.labels = Some([(LABEL_GUEST_CLUSTER.to_string(), "gc1".to_string())].into());
+        let vms = [mk_vm("gc1-a", "gc1", false), mk_vm("gc2-a", "gc2", true)];
+        assert!(validate_lb_create(&lb, &vms).is_ok());
+        let vms = [mk_vm("gc1-a", "gc1", true)];
+        assert_eq!(
+            validate_lb_create(&lb, &vms)
+                .expect_err("refused")
+                .to_string(),
+            "create loadbalancer default/lb1 failed with guest cluster check: the vm default/gc1-a shows guest cluster gc1 is being removed"
+        );
+        // `kubernetes` (the framework default) and a missing label skip the check.
+        lb.metadata.labels =
+            Some([(LABEL_GUEST_CLUSTER.to_string(), "kubernetes".to_string())].into());
+        assert!(validate_lb_create(&lb, &vms).is_ok());
+    }
+
+    fn mk_vmi(name: &str, labels: &[(&str, &str)], network: &str) -> VirtualMachineInstance {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default",
+                         "labels": labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>()},
+            "spec": {"networks": [{"name": "nic", "multus": {"networkName": network}}]}
+        }))
+        .expect("vmi")
+    }
+
+    #[test]
+    fn find_network_priorities() {
+        let mut lb = mk_lb("cluster", vec![]);
+        let vmis = [
+            mk_vmi(
+                "gc1-legacy",
+                &[(LABEL_CREATOR, NODE_DRIVER)],
+                "default/legacy",
+            ),
+            mk_vmi(
+                "x",
+                &[(LABEL_GUEST_CLUSTER_NAME, "gc1")],
+                "default/labelled",
+            ),
+        ];
+        // 3: no cluster annotation.
+        assert_eq!(find_network(&lb, &vmis), "");
+        let set = |lb: &mut LoadBalancer, k: &str, v: &str| {
+            lb.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(k.into(), v.into());
+        };
+        set(&mut lb, ANNOTATION_CLUSTER, "gc1");
+        // 4 before 5.
+        assert_eq!(find_network(&lb, &vmis), "default/labelled");
+        assert_eq!(find_network(&lb, &vmis[..1]), "default/legacy");
+        // 2, then 1.
+        set(&mut lb, ANNOTATION_MANAGEMENT_NETWORK, "default/mgmt");
+        assert_eq!(find_network(&lb, &vmis), "default/mgmt");
+        set(&mut lb, ANNOTATION_NETWORK, "default/vlan10");
+        assert_eq!(find_network(&lb, &vmis), "default/vlan10");
+    }
+
+    #[test]
+    fn mutator_sets_namespace_project_and_network() {
+        let mut lb = mk_lb("cluster", vec![]);
+        let mut ns = Namespace::default();
+        ns.metadata.annotations =
+            Some([(PROJECT_ID_ANNOTATION.to_string(), "c-abc:p-xyz".to_string())].into());
+        mutate_lb(&mut lb, Some(&ns), &[]);
+        let a = lb.metadata.annotations.clone().expect("annotations");
+        assert_eq!(a[ANNOTATION_NAMESPACE], "default");
+        assert_eq!(a[ANNOTATION_PROJECT], "c-abc/p-xyz");
+        assert_eq!(a[ANNOTATION_NETWORK], "");
+        let mut vm_lb = mk_lb("vm", vec![]);
+        mutate_lb(&mut vm_lb, None, &[]);
+        let a = vm_lb.metadata.annotations.expect("annotations");
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[ANNOTATION_NAMESPACE], "default");
+    }
+}

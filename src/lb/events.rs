@@ -1,0 +1,196 @@
+//! Events about LoadBalancers and IPPools (`Allocated`, `Released`, `NoMatchedIPPool`,
+//! `PoolExhausted`, `AllocationFailed`), written as core/v1 Event objects through the store port: real
+//! Kubernetes Events on the Kubernetes backend, and the same objects as an event log on the embedded
+//! one.
+//!
+//! Events are best effort, as in Kubernetes: they are queued and written by a background task so a
+//! reconcile never waits for one, and dropped (with a warning) if the queue is full. Kubernetes deletes
+//! Events after an hour; the embedded store has no such TTL, so the writer also deletes its own Events
+//! older than [`EVENT_TTL`] (on Kubernetes that only anticipates the API server).
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::StreamExt;
+use k8s_openapi::{
+    api::core::v1::{Event, EventSource, ObjectReference},
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    jiff::Timestamp,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span, warn};
+
+use crate::{
+    kubeconfig::objects::{MANAGED_BY, MANAGED_BY_LABEL},
+    store::{Api, LabelSelector, ObjectStore, Preconditions},
+};
+
+/// The component named in Events.
+pub const COMPONENT: &str = "harvester-cloud-lb";
+/// How long Events are kept (Kubernetes' default `--event-ttl`).
+pub const EVENT_TTL: Duration = Duration::from_secs(3600);
+/// How often old Events are looked for.
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
+/// Events waiting to be written; beyond this they are dropped.
+const QUEUE: usize = 16_384;
+/// Events written at once.
+const WRITERS: usize = 8;
+
+/// Event reasons.
+pub mod reason {
+    pub const ALLOCATED: &str = "Allocated";
+    pub const RELEASED: &str = "Released";
+    pub const NO_MATCHED_IP_POOL: &str = "NoMatchedIPPool";
+    pub const POOL_EXHAUSTED: &str = "PoolExhausted";
+    pub const ALLOCATION_FAILED: &str = "AllocationFailed";
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+impl EventType {
+    fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// Queues Events for the writer task. Cheap to clone.
+#[derive(Clone)]
+pub struct Recorder {
+    tx: mpsc::Sender<Event>,
+    instance: Arc<str>,
+    sequence: Arc<AtomicU64>,
+}
+
+impl Recorder {
+    /// Starts the writer; it stops when `stop` is cancelled (Events still queued then are dropped, as a
+    /// process that exits drops them).
+    pub fn start(store: Arc<dyn ObjectStore>, instance: &str, stop: CancellationToken) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(write_events(store, rx, stop).instrument(info_span!("event_writer")));
+        Recorder {
+            tx,
+            instance: instance.into(),
+            sequence: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Records an event about `object`.
+    pub fn record<K: kube::Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        kind: EventType,
+        reason: &str,
+        message: String,
+    ) {
+        let meta = object.meta();
+        let name = meta.name.clone().unwrap_or_default();
+        let mut involved: ObjectReference = object.object_ref(&());
+        involved.resource_version = meta.resource_version.clone();
+        let now = Timestamp::now();
+        // Kubernetes names events `<object>.<unique hex>`; the sequence keeps two events of one
+        // nanosecond apart.
+        let unique = (now.as_nanosecond() as u64)
+            .wrapping_add(self.sequence.fetch_add(1, Ordering::Relaxed));
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{name}.{unique:x}")),
+                // Events about cluster-scoped objects live in `default`, as Kubernetes puts them.
+                namespace: Some(meta.namespace.clone().unwrap_or_else(|| "default".into())),
+                labels: Some([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())].into()),
+                ..Default::default()
+            },
+            involved_object: involved,
+            reason: Some(reason.into()),
+            message: Some(message),
+            type_: Some(kind.as_str().into()),
+            count: Some(1),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            source: Some(EventSource {
+                component: Some(COMPONENT.into()),
+                host: None,
+            }),
+            reporting_component: Some(COMPONENT.into()),
+            reporting_instance: Some(self.instance.to_string()),
+            ..Default::default()
+        };
+        if let Err(e) = self.tx.try_send(event) {
+            warn!(%reason, error = %e, "event queue full; dropping event");
+        }
+    }
+}
+
+async fn write_events(
+    store: Arc<dyn ObjectStore>,
+    rx: mpsc::Receiver<Event>,
+    stop: CancellationToken,
+) {
+    let api = Api::<Event>::new(store);
+    let prune = {
+        let api = api.clone();
+        let stop = stop.clone();
+        async move {
+            let mut tick = tokio::time::interval(PRUNE_EVERY);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => prune_old(&api).await,
+                }
+            }
+        }
+    };
+    let write = tokio_stream::wrappers::ReceiverStream::new(rx)
+        .take_until(stop.cancelled_owned())
+        .for_each_concurrent(WRITERS, |event| {
+            let api = api.clone();
+            async move {
+                if let Err(e) = api.create(&event).await {
+                    warn!(reason = event.reason.as_deref().unwrap_or_default(), error = %e, "cannot write event");
+                }
+            }
+        });
+    tokio::join!(prune, write);
+    debug!("event writer stopped");
+}
+
+async fn prune_old(api: &Api<Event>) {
+    let ours = LabelSelector::from_labels([(MANAGED_BY_LABEL, MANAGED_BY)]);
+    let events = match api.list(None, &ours).await {
+        Ok(events) => events,
+        Err(e) => {
+            warn!(error = %e, "cannot list events to prune");
+            return;
+        }
+    };
+    let Ok(ttl) = k8s_openapi::jiff::SignedDuration::try_from(EVENT_TTL) else {
+        return;
+    };
+    let cutoff = Timestamp::now() - ttl;
+    for event in events {
+        let last = event.last_timestamp.as_ref().map(|t| t.0);
+        if last.is_some_and(|t| t < cutoff) {
+            let (namespace, name) = (
+                event.metadata.namespace.as_deref().unwrap_or_default(),
+                event.metadata.name.as_deref().unwrap_or_default(),
+            );
+            if let Err(e) = api.delete(namespace, name, &Preconditions::default()).await
+                && !e.is_not_found()
+            {
+                warn!(%namespace, %name, error = %e, "cannot delete old event");
+            }
+        }
+    }
+}

@@ -1,0 +1,415 @@
+//! The LoadBalancer reconciler: finalizer first, then an idempotent apply (take an address from a pool,
+//! or mark DHCP) and a cleanup that releases the address and tolerates allocation never having run.
+//!
+//! The pool is the source of truth: every pass asks the pool task for the address the load balancer
+//! holds (a no-op when it already holds one), so a status that disagrees with the pool after a crash
+//! is corrected from the pool rather than trusted. The pool status is written before the
+//! LoadBalancer's, so a crash in between leaves an address held by its owner, which the next pass
+//! finds again.
+//!
+//! Differences from upstream, on purpose: an empty `spec.ipam` is pool everywhere, including the
+//! release on deletion (upstream leaks it); a load balancer refused by an exhausted pool is woken by
+//! the pool's next release instead of backing off; Events are emitted; the Ready condition carries a
+//! reason (`NoMatchedIPPool`, `PoolExhausted`, `AllocationFailed`) next to upstream's message; a
+//! deletion whose pool is already gone completes instead of blocking on "fail to get allocator".
+
+use std::{net::IpAddr, sync::Arc, time::Duration};
+
+use kube::runtime::{controller::Action, reflector::ObjectRef};
+use tracing::{debug, info, warn};
+
+use super::{
+    Shared,
+    events::{EventType, reason},
+    pools::{PoolOp, PoolOpError, PoolReply, set_ready},
+};
+use crate::{
+    crd::{AllocatedAddress, DHCP_ADDRESS, LB_FINALIZER, LoadBalancer, LoadBalancerStatus},
+    ipam::{PoolEntry, PoolIndex, PoolPlan, SelectError, plan_pool},
+    store::StoreError,
+};
+
+/// Fallback re-checks for load balancers that wait for an event (a pool appearing or freeing an
+/// address); the event normally comes first.
+const UNMATCHED_RECHECK: Duration = Duration::from_secs(30);
+const EXHAUSTED_RECHECK: Duration = Duration::from_secs(60);
+
+/// A failed reconcile of one LoadBalancer (the controller retries it with back-off).
+#[derive(Debug, thiserror::Error)]
+pub enum LbError {
+    #[error("load balancer has no {field}")]
+    MissingField { field: &'static str },
+    #[error("cannot add the finalizer to load balancer {key}: {source}")]
+    AddFinalizer { key: String, source: StoreError },
+    #[error("cannot remove the finalizer of load balancer {key}: {source}")]
+    RemoveFinalizer { key: String, source: StoreError },
+    #[error("cannot write the status of load balancer {key}: {source}")]
+    WriteStatus { key: String, source: StoreError },
+    #[error("load balancer {key}: fail to release ip {ip}, error: {source}")]
+    Release {
+        key: String,
+        ip: String,
+        source: PoolOpError,
+    },
+    #[error("load balancer {key}: {source}")]
+    Allocate { key: String, source: PoolOpError },
+    #[error("the reconciler is stopping")]
+    Stopping,
+}
+
+impl LbError {
+    /// A conflict only means the object moved on; the next event brings the new version.
+    pub fn is_conflict(&self) -> bool {
+        matches!(
+            self,
+            LbError::AddFinalizer {
+                source: StoreError::Conflict { .. },
+                ..
+            } | LbError::RemoveFinalizer {
+                source: StoreError::Conflict { .. },
+                ..
+            } | LbError::WriteStatus {
+                source: StoreError::Conflict { .. },
+                ..
+            }
+        )
+    }
+}
+
+/// Why a load balancer has no address (its Ready message), and when to look again.
+pub struct Refusal {
+    reason: &'static str,
+    message: String,
+    recheck: Option<Duration>,
+}
+
+impl Refusal {
+    /// No usable pool: a pool change wakes the load balancer; the re-check is a fallback.
+    pub(super) fn unmatched(reason: &'static str, message: String) -> Self {
+        Refusal {
+            reason,
+            message,
+            recheck: Some(UNMATCHED_RECHECK),
+        }
+    }
+}
+
+fn has_finalizer(lb: &LoadBalancer) -> bool {
+    lb.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|x| x == LB_FINALIZER))
+}
+
+pub async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Shared>) -> Result<Action, LbError> {
+    let namespace = lb.metadata.namespace.clone().ok_or(LbError::MissingField {
+        field: "metadata.namespace",
+    })?;
+    let name = lb.metadata.name.clone().ok_or(LbError::MissingField {
+        field: "metadata.name",
+    })?;
+    let key = format!("{namespace}/{name}");
+    let action = if lb.metadata.deletion_timestamp.is_some() {
+        cleanup(&lb, &key, &ctx).await?;
+        Action::await_change()
+    } else {
+        apply(&lb, &key, &ctx).await?
+    };
+    ctx.succeeded(&key);
+    Ok(action)
+}
+
+async fn apply(lb: &Arc<LoadBalancer>, key: &str, ctx: &Shared) -> Result<Action, LbError> {
+    // The finalizer is durable before any address is taken, so a deletion always releases it.
+    let lb = if has_finalizer(lb) {
+        (**lb).clone()
+    } else {
+        let mut next = (**lb).clone();
+        next.metadata
+            .finalizers
+            .get_or_insert_default()
+            .push(LB_FINALIZER.into());
+        match ctx.lbs.replace(&next).await {
+            Ok(written) => written,
+            Err(e) if e.is_not_found() => return Ok(Action::await_change()),
+            Err(source) => {
+                return Err(LbError::AddFinalizer {
+                    key: key.into(),
+                    source,
+                });
+            }
+        }
+    };
+    let current = lb.status.clone().unwrap_or_default();
+    let mut status = current.clone();
+    let outcome = if lb.is_dhcp() {
+        dhcp(&lb, key, &mut status, ctx).await.map(|()| Ok(None))
+    } else {
+        pool(&lb, key, &mut status, ctx).await
+    };
+    let (action, refusal) = match outcome? {
+        Ok(recheck) => {
+            set_ready(&mut status.conditions, true, "", "");
+            (
+                recheck.map_or_else(Action::await_change, Action::requeue),
+                None,
+            )
+        }
+        Err(refusal) => {
+            set_ready(
+                &mut status.conditions,
+                false,
+                refusal.reason,
+                &refusal.message,
+            );
+            let action = refusal
+                .recheck
+                .map_or_else(Action::await_change, Action::requeue);
+            (action, Some(refusal))
+        }
+    };
+    if status == current {
+        return Ok(action);
+    }
+    let mut next = lb.clone();
+    next.status = Some(status.clone());
+    if let Err(source) = ctx.lbs.replace_status(&next).await {
+        if source.is_not_found() {
+            return Ok(Action::await_change());
+        }
+        return Err(LbError::WriteStatus {
+            key: key.into(),
+            source,
+        });
+    }
+    let (was, now) = (&current.allocated_address, &status.allocated_address);
+    if was != now && !now.ip.is_empty() {
+        let message = if now.ip_pool.is_empty() {
+            format!("{} marks the address for DHCP in the guest", now.ip)
+        } else {
+            format!("allocated {} from IP pool {}", now.ip, now.ip_pool)
+        };
+        info!(lb = %key, ip = %now.ip, pool = %now.ip_pool, "allocated address");
+        ctx.events
+            .record(&lb, EventType::Normal, reason::ALLOCATED, message);
+    }
+    if let Some(refusal) = refusal {
+        debug!(lb = %key, reason = refusal.reason, message = %refusal.message, "no address");
+        ctx.events
+            .record(&lb, EventType::Warning, refusal.reason, refusal.message);
+    }
+    Ok(action)
+}
+
+/// DHCP: the guest's kube-vip leases the address; the controller only marks it `0.0.0.0`, after
+/// releasing a pool address the object may still hold from before.
+async fn dhcp(
+    lb: &LoadBalancer,
+    key: &str,
+    status: &mut LoadBalancerStatus,
+    ctx: &Shared,
+) -> Result<(), LbError> {
+    let old = status.allocated_address.ip_pool.clone();
+    if !old.is_empty() {
+        release_from(lb, key, &old, ctx).await?;
+        status.address.clear();
+    }
+    let want = AllocatedAddress {
+        ip: DHCP_ADDRESS.into(),
+        ..AllocatedAddress::default()
+    };
+    if status.allocated_address != want {
+        status.allocated_address = want;
+    }
+    Ok(())
+}
+
+/// Pool IPAM (also for an empty `spec.ipam`). The outer error is a failure to retry; the inner one a
+/// refusal to report on the object.
+async fn pool(
+    lb: &LoadBalancer,
+    key: &str,
+    status: &mut LoadBalancerStatus,
+    ctx: &Shared,
+) -> Result<Result<Option<Duration>, Refusal>, LbError> {
+    let waiter = ObjectRef::from_obj(lb);
+    let held = status.allocated_address.ip_pool.clone();
+    let chosen = match plan_pool(&held, &lb.spec.ip_pool) {
+        PoolPlan::Keep { pool } => pool.to_string(),
+        plan => {
+            if let PoolPlan::Release { pool } = plan {
+                release_from(lb, key, pool, ctx).await?;
+                status.allocated_address = AllocatedAddress::default();
+                status.address.clear();
+            }
+            match select(lb, ctx).await? {
+                Ok(pool) => pool,
+                Err(e) => {
+                    return Ok(Err(ctx.unmatched(
+                        waiter,
+                        reason::NO_MATCHED_IP_POOL,
+                        e.to_string(),
+                    )));
+                }
+            }
+        }
+    };
+    let op = PoolOp::Allocate {
+        id: lb.applicant(),
+        waiter: waiter.clone(),
+    };
+    match ctx.pools.call(&chosen, op).await {
+        Ok(PoolReply::Allocated(a)) => {
+            let ip = a.ip.to_string();
+            status.allocated_address = AllocatedAddress {
+                ip_pool: chosen,
+                ip: ip.clone(),
+                mask: a.mask.to_string(),
+                gateway: a.gateway.map(|g| g.to_string()).unwrap_or_default(),
+            };
+            status.address = ip;
+            Ok(Ok(None))
+        }
+        Ok(other) => {
+            warn!(lb = %key, reply = ?other, "unexpected reply to an allocation");
+            Ok(Ok(Some(Duration::from_secs(1))))
+        }
+        Err(e) if e.is_exhausted() => Ok(Err(Refusal {
+            reason: reason::POOL_EXHAUSTED,
+            message: e.to_string(),
+            recheck: Some(EXHAUSTED_RECHECK),
+        })),
+        Err(e @ (PoolOpError::Missing { .. } | PoolOpError::Deleting { .. })) => Ok(Err(
+            ctx.unmatched(waiter, reason::ALLOCATION_FAILED, e.to_string())
+        )),
+        Err(e @ PoolOpError::Pool(_)) => Ok(Err(Refusal {
+            reason: reason::ALLOCATION_FAILED,
+            message: e.to_string(),
+            recheck: None,
+        })),
+        Err(source) => Err(LbError::Allocate {
+            key: key.into(),
+            source,
+        }),
+    }
+}
+
+/// Chooses the pool from the cached pools.
+async fn select(lb: &LoadBalancer, ctx: &Shared) -> Result<Result<String, SelectError>, LbError> {
+    ctx.pool_cache
+        .wait_until_ready()
+        .await
+        .map_err(|_| LbError::Stopping)?;
+    let pools = ctx.pool_cache.state();
+    let specs: Vec<(String, crate::ipam::PoolSpec, bool)> = pools
+        .iter()
+        .map(|p| (p.name().to_string(), p.ipam_spec(), p.is_deleting()))
+        .collect();
+    let entries: Vec<PoolEntry<'_>> = specs
+        .iter()
+        .map(|(name, spec, deleting)| PoolEntry {
+            name,
+            spec,
+            deleting: *deleting,
+        })
+        .collect();
+    Ok(PoolIndex::new(&entries)
+        .select(&lb.request())
+        .map(|s| s.pool.to_string()))
+}
+
+/// Releases `lb`'s address in `pool`; a pool that no longer exists holds nothing.
+async fn release_from(
+    lb: &LoadBalancer,
+    key: &str,
+    pool: &str,
+    ctx: &Shared,
+) -> Result<Vec<IpAddr>, LbError> {
+    let op = PoolOp::Release { id: lb.applicant() };
+    match ctx.pools.call(pool, op).await {
+        Ok(PoolReply::Released(ips)) => {
+            for ip in &ips {
+                info!(lb = %key, %ip, %pool, "released address");
+                ctx.events.record(
+                    lb,
+                    EventType::Normal,
+                    reason::RELEASED,
+                    format!("released {ip} to IP pool {pool}"),
+                );
+            }
+            Ok(ips)
+        }
+        Ok(_) | Err(PoolOpError::Missing { .. }) => Ok(Vec::new()),
+        Err(source) => Err(LbError::Release {
+            key: key.into(),
+            ip: lb
+                .status
+                .as_ref()
+                .map(|s| s.allocated_address.ip.clone())
+                .unwrap_or_default(),
+            source,
+        }),
+    }
+}
+
+/// Deletion: release the address (wherever the load balancer holds one: its status may predate a
+/// crash), then let the object go.
+async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &Shared) -> Result<(), LbError> {
+    if !has_finalizer(lb) {
+        return Ok(());
+    }
+    let recorded = lb
+        .status
+        .as_ref()
+        .map(|s| s.allocated_address.ip_pool.clone())
+        .unwrap_or_default();
+    let mut pools: Vec<String> = ctx
+        .pool_cache
+        .state()
+        .iter()
+        .map(|p| p.name().to_string())
+        .collect();
+    if !recorded.is_empty() && !pools.contains(&recorded) {
+        pools.push(recorded);
+    }
+    for pool in &pools {
+        release_from(lb, key, pool, ctx).await?;
+    }
+    let mut next = lb.clone();
+    for _ in 0..5 {
+        if let Some(f) = next.metadata.finalizers.as_mut() {
+            f.retain(|x| x != LB_FINALIZER);
+        }
+        match ctx.lbs.replace(&next).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(StoreError::Conflict { .. }) => {
+                let namespace = lb.metadata.namespace.as_deref().unwrap_or_default();
+                let name = lb.metadata.name.as_deref().unwrap_or_default();
+                match ctx.lbs.get(namespace, name).await {
+                    Ok(Some(fresh)) if has_finalizer(&fresh) => next = fresh,
+                    Ok(_) => return Ok(()),
+                    Err(source) => {
+                        return Err(LbError::RemoveFinalizer {
+                            key: key.into(),
+                            source,
+                        });
+                    }
+                }
+            }
+            Err(source) => {
+                return Err(LbError::RemoveFinalizer {
+                    key: key.into(),
+                    source,
+                });
+            }
+        }
+    }
+    Err(LbError::RemoveFinalizer {
+        key: key.into(),
+        source: StoreError::Conflict {
+            kind: "loadbalancer".into(),
+            name: key.into(),
+        },
+    })
+}

@@ -1,0 +1,335 @@
+//! The load balancer reconcilers (LoadBalancer, IPPool, guest-cluster cleanup), their admission
+//! checks, and the leader election that decides which replica runs them.
+//!
+//! Everything runs on the store port, so the same code serves the embedded and the Kubernetes
+//! backend: each kind is listed and watched through [`crate::store::watcher`], cached in a kube-runtime
+//! reflector, and driven by `kube::runtime::Controller::for_stream`. Allocation state lives only in
+//! IPPool statuses; [`pools`] serialises each pool's writes in-process.
+//!
+//! Entry point: [`run`], which waits for leadership, runs the controllers until leadership is lost or
+//! the shutdown token is cancelled, and starts over.
+
+pub mod admission;
+pub mod events;
+pub mod guest;
+pub mod ippool;
+pub mod kinds;
+pub mod leader;
+pub mod loadbalancer;
+pub mod pools;
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use kube::runtime::{
+    Controller, WatchStreamExt,
+    controller::{Action, Config},
+    reflector::{self, ObjectRef, Store},
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use self::{
+    events::Recorder,
+    kinds::VirtualMachine,
+    leader::LeaderElector,
+    pools::{Pools, Wake},
+};
+use crate::{
+    crd::{IPPool, LoadBalancer, lb_api, lb_kind, pool_api, pool_kind},
+    store::{Api, Kind, ObjectStore, watcher::watcher},
+};
+
+/// How the reconcilers run.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// LoadBalancers reconciled at once. Many in flight let the store and the pool tasks batch
+    /// their writes.
+    pub concurrency: u16,
+    /// This replica's name in Events and the Lease.
+    pub identity: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            concurrency: 256,
+            identity: default_identity(),
+        }
+    }
+}
+
+/// `<hostname>_<random>`, as client-go names leader-election candidates.
+pub fn default_identity() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "harvester-cloud".into());
+    format!("{host}_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// What every reconcile shares.
+pub struct Shared {
+    pub store: Arc<dyn ObjectStore>,
+    pub lbs: Api<LoadBalancer>,
+    pub pools_api: Api<IPPool>,
+    pub pool_cache: Store<IPPool>,
+    pub pools: Pools,
+    pub events: Recorder,
+    wake: Wake,
+    /// Load balancers that found no usable pool; any pool change wakes them.
+    unmatched: Mutex<HashSet<ObjectRef<LoadBalancer>>>,
+    /// Bumped on every pool change, so a load balancer that failed to match while a pool appeared
+    /// notices it missed the wake-up.
+    pool_generation: std::sync::atomic::AtomicU64,
+    /// Consecutive failures per object, for the back-off.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Shared {
+    fn succeeded(&self, key: &str) {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        if !failures.is_empty() {
+            failures.remove(key);
+        }
+    }
+
+    /// Capped exponential back-off for an object that failed; conflicts retry quickly, as the newer
+    /// version is already on its way.
+    fn backoff(&self, key: &str, conflict: bool) -> Action {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = failures.entry(key.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        if conflict {
+            return Action::requeue(Duration::from_millis(50 * u64::from((*n).min(20))));
+        }
+        let millis = 250u64.saturating_mul(1 << (*n).min(10));
+        Action::requeue(Duration::from_millis(millis).min(Duration::from_secs(300)))
+    }
+
+    /// Records a load balancer that found no pool and returns how to report it.
+    fn unmatched(
+        &self,
+        lb: ObjectRef<LoadBalancer>,
+        reason: &'static str,
+        message: String,
+    ) -> loadbalancer::Refusal {
+        let before = self.generation();
+        self.unmatched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(lb.clone());
+        if self.generation() != before {
+            // A pool changed while this one was choosing: look again now.
+            let _ = self.wake.send(lb);
+        }
+        loadbalancer::Refusal::unmatched(reason, message)
+    }
+
+    fn generation(&self) -> u64 {
+        self.pool_generation
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A pool appeared or changed: every load balancer that found none looks again.
+    fn pools_changed(&self) {
+        self.pool_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let waiting: Vec<_> = self
+            .unmatched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
+        if !waiting.is_empty() {
+            debug!(
+                count = waiting.len(),
+                "pools changed; waking unmatched load balancers"
+            );
+        }
+        for lb in waiting {
+            let _ = self.wake.send(lb);
+        }
+    }
+}
+
+/// Runs the reconcilers whenever this replica leads, until `shutdown`.
+pub async fn run(
+    store: Arc<dyn ObjectStore>,
+    settings: Settings,
+    elector: Arc<dyn LeaderElector>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let Some(leadership) = elector.acquire(&shutdown).await else {
+            return;
+        };
+        info!(identity = %settings.identity, "leading: starting the load balancer reconcilers");
+        let stop = CancellationToken::new();
+        let watcher_task = {
+            let (stop, lost, shutdown) = (stop.clone(), leadership.lost.clone(), shutdown.clone());
+            tokio::spawn(
+                async move {
+                    tokio::select! {
+                        _ = lost.cancelled() => {},
+                        _ = shutdown.cancelled() => {},
+                        _ = stop.cancelled() => {},
+                    }
+                    stop.cancel();
+                }
+                .instrument(info_span!("leadership")),
+            )
+        };
+        run_controllers(store.clone(), &settings, stop.clone()).await;
+        stop.cancel();
+        let _ = watcher_task.await;
+        leadership.release().await;
+        if shutdown.is_cancelled() {
+            info!("load balancer reconcilers stopped");
+            return;
+        }
+        warn!("lost leadership: reconcilers stopped; waiting to lead again");
+    }
+}
+
+fn kind_of<K: crate::store::Object>() -> Kind {
+    Kind::of::<K>()
+}
+
+/// Runs the three controllers until `stop`.
+pub async fn run_controllers(
+    store: Arc<dyn ObjectStore>,
+    settings: &Settings,
+    stop: CancellationToken,
+) {
+    let (wake_tx, wake_rx) = mpsc::unbounded_channel();
+    let (pool_reader, pool_writer) = reflector::store::<IPPool>();
+    let (lb_reader, lb_writer) = reflector::store::<LoadBalancer>();
+    let (vm_reader, vm_writer) = reflector::store::<VirtualMachine>();
+    let ctx = Arc::new(Shared {
+        lbs: lb_api(store.clone()),
+        pools_api: pool_api(store.clone()),
+        pool_cache: pool_reader.clone(),
+        pools: Pools::new(store.clone(), wake_tx.clone(), stop.clone()),
+        events: Recorder::start(store.clone(), &settings.identity, stop.clone()),
+        wake: wake_tx,
+        unmatched: Mutex::new(HashSet::new()),
+        pool_generation: std::sync::atomic::AtomicU64::new(0),
+        failures: Mutex::new(HashMap::new()),
+        store: store.clone(),
+    });
+    let shutdown = || {
+        let stop = stop.clone();
+        async move { stop.cancelled().await }
+    };
+
+    let pool_stream = reflector::reflector(
+        pool_writer,
+        watcher::<IPPool>(store.clone(), pool_kind(), None),
+    )
+    .applied_objects();
+    let pools = Controller::for_stream(pool_stream, pool_reader)
+        .graceful_shutdown_on(shutdown())
+        .run(
+            ippool::reconcile,
+            |pool, e: &ippool::PoolReconcileError, ctx: Arc<Shared>| {
+                warn!(pool = pool.metadata.name.as_deref().unwrap_or_default(), error = %e, "IP pool reconcile failed");
+                ctx.backoff(
+                    pool.metadata.name.as_deref().unwrap_or_default(),
+                    e.is_conflict(),
+                )
+            },
+            ctx.clone(),
+        )
+        .for_each(log_result("ippool"));
+
+    let lb_stream = reflector::reflector(
+        lb_writer,
+        watcher::<LoadBalancer>(store.clone(), lb_kind(), None),
+    )
+    .applied_objects();
+    let lbs = Controller::for_stream(lb_stream, lb_reader)
+        .with_config(Config::default().concurrency(settings.concurrency))
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            wake_rx,
+        ))
+        .graceful_shutdown_on(shutdown())
+        .run(
+            loadbalancer::reconcile,
+            |lb, e: &loadbalancer::LbError, ctx: Arc<Shared>| {
+                let key = format!(
+                    "{}/{}",
+                    lb.metadata.namespace.as_deref().unwrap_or_default(),
+                    lb.metadata.name.as_deref().unwrap_or_default()
+                );
+                if e.is_conflict() {
+                    debug!(lb = %key, error = %e, "load balancer changed meanwhile; retrying");
+                } else {
+                    warn!(lb = %key, error = %e, "load balancer reconcile failed");
+                }
+                ctx.backoff(&key, e.is_conflict())
+            },
+            ctx.clone(),
+        )
+        .for_each(log_result("loadbalancer"));
+
+    let vm_stream = reflector::reflector(
+        vm_writer,
+        watcher::<VirtualMachine>(store.clone(), kind_of::<VirtualMachine>(), None),
+    )
+    .applied_objects();
+    let vms = Controller::for_stream(vm_stream, vm_reader)
+        .graceful_shutdown_on(shutdown())
+        .run(
+            guest::reconcile,
+            |vm, e: &guest::GuestCleanupError, ctx: Arc<Shared>| {
+                let key = format!(
+                    "vm/{}/{}",
+                    vm.metadata.namespace.as_deref().unwrap_or_default(),
+                    vm.metadata.name.as_deref().unwrap_or_default()
+                );
+                warn!(vm = %key, error = %e, "guest cluster cleanup failed");
+                ctx.backoff(&key, e.is_conflict())
+            },
+            ctx.clone(),
+        )
+        .for_each(log_result("guestcluster"));
+
+    tokio::join!(
+        pools.instrument(info_span!("controller", kind = "IPPool")),
+        lbs.instrument(info_span!("controller", kind = "LoadBalancer")),
+        vms.instrument(info_span!("controller", kind = "VirtualMachine")),
+    );
+    debug!("controllers stopped");
+}
+
+/// What a controller's run stream yields.
+type RunResult<K, E1, E2> =
+    Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E1, E2>>;
+
+/// Logs what a controller reports; reconcile errors were already logged by the error policy.
+fn log_result<K, E1, E2>(
+    controller: &'static str,
+) -> impl FnMut(RunResult<K, E1, E2>) -> std::future::Ready<()>
+where
+    K: kube::Resource,
+    E1: std::error::Error + 'static,
+    E2: std::error::Error + 'static,
+{
+    move |result| {
+        match result {
+            Ok(_) => {}
+            Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+            Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
+                debug!(controller, object = %obj, "object is gone");
+            }
+            Err(e) => warn!(controller, error = %e, "controller error"),
+        }
+        std::future::ready(())
+    }
+}

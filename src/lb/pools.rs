@@ -1,0 +1,519 @@
+//! The per-pool allocation service: one task per IPPool owns that pool's [`PoolAllocator`] and is the
+//! only writer of its status, so every allocation and release of a pool is serialised in-process (the
+//! "lock per pool" upstream lacks).
+//!
+//! Requests are combined: while one status write is in flight, the requests that arrive meanwhile
+//! queue, and the next round applies them all to the allocator and writes the status once. Replies go
+//! out only after the write is acknowledged, so an address is never reported before it is durable in
+//! the pool. Every write is conditional on the resourceVersion the task last read or wrote; on a
+//! conflict (another replica, a hand edit) the task re-reads the pool, rebuilds the allocator from its
+//! status and applies the round again. Allocation and release are idempotent, so re-applying is safe.
+//!
+//! A load balancer refused because the pool is exhausted is remembered by the task that refused it;
+//! the first release of that pool wakes every such waiter.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+    sync::{Arc, Mutex},
+};
+
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::{
+    crd::{Condition, IPPool, IPPoolStatus, LoadBalancer, pool_api},
+    ipam::{
+        self, AllocateError, Allocation, ManualRelease, ManualReleaseOutcome, PoolAllocator,
+        PoolError,
+    },
+    store::{Api, ObjectStore, StoreError},
+};
+
+/// Requests applied in one round (and one status write) at most.
+const ROUND: usize = 1024;
+/// Rounds retried after conflicting writes before the requests fail.
+const ATTEMPTS: usize = 10;
+
+/// What a pool task is asked to do.
+#[derive(Debug)]
+pub enum PoolOp {
+    /// Give `id` an address; `waiter` is woken when the pool frees one, if it is exhausted now.
+    Allocate {
+        id: String,
+        waiter: ObjectRef<LoadBalancer>,
+    },
+    /// Release whatever `id` holds into the history.
+    Release { id: String },
+    /// The pool object changed: rebuild from the stored pool, apply a manual release, and set the
+    /// counters and the Ready condition.
+    Sync {
+        manual_release: Option<ManualRequest>,
+    },
+    /// The pool is being deleted: succeeds only when it holds nothing (then the task stops).
+    Finalize,
+}
+
+/// A manual release and whether its LoadBalancer still exists.
+#[derive(Debug, Clone)]
+pub struct ManualRequest {
+    pub request: ManualRelease,
+    pub load_balancer_exists: bool,
+}
+
+/// The answer to a [`PoolOp`].
+#[derive(Debug, Clone)]
+pub enum PoolReply {
+    Allocated(Allocation),
+    Released(Vec<IpAddr>),
+    Synced {
+        total: i64,
+        available: i64,
+        manual: Option<ManualReleaseOutcome>,
+    },
+    /// The pool holds nothing and may go.
+    Empty,
+    /// The pool still holds this many addresses.
+    NotEmpty(usize),
+}
+
+/// A failed pool operation.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PoolOpError {
+    /// Upstream's text for a pool it has no allocator for.
+    #[error("fail to get allocator {pool}")]
+    Missing { pool: String },
+    #[error("IP pool {pool} is being deleted")]
+    Deleting { pool: String },
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    #[error("fail to update IP pool {pool}: {source}")]
+    Write {
+        pool: String,
+        source: Arc<StoreError>,
+    },
+    #[error("fail to read IP pool {pool}: {source}")]
+    Read {
+        pool: String,
+        source: Arc<StoreError>,
+    },
+    #[error("IP pool {pool} changed concurrently {ATTEMPTS} times in a row")]
+    Contended { pool: String },
+    #[error("the allocator of IP pool {pool} stopped")]
+    Stopped { pool: String },
+}
+
+impl PoolOpError {
+    pub fn is_exhausted(&self) -> bool {
+        matches!(
+            self,
+            PoolOpError::Pool(PoolError::Allocate {
+                source: AllocateError::Exhausted { .. },
+                ..
+            })
+        )
+    }
+}
+
+struct Request {
+    op: PoolOp,
+    reply: oneshot::Sender<Result<PoolReply, PoolOpError>>,
+}
+
+/// Where woken load balancers go (the LB controller's `reconcile_on` stream).
+pub type Wake = mpsc::UnboundedSender<ObjectRef<LoadBalancer>>;
+
+/// The pool tasks, started on first use.
+pub struct Pools {
+    store: Arc<dyn ObjectStore>,
+    tasks: Mutex<HashMap<String, mpsc::UnboundedSender<Request>>>,
+    wake: Wake,
+    stop: CancellationToken,
+}
+
+impl Pools {
+    pub fn new(store: Arc<dyn ObjectStore>, wake: Wake, stop: CancellationToken) -> Self {
+        Pools {
+            store,
+            tasks: Mutex::new(HashMap::new()),
+            wake,
+            stop,
+        }
+    }
+
+    fn sender(&self, pool: &str) -> mpsc::UnboundedSender<Request> {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = tasks.get(pool).filter(|tx| !tx.is_closed()) {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = PoolTask {
+            name: pool.to_string(),
+            api: pool_api(self.store.clone()),
+            loaded: None,
+            waiters: HashSet::new(),
+            wake: self.wake.clone(),
+        };
+        tokio::spawn(
+            task.run(rx, self.stop.clone())
+                .instrument(info_span!("pool", pool = %pool)),
+        );
+        tasks.insert(pool.to_string(), tx.clone());
+        tx
+    }
+
+    /// Runs `op` on `pool`'s task.
+    pub async fn call(&self, pool: &str, op: PoolOp) -> Result<PoolReply, PoolOpError> {
+        let stopped = || PoolOpError::Stopped { pool: pool.into() };
+        let (reply, rx) = oneshot::channel();
+        self.sender(pool)
+            .send(Request { op, reply })
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Forgets a pool's task (after the pool is gone).
+    pub fn forget(&self, pool: &str) {
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(pool);
+    }
+}
+
+/// The pool as last read or written, and the allocator built from it.
+struct Loaded {
+    pool: IPPool,
+    /// `Err` when the ranges do not parse: nothing can be allocated, the status says why.
+    allocator: Result<PoolAllocator, PoolError>,
+}
+
+struct PoolTask {
+    name: String,
+    api: Api<IPPool>,
+    loaded: Option<Loaded>,
+    waiters: HashSet<ObjectRef<LoadBalancer>>,
+    wake: Wake,
+}
+
+/// The outcome of applying one round, before the write.
+struct Applied {
+    replies: Vec<Result<PoolReply, PoolOpError>>,
+    /// The status to write, if it changed.
+    status: Option<IPPoolStatus>,
+    freed: bool,
+    stop_after: bool,
+}
+
+impl PoolTask {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Request>, stop: CancellationToken) {
+        let mut batch = Vec::with_capacity(ROUND);
+        loop {
+            let received = tokio::select! {
+                _ = stop.cancelled() => 0,
+                n = rx.recv_many(&mut batch, ROUND) => n,
+            };
+            if received == 0 {
+                break;
+            }
+            let stop_after = self.round(&mut batch).await;
+            batch.clear();
+            if stop_after {
+                debug!("pool is gone; allocator stopped");
+                break;
+            }
+        }
+    }
+
+    /// Reads the pool; rebuilds the allocator from its status unless the pool is exactly the one the
+    /// allocator was built from or last wrote (same resourceVersion).
+    async fn load(&mut self) -> Result<(), PoolOpError> {
+        let pool = self
+            .api
+            .get("", &self.name)
+            .await
+            .map_err(|e| PoolOpError::Read {
+                pool: self.name.clone(),
+                source: Arc::new(e),
+            })?
+            .ok_or_else(|| PoolOpError::Missing {
+                pool: self.name.clone(),
+            })?;
+        if let Some(loaded) = &self.loaded
+            && loaded.pool.metadata.resource_version.is_some()
+            && loaded.pool.metadata.resource_version == pool.metadata.resource_version
+        {
+            return Ok(());
+        }
+        let status = pool
+            .status
+            .as_ref()
+            .map(ipam::PoolStatus::from)
+            .unwrap_or_default();
+        let allocator = PoolAllocator::from_status(&self.name, &pool.ranges(), &status);
+        self.loaded = Some(Loaded { pool, allocator });
+        Ok(())
+    }
+
+    /// Applies and writes one batch; true when the task should stop.
+    async fn round(&mut self, batch: &mut Vec<Request>) -> bool {
+        // A sync (and a finalize) reads the pool afresh: it is how a spec change or a deletion
+        // reaches the allocator.
+        let mut fresh = batch
+            .iter()
+            .any(|r| matches!(r.op, PoolOp::Sync { .. } | PoolOp::Finalize));
+        for _ in 0..ATTEMPTS {
+            if (fresh || self.loaded.is_none())
+                && let Err(e) = self.load().await
+            {
+                let gone = matches!(e, PoolOpError::Missing { .. });
+                self.loaded = None;
+                for r in batch.drain(..) {
+                    let _ = r.reply.send(Err(e.clone()));
+                }
+                return gone;
+            }
+            fresh = false;
+            let applied = self.apply(batch);
+            let Some(status) = applied.status else {
+                self.finish(batch, applied.replies, applied.freed);
+                return applied.stop_after;
+            };
+            let Some(loaded) = self.loaded.as_mut() else {
+                continue;
+            };
+            let mut next = loaded.pool.clone();
+            next.status = Some(status);
+            match self.api.replace_status(&next).await {
+                Ok(written) => {
+                    loaded.pool = written;
+                    self.finish(batch, applied.replies, applied.freed);
+                    return applied.stop_after;
+                }
+                Err(StoreError::Conflict { .. }) => {
+                    debug!("pool changed concurrently; re-reading it");
+                    self.loaded = None;
+                }
+                Err(e) => {
+                    let gone = e.is_not_found();
+                    warn!(error = %e, "cannot write the pool status");
+                    // The allocator may be ahead of the store now: rebuild it next time.
+                    self.loaded = None;
+                    let e = if gone {
+                        PoolOpError::Missing {
+                            pool: self.name.clone(),
+                        }
+                    } else {
+                        PoolOpError::Write {
+                            pool: self.name.clone(),
+                            source: Arc::new(e),
+                        }
+                    };
+                    for r in batch.drain(..) {
+                        let _ = r.reply.send(Err(e.clone()));
+                    }
+                    return gone;
+                }
+            }
+        }
+        let e = PoolOpError::Contended {
+            pool: self.name.clone(),
+        };
+        for r in batch.drain(..) {
+            let _ = r.reply.send(Err(e.clone()));
+        }
+        false
+    }
+
+    fn finish(
+        &mut self,
+        batch: &mut Vec<Request>,
+        replies: Vec<Result<PoolReply, PoolOpError>>,
+        freed: bool,
+    ) {
+        for (r, reply) in batch.drain(..).zip(replies) {
+            let _ = r.reply.send(reply);
+        }
+        if freed && !self.waiters.is_empty() {
+            info!(
+                waiters = self.waiters.len(),
+                "addresses freed; waking waiting load balancers"
+            );
+            for waiter in self.waiters.drain() {
+                let _ = self.wake.send(waiter);
+            }
+        }
+    }
+
+    /// Applies the batch to the allocator; the status is `Some` only when it must be written.
+    fn apply(&mut self, batch: &[Request]) -> Applied {
+        let name = self.name.clone();
+        let mut replies = Vec::with_capacity(batch.len());
+        let mut freed = false;
+        let mut stop_after = false;
+        let mut ready: Option<Result<(), String>> = None;
+        let Some(loaded) = self.loaded.as_mut() else {
+            return Applied {
+                replies: batch
+                    .iter()
+                    .map(|_| Err(PoolOpError::Missing { pool: name.clone() }))
+                    .collect(),
+                status: None,
+                freed,
+                stop_after,
+            };
+        };
+        let deleting = loaded.pool.is_deleting();
+        for r in batch {
+            let reply = match (&r.op, &mut loaded.allocator) {
+                (PoolOp::Sync { .. }, Err(e)) => {
+                    ready = Some(Err(e.to_string()));
+                    Ok(PoolReply::Synced {
+                        total: 0,
+                        available: 0,
+                        manual: None,
+                    })
+                }
+                (PoolOp::Finalize, Err(_)) => {
+                    let held = loaded.pool.allocated().len();
+                    stop_after = held == 0;
+                    Ok(if held == 0 {
+                        PoolReply::Empty
+                    } else {
+                        PoolReply::NotEmpty(held)
+                    })
+                }
+                (_, Err(e)) => Err(PoolOpError::Pool(e.clone())),
+                (PoolOp::Allocate { id, waiter }, Ok(allocator)) => {
+                    if deleting && allocator.address_of(id).is_none() {
+                        Err(PoolOpError::Deleting { pool: name.clone() })
+                    } else {
+                        match allocator.allocate(id) {
+                            Ok(a) => {
+                                self.waiters.remove(waiter);
+                                Ok(PoolReply::Allocated(a))
+                            }
+                            Err(e) => {
+                                let e = PoolOpError::Pool(e);
+                                if e.is_exhausted() {
+                                    self.waiters.insert(waiter.clone());
+                                }
+                                Err(e)
+                            }
+                        }
+                    }
+                }
+                (PoolOp::Release { id }, Ok(allocator)) => {
+                    let released = allocator.release(id);
+                    freed |= !released.is_empty();
+                    Ok(PoolReply::Released(released))
+                }
+                (PoolOp::Sync { manual_release }, Ok(allocator)) => {
+                    let manual = manual_release
+                        .as_ref()
+                        .map(|m| allocator.manual_release(&m.request, m.load_balancer_exists));
+                    freed |= matches!(manual, Some(ManualReleaseOutcome::Released));
+                    // A grown pool may serve waiters; waking them costs little.
+                    freed |= allocator.available() > 0;
+                    ready = Some(Ok(()));
+                    Ok(PoolReply::Synced {
+                        total: i64::try_from(allocator.total()).unwrap_or(i64::MAX),
+                        available: i64::try_from(allocator.available()).unwrap_or(i64::MAX),
+                        manual,
+                    })
+                }
+                (PoolOp::Finalize, Ok(allocator)) => {
+                    let held = allocator.in_use() as usize + allocator.strays().len();
+                    stop_after = held == 0 && deleting;
+                    Ok(if held == 0 {
+                        PoolReply::Empty
+                    } else {
+                        PoolReply::NotEmpty(held)
+                    })
+                }
+            };
+            replies.push(reply);
+        }
+
+        let current = loaded.pool.status.clone().unwrap_or_default();
+        let mut status = current.clone();
+        if let Ok(allocator) = &loaded.allocator {
+            status.set_allocation(allocator);
+        }
+        if let Some(ready) = ready {
+            let (ok, message) = match ready {
+                Ok(()) => (true, String::new()),
+                Err(message) => (false, message),
+            };
+            set_ready(&mut status.conditions, ok, "", &message);
+        }
+        Applied {
+            replies,
+            status: (status != current).then_some(status),
+            freed,
+            stop_after,
+        }
+    }
+}
+
+/// The current time as conditions carry it.
+pub fn now_rfc3339() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Sets the `Ready` condition; times move only when something about it changes (as wrangler does),
+/// so that an unchanged condition does not cause a write.
+pub fn set_ready(conditions: &mut Vec<Condition>, ok: bool, reason: &str, message: &str) {
+    let status = if ok { "True" } else { "False" };
+    let at = conditions.iter().position(|c| c.r#type == "Ready");
+    let condition = match at {
+        Some(i) => &mut conditions[i],
+        None => {
+            conditions.push(Condition {
+                r#type: "Ready".into(),
+                ..Condition::default()
+            });
+            let last = conditions.len() - 1;
+            &mut conditions[last]
+        }
+    };
+    if condition.status == status && condition.reason == reason && condition.message == message {
+        return;
+    }
+    let now = now_rfc3339();
+    if condition.status != status {
+        condition.last_transition_time = now.clone();
+    }
+    condition.status = status.into();
+    condition.reason = reason.into();
+    condition.message = message.into();
+    condition.last_update_time = now;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_condition_moves_only_on_change() {
+        let mut conditions = Vec::new();
+        set_ready(&mut conditions, false, "PoolExhausted", "full");
+        let first = conditions.clone();
+        assert_eq!(first[0].status, "False");
+        assert!(!first[0].last_transition_time.is_empty());
+        set_ready(&mut conditions, false, "PoolExhausted", "full");
+        assert_eq!(conditions, first);
+        set_ready(&mut conditions, true, "", "");
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(
+            (
+                conditions[0].status.as_str(),
+                conditions[0].message.as_str()
+            ),
+            ("True", "")
+        );
+    }
+}
