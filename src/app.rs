@@ -31,6 +31,10 @@ use crate::{
         objects::{MANAGED_BY, MANAGED_BY_LABEL},
         request::{CLOUDPROVIDER_ROLE, CSI_DRIVER_ROLE},
     },
+    lb::{
+        admission::{Admission, NetworkCheck},
+        objects::Objects,
+    },
     store::{
         Api, ObjectStore,
         embedded::{self, EmbeddedStore, TokenController, tokens},
@@ -45,6 +49,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(&cli.global, &args).await,
         Command::Token { command } => token_command(&cli.global, command).await,
+        Command::Crds => {
+            print!("{}", crate::crd::crds_yaml()?);
+            Ok(())
+        }
     }
 }
 
@@ -164,6 +172,8 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
     let state = AppState {
         cloud_config,
         authenticator: Arc::new(EmbeddedAuthenticator::new(store.pool().clone())),
+        // The embedded backend has no VM networks to look pools' networks up in.
+        objects: Objects::new(Admission::new(dyn_store.clone(), NetworkCheck::Skip)),
         store: dyn_store,
         issuer: Some(issuer),
     };
@@ -363,6 +373,17 @@ pub async fn serve_on(
 ) -> anyhow::Result<()> {
     let local = listener.local_addr()?;
     let router = http::router(app.state.clone());
+    // The reconcilers run next to the API, stopped by the same token. The embedded store is owned by
+    // this one process (its data directory is locked), so this replica always leads.
+    let reconcilers = tokio::spawn(
+        crate::lb::run(
+            app.state.store.clone(),
+            crate::lb::Settings::default(),
+            Arc::new(crate::lb::leader::AlwaysLeader),
+            shutdown.clone(),
+        )
+        .instrument(info_span!("lb")),
+    );
     let drained = {
         let shutdown = shutdown.clone();
         async move { shutdown.cancelled().await }
@@ -388,15 +409,25 @@ pub async fn serve_on(
         anyhow::Ok(())
     };
     tokio::pin!(server);
-    tokio::select! {
-        r = &mut server => r?,
+    let served = tokio::select! {
+        r = &mut server => r,
         _ = async {
             shutdown.cancelled().await;
             tokio::time::sleep(args.shutdown_timeout).await;
         } => {
             warn!(timeout = ?args.shutdown_timeout, "in-flight requests did not finish in time; exiting");
+            Ok(())
         }
+    };
+    // A server that failed stops the reconcilers too; they finish their in-flight reconciles.
+    shutdown.cancel();
+    if tokio::time::timeout(args.shutdown_timeout, reconcilers)
+        .await
+        .is_err()
+    {
+        warn!(timeout = ?args.shutdown_timeout, "reconcilers did not stop in time; exiting");
     }
+    served?;
     app.store.close().await;
     info!("stopped");
     Ok(())

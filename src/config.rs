@@ -57,6 +57,8 @@ pub enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Print the CustomResourceDefinitions of LoadBalancer and IPPool as YAML.
+    Crds,
 }
 
 #[derive(Debug, Subcommand)]

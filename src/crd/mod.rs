@@ -50,7 +50,7 @@ pub const LABEL_GLOBAL_POOL: &str = "loadbalancer.harvesterhci.io/global-ip-pool
 /// `allocatedAddress.ip` of a DHCP load balancer: the guest's kube-vip obtains the lease.
 pub const DHCP_ADDRESS: &str = "0.0.0.0";
 
-/// `spec` of a LoadBalancer.
+/// What a load balancer asks for: how its address is obtained and, for VMs, its listeners.
 #[derive(CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "loadbalancer.harvesterhci.io",
@@ -117,7 +117,7 @@ pub struct LoadBalancerSpec {
     pub health_check: Option<HealthCheck>,
 }
 
-/// One entry of `spec.listeners`.
+/// A port of a VM load balancer and the backend port it forwards to.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Listener {
@@ -128,7 +128,7 @@ pub struct Listener {
     pub backend_port: i32,
 }
 
-/// `spec.healthCheck` (Go `uint`s).
+/// How a VM load balancer probes its backends (TCP on a listener's backend port).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HealthCheck {
@@ -169,7 +169,7 @@ pub struct HealthCheck {
     pub timeout_seconds: u64,
 }
 
-/// `status` of a LoadBalancer.
+/// The load balancer's address and readiness.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LoadBalancerStatus {
@@ -199,7 +199,7 @@ pub struct LoadBalancerStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// `status.allocatedAddress`: where the address came from.
+/// Where the address came from (`ip` is 0.0.0.0 for DHCP).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AllocatedAddress {
@@ -236,7 +236,7 @@ impl AllocatedAddress {
     }
 }
 
-/// A status condition (wrangler's generic condition); the only type is `Ready`.
+/// A status condition; the only type is `Ready`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
@@ -271,7 +271,7 @@ pub struct Condition {
     pub message: String,
 }
 
-/// `spec` of an IPPool.
+/// Address ranges and the selector of load balancers that may use them.
 #[derive(CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "loadbalancer.harvesterhci.io",
@@ -297,14 +297,15 @@ pub struct IPPoolSpec {
         skip_serializing_if = "String::is_empty"
     )]
     pub description: String,
-    /// Required; `null` reads as empty so that validation can name the problem.
+    /// The address ranges (at least one).
+    // `null` reads as empty so that validation can name the problem.
     #[serde(deserialize_with = "null_as_default")]
     pub ranges: Vec<Range>,
     #[serde(default, deserialize_with = "null_as_default")]
     pub selector: Selector,
 }
 
-/// One entry of `spec.ranges`; empty strings mean "the default" (see [`crate::ipam::IpRange`]).
+/// A range of a subnet; an empty start, end or gateway takes the subnet's default.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Range {
@@ -334,11 +335,13 @@ pub struct Range {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Selector {
+    /// Among matching pools the highest wins.
     #[serde(
         default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "is_zero_u32"
     )]
+    #[schemars(schema_with = "uint32_schema")]
     pub priority: u32,
     /// `namespace/name` of a VM network (NetworkAttachmentDefinition), or empty.
     #[serde(
@@ -379,7 +382,7 @@ pub struct Tuple {
     pub guest_cluster: String,
 }
 
-/// `status` of an IPPool: the pool's whole allocation state.
+/// The pool's allocation state: who holds which address, and who held the released ones.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = pool_status_required)]
@@ -424,6 +427,11 @@ fn pool_status_required(schema: &mut schemars::Schema) {
 /// Go's `uint`: an unsigned integer without a format Kubernetes would not know.
 fn uint_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({"type": "integer", "minimum": 0})
+}
+
+/// Go's `uint32`, as controller-gen describes it.
+fn uint32_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "integer", "format": "int32", "minimum": 0})
 }
 
 fn is_zero(value: &u64) -> bool {

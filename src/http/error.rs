@@ -13,6 +13,7 @@ use tracing::{error, warn};
 use crate::{
     auth::AuthError,
     kubeconfig::{CloudConfigError, RequestError},
+    lb::objects::ObjectError,
     store::StoreError,
 };
 
@@ -40,6 +41,12 @@ pub enum ApiError {
     NoIssuer,
     #[error("{what} is not available: {reason}")]
     Unavailable { what: &'static str, reason: String },
+    #[error(transparent)]
+    Objects(#[from] ObjectError),
+    #[error("cannot encode {what}: {reason}")]
+    Encode { what: &'static str, reason: String },
+    #[error("fail to decode the admission review: {reason}")]
+    BadReview { reason: String },
 }
 
 #[derive(Serialize)]
@@ -106,6 +113,21 @@ impl ApiError {
             }
             ApiError::NotFound { .. } | ApiError::NoIssuer => (StatusCode::NOT_FOUND, "NotFound"),
             ApiError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable"),
+            ApiError::Objects(e) => match e {
+                ObjectError::Decode { .. }
+                | ObjectError::Mismatch { .. }
+                | ObjectError::MissingNamespace { .. } => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
+                }
+                ObjectError::NotFound { .. } => (StatusCode::NOT_FOUND, "NotFound"),
+                ObjectError::Admission(a) if a.is_rejection() => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
+                }
+                ObjectError::Admission(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
+                ObjectError::Store { source, .. } => store_status(source),
+            },
+            ApiError::Encode { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
+            ApiError::BadReview { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
         }
     }
 
@@ -122,6 +144,19 @@ impl ApiError {
                 "authentication failed: internal error, see the server log".into()
             }
             ApiError::Unavailable { what, .. } => format!("{what} is not available"),
+            ApiError::Objects(ObjectError::Store {
+                action,
+                kind,
+                name,
+                source,
+            }) if store_status(source).0.is_server_error() => {
+                format!("cannot {action} {kind} {name}: internal error, see the server log")
+            }
+            ApiError::Objects(ObjectError::Store { source, .. }) => source.to_string(),
+            ApiError::Objects(ObjectError::Admission(a)) if !a.is_rejection() => {
+                "admission could not be decided: internal error, see the server log".into()
+            }
+            ApiError::Encode { .. } => "internal error, see the server log".into(),
             other => other.to_string(),
         }
     }

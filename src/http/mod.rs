@@ -4,6 +4,7 @@
 //! OpenAPI contract test can compare the router with `openapi/openapi.yaml`.
 
 pub mod error;
+pub mod lb;
 pub mod tls;
 
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use axum::{
     },
     http::{HeaderValue, Method, StatusCode, header, request::Parts},
     response::{IntoResponse, Response},
-    routing::{MethodRouter, get},
+    routing::{MethodRouter, get, post},
 };
 use tower_http::{
     request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer},
@@ -44,6 +45,8 @@ pub struct AppState {
     pub store: Arc<dyn ObjectStore>,
     /// The service-account token issuer, when this backend mints tokens itself.
     pub issuer: Option<Arc<Issuer>>,
+    /// IPPools and LoadBalancers through admission (also serves the admission webhooks).
+    pub objects: crate::lb::objects::Objects,
 }
 
 /// A route as declared: its path and the methods it serves.
@@ -104,7 +107,32 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         &["GET"],
         get(openid_configuration),
     )
-    .add("/openid/v1/jwks", &["GET"], get(jwks));
+    .add("/openid/v1/jwks", &["GET"], get(jwks))
+    .add(
+        lb::POOLS_PATH,
+        &["GET", "POST"],
+        get(lb::list_pools).post(lb::create_pool),
+    )
+    .add(
+        lb::POOL_PATH,
+        &["GET", "PUT", "DELETE"],
+        get(lb::get_pool)
+            .put(lb::update_pool)
+            .delete(lb::delete_pool),
+    )
+    .add(
+        lb::LBS_PATH,
+        &["GET", "POST"],
+        get(lb::list_lbs).post(lb::create_lb),
+    )
+    .add(lb::LBS_NAMESPACE_PATH, &["GET"], get(lb::list_lbs_in))
+    .add(
+        lb::LB_PATH,
+        &["GET", "PUT", "DELETE"],
+        get(lb::get_lb).put(lb::update_lb).delete(lb::delete_lb),
+    )
+    .add(lb::VALIDATION_PATH, &["POST"], post(lb::validation))
+    .add(lb::MUTATION_PATH, &["POST"], post(lb::mutation));
 
     let router = routes
         .router

@@ -566,6 +566,14 @@ impl Admission {
         }
     }
 
+    /// Sets the labels of upstream's IPPool mutator (refusing an unknown network where networks
+    /// exist); `create` picks the message's verb.
+    pub async fn mutate_pool(&self, pool: &mut IPPool, create: bool) -> Result<(), AdmitError> {
+        let vid = self.vid(pool, create).await?;
+        mutate_pool(pool, vid);
+        Ok(())
+    }
+
     /// Mutates and validates a new pool.
     pub async fn admit_pool_create(&self, pool: &mut IPPool) -> Result<(), AdmitError> {
         let vid = self.vid(pool, true).await?;

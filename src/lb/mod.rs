@@ -16,7 +16,9 @@ pub mod ippool;
 pub mod kinds;
 pub mod leader;
 pub mod loadbalancer;
+pub mod objects;
 pub mod pools;
+pub mod webhook;
 
 use std::{
     collections::{HashMap, HashSet},

@@ -1,0 +1,212 @@
+//! The IPPool and LoadBalancer API in the shape of Rancher's steve API, which the Harvester UI
+//! speaks (`/v1/harvester/<group>.<plural>`): objects are the Kubernetes objects plus `id`
+//! (`name` or `namespace/name`) and `type`; a collection is
+//! `{"type":"collection","resourceType":…,"revision":…,"data":[…]}`. Plus the admission webhook
+//! endpoints that the Kubernetes API server calls.
+
+use axum::{
+    Json,
+    body::Bytes,
+    extract::{Path, State, rejection::BytesRejection},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use kube::core::{DynamicObject, admission::AdmissionReview};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::{Admin, ApiError, AppState, body_bytes};
+use crate::lb::webhook;
+
+pub const POOLS_PATH: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
+pub const POOL_PATH: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools/{name}";
+pub const LBS_PATH: &str = "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers";
+pub const LBS_NAMESPACE_PATH: &str =
+    "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers/{namespace}";
+pub const LB_PATH: &str =
+    "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers/{namespace}/{name}";
+pub const VALIDATION_PATH: &str = "/v1/webhook/validation";
+pub const MUTATION_PATH: &str = "/v1/webhook/mutation";
+
+/// steve's type names.
+const POOL_TYPE: &str = "loadbalancer.harvesterhci.io.ippool";
+const LB_TYPE: &str = "loadbalancer.harvesterhci.io.loadbalancer";
+
+/// An object as steve returns it: `id` and `type` first, then the Kubernetes object.
+fn resource<T: Serialize>(type_: &'static str, object: &T) -> Result<Value, ApiError> {
+    let value = serde_json::to_value(object).map_err(|e| ApiError::Encode {
+        what: type_,
+        reason: e.to_string(),
+    })?;
+    Ok(resource_value(type_, value))
+}
+
+fn resource_value(type_: &'static str, value: Value) -> Value {
+    let (namespace, name) = crate::store::object_key(&value);
+    let id = if namespace.is_empty() {
+        name
+    } else {
+        format!("{namespace}/{name}")
+    };
+    let mut out = Map::new();
+    out.insert("id".into(), Value::from(id));
+    out.insert("type".into(), Value::from(type_));
+    if let Value::Object(fields) = value {
+        out.extend(fields);
+    }
+    Value::Object(out)
+}
+
+fn collection<T: Serialize>(
+    type_: &'static str,
+    items: &[T],
+    revision: String,
+) -> Result<Json<Value>, ApiError> {
+    let data = items
+        .iter()
+        .map(|i| resource(type_, i))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(serde_json::json!({
+        "type": "collection",
+        "resourceType": type_,
+        "revision": revision,
+        "data": data,
+    })))
+}
+
+fn created(value: Value) -> Response {
+    (StatusCode::CREATED, Json(value)).into_response()
+}
+
+pub async fn list_pools(
+    State(state): State<AppState>,
+    _admin: Admin,
+) -> Result<Json<Value>, ApiError> {
+    let (pools, revision) = state.objects.list_pools().await?;
+    collection(POOL_TYPE, &pools, revision)
+}
+
+pub async fn create_pool(
+    State(state): State<AppState>,
+    _admin: Admin,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_bytes(body)?;
+    let pool = state.objects.create_pool(&body).await?;
+    Ok(created(resource(POOL_TYPE, &pool)?))
+}
+
+pub async fn get_pool(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let pool = state.objects.get_pool(&name).await?;
+    Ok(Json(resource(POOL_TYPE, &pool)?))
+}
+
+pub async fn update_pool(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = body_bytes(body)?;
+    let pool = state.objects.update_pool(&name, &body).await?;
+    Ok(Json(resource(POOL_TYPE, &pool)?))
+}
+
+pub async fn delete_pool(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let deleted = state.objects.delete_pool(&name).await?;
+    Ok(Json(resource_value(POOL_TYPE, deleted)))
+}
+
+pub async fn list_lbs(
+    State(state): State<AppState>,
+    _admin: Admin,
+) -> Result<Json<Value>, ApiError> {
+    let (lbs, revision) = state.objects.list_lbs(None).await?;
+    collection(LB_TYPE, &lbs, revision)
+}
+
+pub async fn list_lbs_in(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(namespace): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let (lbs, revision) = state.objects.list_lbs(Some(&namespace)).await?;
+    collection(LB_TYPE, &lbs, revision)
+}
+
+pub async fn create_lb(
+    State(state): State<AppState>,
+    _admin: Admin,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_bytes(body)?;
+    let lb = state.objects.create_lb(&body).await?;
+    Ok(created(resource(LB_TYPE, &lb)?))
+}
+
+pub async fn get_lb(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let lb = state.objects.get_lb(&namespace, &name).await?;
+    Ok(Json(resource(LB_TYPE, &lb)?))
+}
+
+pub async fn update_lb(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path((namespace, name)): Path<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = body_bytes(body)?;
+    let lb = state.objects.update_lb(&namespace, &name, &body).await?;
+    Ok(Json(resource(LB_TYPE, &lb)?))
+}
+
+pub async fn delete_lb(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let deleted = state.objects.delete_lb(&namespace, &name).await?;
+    Ok(Json(resource_value(LB_TYPE, deleted)))
+}
+
+fn review(body: Result<Bytes, BytesRejection>) -> Result<AdmissionReview<DynamicObject>, ApiError> {
+    let body = body_bytes(body)?;
+    serde_json::from_slice(&body).map_err(|e| ApiError::BadReview {
+        reason: e.to_string(),
+    })
+}
+
+/// The ValidatingAdmissionWebhook. The API server authenticates itself by TLS only, so there is no
+/// bearer token; the endpoint only answers questions and changes nothing.
+pub async fn validation(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AdmissionReview<DynamicObject>>, ApiError> {
+    let review = review(body)?;
+    Ok(Json(
+        webhook::validate(state.objects.admission(), review).await,
+    ))
+}
+
+/// The MutatingAdmissionWebhook (labels, annotations and defaults, as a JSON Patch).
+pub async fn mutation(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<AdmissionReview<DynamicObject>>, ApiError> {
+    let review = review(body)?;
+    Ok(Json(
+        webhook::mutate(state.objects.admission(), review).await,
+    ))
+}

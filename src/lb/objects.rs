@@ -1,0 +1,323 @@
+//! Reading and writing IPPools and LoadBalancers on behalf of API callers: every write is mutated and
+//! validated as Harvester's webhooks would ([`Admission`]), then stored with Kubernetes' optimistic
+//! concurrency (a stale `metadata.resourceVersion` is a conflict).
+//!
+//! Writes never touch `status` (it is a subresource, owned by the reconcilers). A PUT without a
+//! resourceVersion replaces whatever is stored, as `kubectl replace --force`-less clients expect; the
+//! checks then run against exactly the version that is replaced, because the write is conditional on
+//! it.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::admission::{Admission, AdmitError};
+use crate::{
+    crd::{IPPool, LoadBalancer, lb_api, pool_api},
+    store::{Api, Deleted, LabelSelector, ObjectStore, Preconditions, StoreError},
+};
+
+/// A request about an IPPool or LoadBalancer that could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    #[error("fail to decode {kind}: {reason}")]
+    Decode { kind: &'static str, reason: String },
+    #[error("the {field} of the object ({body}) does not match the {field} on the URL ({url})")]
+    Mismatch {
+        field: &'static str,
+        body: String,
+        url: String,
+    },
+    #[error("{kind} {name}: metadata.namespace: Required value")]
+    MissingNamespace { kind: &'static str, name: String },
+    #[error("{kind} \"{name}\" not found")]
+    NotFound { kind: &'static str, name: String },
+    #[error(transparent)]
+    Admission(#[from] AdmitError),
+    #[error("cannot {action} {kind} {name}: {source}")]
+    Store {
+        action: &'static str,
+        kind: &'static str,
+        name: String,
+        source: StoreError,
+    },
+}
+
+const POOL: &str = "ippool";
+const LB: &str = "loadbalancer";
+
+fn decode<T: serde::de::DeserializeOwned>(
+    kind: &'static str,
+    body: &[u8],
+) -> Result<T, ObjectError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| ObjectError::Decode {
+        kind,
+        reason: e.to_string(),
+    })?;
+    if !value.is_object() {
+        return Err(ObjectError::Decode {
+            kind,
+            reason: "the body must be a JSON object".into(),
+        });
+    }
+    serde_json::from_value(value).map_err(|e| ObjectError::Decode {
+        kind,
+        reason: e.to_string(),
+    })
+}
+
+/// IPPools and LoadBalancers through admission and the store.
+#[derive(Clone)]
+pub struct Objects {
+    admission: Admission,
+    pools: Api<IPPool>,
+    lbs: Api<LoadBalancer>,
+}
+
+impl Objects {
+    pub fn new(admission: Admission) -> Self {
+        let store: Arc<dyn ObjectStore> = admission.store().clone();
+        Objects {
+            pools: pool_api(store.clone()),
+            lbs: lb_api(store),
+            admission,
+        }
+    }
+
+    pub fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    fn store_err(
+        action: &'static str,
+        kind: &'static str,
+        name: &str,
+    ) -> impl FnOnce(StoreError) -> ObjectError {
+        let name = name.to_string();
+        move |source| ObjectError::Store {
+            action,
+            kind,
+            name,
+            source,
+        }
+    }
+
+    // --- IPPools ---------------------------------------------------------------------------------
+
+    pub async fn list_pools(&self) -> Result<(Vec<IPPool>, String), ObjectError> {
+        let list = self
+            .admission
+            .store()
+            .list(self.pools.kind(), None, &LabelSelector::everything())
+            .await
+            .map_err(Self::store_err("list", POOL, ""))?;
+        let items = list
+            .items
+            .into_iter()
+            .map(|v| {
+                serde_json::from_value(v).map_err(|e| ObjectError::Decode {
+                    kind: POOL,
+                    reason: e.to_string(),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((items, list.resource_version))
+    }
+
+    pub async fn get_pool(&self, name: &str) -> Result<IPPool, ObjectError> {
+        self.pools
+            .get("", name)
+            .await
+            .map_err(Self::store_err("get", POOL, name))?
+            .ok_or_else(|| ObjectError::NotFound {
+                kind: POOL,
+                name: name.into(),
+            })
+    }
+
+    pub async fn create_pool(&self, body: &[u8]) -> Result<IPPool, ObjectError> {
+        let mut pool: IPPool = decode(POOL, body)?;
+        pool.status = None;
+        self.admission.admit_pool_create(&mut pool).await?;
+        self.pools
+            .create(&pool)
+            .await
+            .map_err(Self::store_err("create", POOL, pool.name()))
+    }
+
+    pub async fn update_pool(&self, name: &str, body: &[u8]) -> Result<IPPool, ObjectError> {
+        let mut pool: IPPool = decode(POOL, body)?;
+        match pool.metadata.name.as_deref() {
+            None | Some("") => pool.metadata.name = Some(name.into()),
+            Some(n) if n != name => {
+                return Err(ObjectError::Mismatch {
+                    field: "name",
+                    body: n.into(),
+                    url: name.into(),
+                });
+            }
+            Some(_) => {}
+        }
+        let current = self.get_pool(name).await?;
+        if pool
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            pool.metadata.resource_version = current.metadata.resource_version.clone();
+        }
+        pool.status = current.status.clone();
+        self.admission
+            .admit_pool_update(&current, &mut pool)
+            .await?;
+        self.pools
+            .replace(&pool)
+            .await
+            .map_err(Self::store_err("update", POOL, name))
+    }
+
+    pub async fn delete_pool(&self, name: &str) -> Result<Value, ObjectError> {
+        let current = self.get_pool(name).await?;
+        self.admission.admit_pool_delete(&current)?;
+        // Conditional on the version just checked: an address allocated since makes this a conflict
+        // instead of deleting a pool that holds it.
+        let preconditions = Preconditions {
+            uid: current.metadata.uid.clone(),
+            resource_version: current.metadata.resource_version.clone(),
+        };
+        let deleted = self
+            .pools
+            .delete("", name, &preconditions)
+            .await
+            .map_err(Self::store_err("delete", POOL, name))?;
+        Ok(match deleted {
+            Deleted::Gone(v) | Deleted::Pending(v) => v,
+        })
+    }
+
+    // --- LoadBalancers ---------------------------------------------------------------------------
+
+    pub async fn list_lbs(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<(Vec<LoadBalancer>, String), ObjectError> {
+        let list = self
+            .admission
+            .store()
+            .list(self.lbs.kind(), namespace, &LabelSelector::everything())
+            .await
+            .map_err(Self::store_err("list", LB, namespace.unwrap_or_default()))?;
+        let items = list
+            .items
+            .into_iter()
+            .map(|v| {
+                serde_json::from_value(v).map_err(|e| ObjectError::Decode {
+                    kind: LB,
+                    reason: e.to_string(),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((items, list.resource_version))
+    }
+
+    pub async fn get_lb(&self, namespace: &str, name: &str) -> Result<LoadBalancer, ObjectError> {
+        self.lbs
+            .get(namespace, name)
+            .await
+            .map_err(Self::store_err("get", LB, name))?
+            .ok_or_else(|| ObjectError::NotFound {
+                kind: LB,
+                name: name.into(),
+            })
+    }
+
+    pub async fn create_lb(&self, body: &[u8]) -> Result<LoadBalancer, ObjectError> {
+        let mut lb: LoadBalancer = decode(LB, body)?;
+        lb.status = None;
+        if lb
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            return Err(ObjectError::MissingNamespace {
+                kind: LB,
+                name: lb.metadata.name.clone().unwrap_or_default(),
+            });
+        }
+        self.admission.mutate_lb(&mut lb).await?;
+        self.admission.validate_lb_create(&lb).await?;
+        let name = lb.metadata.name.clone().unwrap_or_default();
+        self.lbs
+            .create(&lb)
+            .await
+            .map_err(Self::store_err("create", LB, &name))
+    }
+
+    pub async fn update_lb(
+        &self,
+        namespace: &str,
+        name: &str,
+        body: &[u8],
+    ) -> Result<LoadBalancer, ObjectError> {
+        let mut lb: LoadBalancer = decode(LB, body)?;
+        for (field, slot, url) in [
+            ("namespace", &mut lb.metadata.namespace, namespace),
+            ("name", &mut lb.metadata.name, name),
+        ] {
+            match slot.as_deref() {
+                None | Some("") => *slot = Some(url.into()),
+                Some(v) if v != url => {
+                    return Err(ObjectError::Mismatch {
+                        field,
+                        body: v.into(),
+                        url: url.into(),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        let current = self.get_lb(namespace, name).await?;
+        if lb
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            lb.metadata.resource_version = current.metadata.resource_version.clone();
+        }
+        lb.status = current.status.clone();
+        self.admission.mutate_lb(&mut lb).await?;
+        self.admission.validate_lb_update(&current, &lb)?;
+        self.lbs
+            .replace(&lb)
+            .await
+            .map_err(Self::store_err("update", LB, name))
+    }
+
+    pub async fn delete_lb(&self, namespace: &str, name: &str) -> Result<Value, ObjectError> {
+        let deleted = self
+            .lbs
+            .delete(namespace, name, &Preconditions::default())
+            .await
+            .map_err(|e| match e {
+                StoreError::NotFound { .. } => ObjectError::NotFound {
+                    kind: LB,
+                    name: name.into(),
+                },
+                source => ObjectError::Store {
+                    action: "delete",
+                    kind: LB,
+                    name: name.into(),
+                    source,
+                },
+            })?;
+        Ok(match deleted {
+            Deleted::Gone(v) | Deleted::Pending(v) => v,
+        })
+    }
+}
