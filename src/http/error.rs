@@ -42,11 +42,17 @@ pub enum ApiError {
     #[error("{what} is not available: {reason}")]
     Unavailable { what: &'static str, reason: String },
     #[error(transparent)]
-    Objects(#[from] ObjectError),
+    Objects(Box<ObjectError>),
     #[error("cannot encode {what}: {reason}")]
     Encode { what: &'static str, reason: String },
     #[error("fail to decode the admission review: {reason}")]
     BadReview { reason: String },
+}
+
+impl From<ObjectError> for ApiError {
+    fn from(e: ObjectError) -> Self {
+        ApiError::Objects(Box::new(e))
+    }
 }
 
 #[derive(Serialize)]
@@ -113,7 +119,7 @@ impl ApiError {
             }
             ApiError::NotFound { .. } | ApiError::NoIssuer => (StatusCode::NOT_FOUND, "NotFound"),
             ApiError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable"),
-            ApiError::Objects(e) => match e {
+            ApiError::Objects(e) => match e.as_ref() {
                 ObjectError::Decode { .. }
                 | ObjectError::Mismatch { .. }
                 | ObjectError::MissingNamespace { .. } => {
@@ -144,18 +150,21 @@ impl ApiError {
                 "authentication failed: internal error, see the server log".into()
             }
             ApiError::Unavailable { what, .. } => format!("{what} is not available"),
-            ApiError::Objects(ObjectError::Store {
-                action,
-                kind,
-                name,
-                source,
-            }) if store_status(source).0.is_server_error() => {
-                format!("cannot {action} {kind} {name}: internal error, see the server log")
-            }
-            ApiError::Objects(ObjectError::Store { source, .. }) => source.to_string(),
-            ApiError::Objects(ObjectError::Admission(a)) if !a.is_rejection() => {
-                "admission could not be decided: internal error, see the server log".into()
-            }
+            ApiError::Objects(e) => match e.as_ref() {
+                ObjectError::Store {
+                    action,
+                    kind,
+                    name,
+                    source,
+                } if store_status(source).0.is_server_error() => {
+                    format!("cannot {action} {kind} {name}: internal error, see the server log")
+                }
+                ObjectError::Store { source, .. } => source.to_string(),
+                ObjectError::Admission(a) if !a.is_rejection() => {
+                    "admission could not be decided: internal error, see the server log".into()
+                }
+                other => other.to_string(),
+            },
             ApiError::Encode { .. } => "internal error, see the server log".into(),
             other => other.to_string(),
         }
