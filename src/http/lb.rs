@@ -204,9 +204,24 @@ pub async fn validation(
 pub async fn mutation(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<AdmissionReview<DynamicObject>>, ApiError> {
+) -> Result<Json<Value>, ApiError> {
     let review = review(body)?;
-    Ok(Json(
-        webhook::mutate(state.objects.admission(), review).await,
-    ))
+    let answer = webhook::mutate(state.objects.admission(), review).await;
+    let mut value = serde_json::to_value(&answer).map_err(|e| ApiError::Encode {
+        what: "admission review",
+        reason: e.to_string(),
+    })?;
+    // kube-core serialises the patch bytes as a JSON array; Kubernetes documents (and Go writes)
+    // `[]byte` as base64, so send that.
+    if let Some(patch) = value.pointer_mut("/response/patch")
+        && let Some(bytes) = patch.as_array().map(|a| {
+            a.iter()
+                .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+                .collect::<Vec<u8>>()
+        })
+    {
+        use base64::Engine;
+        *patch = Value::from(base64::engine::general_purpose::STANDARD.encode(bytes));
+    }
+    Ok(Json(value))
 }

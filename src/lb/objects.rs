@@ -39,7 +39,7 @@ pub enum ObjectError {
         action: &'static str,
         kind: &'static str,
         name: String,
-        source: StoreError,
+        source: Box<StoreError>,
     },
 }
 
@@ -98,7 +98,7 @@ impl Objects {
             action,
             kind,
             name,
-            source,
+            source: Box::new(source),
         }
     }
 
@@ -313,7 +313,7 @@ impl Objects {
                     action: "delete",
                     kind: LB,
                     name: name.into(),
-                    source,
+                    source: Box::new(source),
                 },
             })?;
         Ok(match deleted {

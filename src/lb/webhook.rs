@@ -174,7 +174,7 @@ async fn patch(
         }))
     })
     .collect();
-    Ok((!ops.is_empty()).then(|| json_patch::Patch(ops)))
+    Ok((!ops.is_empty()).then_some(json_patch::Patch(ops)))
 }
 
 /// Answers a MutatingAdmissionWebhook review.

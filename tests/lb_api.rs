@@ -1,0 +1,1260 @@
+//! IPPools and LoadBalancers through the HTTP API, with the reconcilers running on the backend's
+//! store. The `cases` run on every backend through [`support::Backend`] (the reconcilers are started
+//! from `Backend::store()`, so they run on whatever store the backend has).
+
+mod support;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::Duration,
+};
+
+use axum::{
+    body::Body,
+    http::{Method, StatusCode},
+};
+use harvester_cloud::{
+    lb::{self, kinds::VirtualMachine, leader::AlwaysLeader},
+    store::{Api, LabelSelector, ObjectStore, Preconditions},
+};
+use k8s_openapi::api::core::v1::Event;
+use serde_json::{Value, json};
+use support::{Backend, EmbeddedBackend, Reply};
+use tokio_util::sync::CancellationToken;
+
+const POOLS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
+const LBS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers";
+/// How long a test waits for the reconcilers before it declares them stuck. Not a performance
+/// bound: convergence normally takes milliseconds.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The reconcilers, running on a backend's store until dropped or stopped.
+pub struct Reconcilers {
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Reconcilers {
+    pub fn start(store: Arc<dyn ObjectStore>) -> Self {
+        let stop = CancellationToken::new();
+        let settings = lb::Settings {
+            concurrency: 32,
+            identity: "test".into(),
+        };
+        let task = tokio::spawn(lb::run(
+            store,
+            settings,
+            Arc::new(AlwaysLeader),
+            stop.clone(),
+        ));
+        Reconcilers {
+            stop,
+            task: Some(task),
+        }
+    }
+
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            task.await.expect("reconcilers stop cleanly");
+        }
+    }
+}
+
+impl Drop for Reconcilers {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn call<B: Backend>(b: &B, method: Method, path: &str, body: Option<Value>) -> Reply {
+    let token = b.admin_token();
+    let body = body.map_or_else(Body::empty, |v| Body::from(v.to_string()));
+    b.call(method, path, Some(&token), body).await
+}
+
+fn ok(r: Reply, status: StatusCode) -> Value {
+    assert_eq!(r.status, status, "{}", r.text());
+    r.json()
+}
+
+fn mk_pool(name: &str, ranges: Value, selector: Value) -> Value {
+    json!({
+        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1",
+        "kind": "IPPool",
+        "metadata": {"name": name},
+        "spec": {"ranges": ranges, "selector": selector}
+    })
+}
+
+fn global() -> Value {
+    json!({"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]})
+}
+
+fn range(subnet: &str, start: &str, end: &str) -> Value {
+    json!([{"subnet": subnet, "rangeStart": start, "rangeEnd": end}])
+}
+
+async fn create_pool<B: Backend>(b: &B, pool: Value) -> Value {
+    ok(
+        call(b, Method::POST, POOLS, Some(pool)).await,
+        StatusCode::CREATED,
+    )
+}
+
+/// A VM load balancer with one listener (what the validator wants of VM load balancers).
+fn mk_lb(namespace: &str, name: &str, spec: Value) -> Value {
+    let mut spec = spec;
+    if spec.get("workloadType").and_then(Value::as_str) != Some("cluster")
+        && spec.get("listeners").is_none()
+    {
+        spec["listeners"] =
+            json!([{"name": "http", "port": 80, "protocol": "TCP", "backendPort": 8080}]);
+    }
+    json!({
+        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1",
+        "kind": "LoadBalancer",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec
+    })
+}
+
+fn with_annotations(mut lb: Value, annotations: &[(&str, &str)]) -> Value {
+    let map: BTreeMap<&str, &str> = annotations.iter().copied().collect();
+    lb["metadata"]["annotations"] = json!(map);
+    lb
+}
+
+fn with_labels(mut lb: Value, labels: &[(&str, &str)]) -> Value {
+    let map: BTreeMap<&str, &str> = labels.iter().copied().collect();
+    lb["metadata"]["labels"] = json!(map);
+    lb
+}
+
+async fn create_lb<B: Backend>(b: &B, lb: Value) -> Value {
+    ok(
+        call(b, Method::POST, LBS, Some(lb)).await,
+        StatusCode::CREATED,
+    )
+}
+
+async fn get<B: Backend>(b: &B, path: &str) -> Reply {
+    call(b, Method::GET, path, None).await
+}
+
+async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn ready(lb: &Value) -> Option<&Value> {
+    lb["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")
+}
+
+/// Waits until the load balancer has an address and is Ready.
+async fn allocated<B: Backend>(b: &B, namespace: &str, name: &str) -> Value {
+    let path = format!("{LBS}/{namespace}/{name}");
+    eventually(
+        &format!("{namespace}/{name} to get an address"),
+        async || {
+            let lb = get(b, &path).await.json();
+            let is_ready = ready(&lb).is_some_and(|c| c["status"] == "True");
+            (is_ready && lb["status"]["allocatedAddress"]["ip"].is_string()).then_some(lb)
+        },
+    )
+    .await
+}
+
+/// Waits until the load balancer reports Ready=False, and returns the condition.
+async fn refused<B: Backend>(b: &B, namespace: &str, name: &str) -> Value {
+    let path = format!("{LBS}/{namespace}/{name}");
+    eventually(&format!("{namespace}/{name} to be refused"), async || {
+        let lb = get(b, &path).await.json();
+        ready(&lb).filter(|c| c["status"] == "False").cloned()
+    })
+    .await
+}
+
+async fn gone<B: Backend>(b: &B, path: &str) {
+    eventually(&format!("{path} to be gone"), async || {
+        (get(b, path).await.status == StatusCode::NOT_FOUND).then_some(())
+    })
+    .await
+}
+
+async fn pool<B: Backend>(b: &B, name: &str) -> Value {
+    ok(get(b, &format!("{POOLS}/{name}")).await, StatusCode::OK)
+}
+
+fn ip_of(lb: &Value) -> String {
+    lb["status"]["allocatedAddress"]["ip"]
+        .as_str()
+        .expect("allocated ip")
+        .to_string()
+}
+
+fn pool_of(lb: &Value) -> String {
+    lb["status"]["allocatedAddress"]["ipPool"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Events about an object, as the recorder wrote them (it writes in the background).
+async fn events_about<B: Backend>(b: &B, name: &str, reason: &str) -> Vec<Event> {
+    let api = Api::<Event>::new(b.store());
+    eventually(&format!("a {reason} event about {name}"), async || {
+        let events: Vec<Event> = api
+            .list(None, &LabelSelector::everything())
+            .await
+            .expect("lists events")
+            .into_iter()
+            .filter(|e| {
+                e.involved_object.name.as_deref() == Some(name)
+                    && e.reason.as_deref() == Some(reason)
+            })
+            .collect();
+        (!events.is_empty()).then_some(events)
+    })
+    .await
+}
+
+/// The whole allocation state is consistent: no address held twice, every held address belongs to a
+/// live load balancer that reports it, every pool-mode load balancer that is Ready holds exactly its
+/// reported address, and the counters add up.
+async fn assert_consistent<B: Backend>(b: &B) {
+    let pools = ok(get(b, POOLS).await, StatusCode::OK);
+    let lbs = ok(get(b, LBS).await, StatusCode::OK);
+    let lbs: HashMap<String, &Value> = lbs["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|l| (l["id"].as_str().expect("id").to_string(), l))
+        .collect();
+    let mut holders: HashMap<(String, String), String> = HashMap::new();
+    for p in pools["data"].as_array().expect("data") {
+        let name = p["id"].as_str().expect("id").to_string();
+        let status = &p["status"];
+        let allocated = status["allocated"].as_object().cloned().unwrap_or_default();
+        assert_eq!(
+            status["available"].as_i64().expect("available"),
+            status["total"].as_i64().expect("total") - allocated.len() as i64,
+            "counters of pool {name}"
+        );
+        for (ip, holder) in allocated {
+            let holder = holder.as_str().expect("holder").to_string();
+            let lb = lbs.get(&holder).unwrap_or_else(|| {
+                panic!("{ip} of pool {name} is held by {holder}, which does not exist (leak)")
+            });
+            assert_eq!(
+                ip_of(lb),
+                ip,
+                "{holder} reports another address than pool {name} holds for it"
+            );
+            assert_eq!(pool_of(lb), name);
+            assert!(
+                holders.insert((name.clone(), ip.clone()), holder).is_none(),
+                "{ip} held twice in {name}"
+            );
+        }
+    }
+    for (id, lb) in &lbs {
+        let ipam = lb["spec"]["ipam"].as_str().unwrap_or_default();
+        let is_ready = ready(lb).is_some_and(|c| c["status"] == "True");
+        if ipam != "dhcp" && is_ready && lb["metadata"]["deletionTimestamp"].is_null() {
+            let key = (pool_of(lb), ip_of(lb));
+            assert_eq!(
+                holders.get(&key),
+                Some(id),
+                "{id}'s address is not held for it"
+            );
+        }
+    }
+}
+
+pub mod cases {
+    use super::*;
+
+    pub async fn allocation_end_to_end<B: Backend>(b: B) {
+        let r = Reconcilers::start(b.store());
+        let created = create_pool(
+            &b,
+            mk_pool(
+                "pool1",
+                range("192.168.100.0/24", "192.168.100.10", "192.168.100.20"),
+                global(),
+            ),
+        )
+        .await;
+        assert_eq!(created["id"], "pool1");
+        assert_eq!(created["type"], "loadbalancer.harvesterhci.io.ippool");
+        assert_eq!(
+            created["metadata"]["labels"]["loadbalancer.harvesterhci.io/global-ip-pool"],
+            "true"
+        );
+        assert_eq!(
+            created["metadata"]["labels"]["loadbalancer.harvesterhci.io/vid"],
+            "0"
+        );
+
+        let lb = create_lb(&b, mk_lb("default", "lb1", json!({"ipam": "pool"}))).await;
+        assert_eq!(lb["id"], "default/lb1");
+        assert_eq!(lb["type"], "loadbalancer.harvesterhci.io.loadbalancer");
+        assert_eq!(
+            lb["metadata"]["annotations"]["loadbalancer.harvesterhci.io/namespace"],
+            "default"
+        );
+
+        let lb = allocated(&b, "default", "lb1").await;
+        let address = &lb["status"]["allocatedAddress"];
+        assert_eq!(address["ipPool"], "pool1");
+        assert_eq!(address["ip"], "192.168.100.10");
+        assert_eq!(address["mask"], "255.255.255.0");
+        assert_eq!(address["gateway"], "192.168.100.1");
+        assert_eq!(lb["status"]["address"], "192.168.100.10");
+        let condition = ready(&lb).expect("ready");
+        assert_eq!(condition["message"], Value::Null);
+        assert!(
+            lb["metadata"]["finalizers"]
+                .as_array()
+                .expect("finalizers")
+                .contains(&json!("wrangler.cattle.io/harvester-lb-controller"))
+        );
+
+        let p = eventually("the pool to be Ready and count", async || {
+            let p = pool(&b, "pool1").await;
+            (p["status"]["available"] == 10 && ready(&p).is_some_and(|c| c["status"] == "True"))
+                .then_some(p)
+        })
+        .await;
+        assert_eq!(p["status"]["total"], 11);
+        assert_eq!(p["status"]["lastAllocated"], "192.168.100.10");
+        assert_eq!(
+            p["status"]["allocated"],
+            json!({"192.168.100.10": "default/lb1"})
+        );
+
+        // Collections, in steve's shape.
+        for (path, type_) in [
+            (POOLS.to_string(), "loadbalancer.harvesterhci.io.ippool"),
+            (LBS.to_string(), "loadbalancer.harvesterhci.io.loadbalancer"),
+            (
+                format!("{LBS}/default"),
+                "loadbalancer.harvesterhci.io.loadbalancer",
+            ),
+        ] {
+            let c = ok(get(&b, &path).await, StatusCode::OK);
+            assert_eq!(c["type"], "collection");
+            assert_eq!(c["resourceType"], type_);
+            assert_eq!(c["data"].as_array().expect("data").len(), 1, "{path}");
+            assert_eq!(c["data"][0]["type"], type_);
+        }
+        let other = ok(get(&b, &format!("{LBS}/other")).await, StatusCode::OK);
+        assert_eq!(other["data"], json!([]));
+
+        let events = events_about(&b, "lb1", "Allocated").await;
+        assert_eq!(
+            events[0].message.as_deref(),
+            Some("allocated 192.168.100.10 from IP pool pool1")
+        );
+        assert_consistent(&b).await;
+        r.stop().await;
+    }
+
+    pub async fn selection_matrix<B: Backend>(b: B) {
+        let _r = Reconcilers::start(b.store());
+        let vlan10 = "default/vlan10";
+        let vlan20 = "default/vlan20";
+        create_pool(
+            &b,
+            mk_pool(
+                "default",
+                range("10.10.0.0/24", "10.10.0.10", "10.10.0.20"),
+                json!({"network": vlan10, "scope": [{"project": "*", "namespace": "default", "guestCluster": "*"}]}),
+            ),
+        )
+        .await;
+        create_pool(
+            &b,
+            mk_pool(
+                "withscope",
+                range("10.20.0.0/24", "10.20.0.10", "10.20.0.20"),
+                json!({"network": vlan20, "scope": [{"project": "project1", "namespace": "default", "guestCluster": "cluster1"}]}),
+            ),
+        )
+        .await;
+        create_pool(
+            &b,
+            mk_pool(
+                "noscope",
+                range("10.21.0.0/24", "10.21.0.10", "10.21.0.20"),
+                json!({"network": vlan20, "scope": [{"namespace": "default"}]}),
+            ),
+        )
+        .await;
+        let net = |n: &str| ("loadbalancer.harvesterhci.io/network", n.to_string());
+        let pick =
+            async |namespace: &str, name: &str, spec: Value, annotations: Vec<(&str, String)>| {
+                let a: Vec<(&str, &str)> =
+                    annotations.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                create_lb(&b, with_annotations(mk_lb(namespace, name, spec), &a)).await;
+                pool_of(&allocated(&b, namespace, name).await)
+            };
+
+        // 1. vlan10 in namespace default: "default", then "defaultPriority" once it exists.
+        assert_eq!(
+            pick("default", "a1", json!({}), vec![net(vlan10)]).await,
+            "default"
+        );
+        create_pool(
+            &b,
+            mk_pool(
+                "defaultpriority",
+                range("10.11.0.0/24", "10.11.0.10", "10.11.0.20"),
+                json!({"network": vlan10, "priority": 100, "scope": [{"project": "*", "namespace": "default", "guestCluster": "*"}]}),
+            ),
+        )
+        .await;
+        assert_eq!(
+            pick("default", "a2", json!({}), vec![net(vlan10)]).await,
+            "defaultpriority"
+        );
+        // Stickiness: a1 keeps its pool although a better one exists now.
+        assert_eq!(pool_of(&allocated(&b, "default", "a1").await), "default");
+
+        // 2. Namespace test matches nothing: refused, then the global pool once it exists.
+        create_lb(
+            &b,
+            with_annotations(
+                mk_lb("test", "b1", json!({})),
+                &[("loadbalancer.harvesterhci.io/network", vlan10)],
+            ),
+        )
+        .await;
+        let condition = refused(&b, "test", "b1").await;
+        assert_eq!(condition["reason"], "NoMatchedIPPool");
+        assert_eq!(
+            condition["message"],
+            "no matched IPPool with requirement &{Network:default/vlan10 Project: Namespace:test Cluster:}"
+        );
+        events_about(&b, "b1", "NoMatchedIPPool").await;
+        create_pool(
+            &b,
+            mk_pool(
+                "global",
+                range("10.99.0.0/24", "10.99.0.10", "10.99.0.20"),
+                global(),
+            ),
+        )
+        .await;
+        // Woken by the new pool, not by a timer.
+        assert_eq!(pool_of(&allocated(&b, "test", "b1").await), "global");
+
+        // 3. An exact project, namespace and cluster: the full-scope pool.
+        let guest = |project: &str| {
+            vec![
+                net(vlan20),
+                ("loadbalancer.harvesterhci.io/project", project.to_string()),
+                (
+                    "loadbalancer.harvesterhci.io/cluster",
+                    "cluster1".to_string(),
+                ),
+            ]
+        };
+        let cluster = json!({"workloadType": "cluster"});
+        assert_eq!(
+            pick("default", "c1", cluster.clone(), guest("project1")).await,
+            "withscope"
+        );
+        // 4. Loose mode for guest clusters: an unknown project gives the namespace-only pool (before
+        //    the global pool: upstream would pick the global one).
+        assert_eq!(
+            pick("default", "c2", cluster.clone(), guest("unknown")).await,
+            "noscope"
+        );
+        // A VM load balancer does not match loosely: the global pool.
+        assert_eq!(
+            pick("default", "v1", json!({}), guest("unknown")).await,
+            "global"
+        );
+        // An explicit pool wins over matching.
+        assert_eq!(
+            pick("test", "e1", json!({"ipPool": "noscope"}), vec![]).await,
+            "noscope"
+        );
+        assert_consistent(&b).await;
+    }
+
+    pub async fn dhcp<B: Backend>(b: B) {
+        let _r = Reconcilers::start(b.store());
+        create_pool(
+            &b,
+            mk_pool(
+                "pool1",
+                range("10.0.0.0/24", "10.0.0.10", "10.0.0.20"),
+                global(),
+            ),
+        )
+        .await;
+        create_lb(&b, mk_lb("default", "d1", json!({"ipam": "dhcp"}))).await;
+        let lb = allocated(&b, "default", "d1").await;
+        assert_eq!(lb["status"]["allocatedAddress"], json!({"ip": "0.0.0.0"}));
+        // The guest's kube-vip reports the leased address; the controller does not invent one.
+        assert!(lb["status"]["address"].is_null());
+        let p = pool(&b, "pool1").await;
+        assert!(p["status"]["allocated"].is_null(), "{p}");
+        // Deleting it releases nothing and completes.
+        ok(
+            call(&b, Method::DELETE, &format!("{LBS}/default/d1"), None).await,
+            StatusCode::OK,
+        );
+        gone(&b, &format!("{LBS}/default/d1")).await;
+    }
+
+    pub async fn exhaustion_then_success_after_delete<B: Backend>(b: B) {
+        let _r = Reconcilers::start(b.store());
+        create_pool(
+            &b,
+            mk_pool(
+                "small",
+                range("10.0.0.0/24", "10.0.0.10", "10.0.0.11"),
+                global(),
+            ),
+        )
+        .await;
+        create_lb(&b, mk_lb("default", "lb1", json!({}))).await;
+        let first = ip_of(&allocated(&b, "default", "lb1").await);
+        create_lb(&b, mk_lb("default", "lb2", json!({}))).await;
+        allocated(&b, "default", "lb2").await;
+        create_lb(&b, mk_lb("default", "lb3", json!({}))).await;
+        let condition = refused(&b, "default", "lb3").await;
+        assert_eq!(condition["reason"], "PoolExhausted");
+        assert_eq!(
+            condition["message"],
+            "fail to get ip from pool small, error: no IP addresses available in range set: 10.0.0.10-10.0.0.11"
+        );
+        events_about(&b, "lb3", "PoolExhausted").await;
+        let p = pool(&b, "small").await;
+        assert_eq!(p["status"]["available"], 0);
+
+        ok(
+            call(&b, Method::DELETE, &format!("{LBS}/default/lb1"), None).await,
+            StatusCode::OK,
+        );
+        // The waiter is woken by the release (its fallback re-check is a minute away).
+        let lb3 = allocated(&b, "default", "lb3").await;
+        assert_eq!(ip_of(&lb3), first);
+        gone(&b, &format!("{LBS}/default/lb1")).await;
+        events_about(&b, "lb1", "Released").await;
+        assert_consistent(&b).await;
+    }
+
+    pub async fn deletion_releases_to_history_and_recreate_gets_old_address<B: Backend>(b: B) {
+        let _r = Reconcilers::start(b.store());
+        create_pool(
+            &b,
+            mk_pool(
+                "pool1",
+                range("10.0.0.0/24", "10.0.0.10", "10.0.0.30"),
+                global(),
+            ),
+        )
+        .await;
+        // An empty `spec.ipam` is pool IPAM, including the release on deletion.
+        create_lb(&b, mk_lb("default", "a", json!({}))).await;
+        let a = ip_of(&allocated(&b, "default", "a").await);
+        create_lb(&b, mk_lb("default", "b", json!({"ipam": "pool"}))).await;
+        let b_ip = ip_of(&allocated(&b, "default", "b").await);
+        assert_ne!(a, b_ip);
+
+        ok(
+            call(&b, Method::DELETE, &format!("{LBS}/default/a"), None).await,
+            StatusCode::OK,
+        );
+        gone(&b, &format!("{LBS}/default/a")).await;
+        let p = pool(&b, "pool1").await;
+        assert_eq!(p["status"]["allocatedHistory"][&a], "default/a");
+        assert!(p["status"]["allocated"].get(&a).is_none());
+        assert_eq!(p["status"]["available"], 20);
+
+        // Another load balancer takes the next address, not the remembered one.
+        create_lb(&b, mk_lb("default", "c", json!({}))).await;
+        let c = ip_of(&allocated(&b, "default", "c").await);
+        assert!(c != a && c != b_ip);
+        // The same namespace/name gets its old address back.
+        create_lb(&b, mk_lb("default", "a", json!({}))).await;
+        assert_eq!(ip_of(&allocated(&b, "default", "a").await), a);
+        let p = pool(&b, "pool1").await;
+        assert!(p["status"]["allocatedHistory"].get(&a).is_none());
+        assert_consistent(&b).await;
+    }
+
+    pub async fn pool_change_releases_to_the_old_pool<B: Backend>(b: B) {
+        let _r = Reconcilers::start(b.store());
+        create_pool(
+            &b,
+            mk_pool(
+                "p1",
+                range("10.1.0.0/24", "10.1.0.10", "10.1.0.20"),
+                json!({}),
+            ),
+        )
+        .await;
+        create_pool(
+            &b,
+            mk_pool(
+                "p2",
+                range("10.2.0.0/24", "10.2.0.10", "10.2.0.20"),
+                json!({}),
+            ),
+        )
+        .await;
+        create_lb(&b, mk_lb("default", "lb1", json!({"ipPool": "p1"}))).await;
+        let lb = allocated(&b, "default", "lb1").await;
+        assert_eq!(pool_of(&lb), "p1");
+        let mut changed = lb.clone();
+        changed["spec"]["ipPool"] = json!("p2");
+        ok(
+            call(
+                &b,
+                Method::PUT,
+                &format!("{LBS}/default/lb1"),
+                Some(changed),
+            )
+            .await,
+            StatusCode::OK,
+        );
+        eventually("lb1 to move to p2", async || {
+            let lb = get(&b, &format!("{LBS}/default/lb1")).await.json();
+            (pool_of(&lb) == "p2").then_some(())
+        })
+        .await;
+        let p1 = pool(&b, "p1").await;
+        assert_eq!(p1["status"]["allocatedHistory"]["10.1.0.10"], "default/lb1");
+        events_about(&b, "lb1", "Released").await;
+        assert_consistent(&b).await;
+    }
+
+    pub async fn pool_shrink_refused<B: Backend>(b: B) {
+        let _r = Reconcilers::start(b.store());
+        create_pool(
+            &b,
+            mk_pool(
+                "p",
+                range("10.0.0.0/24", "10.0.0.10", "10.0.0.20"),
+                global(),
+            ),
+        )
+        .await;
+        create_lb(&b, mk_lb("default", "lb1", json!({}))).await;
+        allocated(&b, "default", "lb1").await;
+        let current = pool(&b, "p").await;
+        let mut shrunk = current.clone();
+        shrunk["spec"]["ranges"] = range("10.0.0.0/24", "10.0.0.15", "10.0.0.20");
+        let m = call(&b, Method::PUT, &format!("{POOLS}/p"), Some(shrunk))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert_eq!(
+            m,
+            "can't update IP pool p because allocated IP 10.0.0.10 is excluded"
+        );
+        // Growing is fine, and the reconciler recounts.
+        let mut grown = current.clone();
+        grown["spec"]["ranges"] = range("10.0.0.0/24", "10.0.0.10", "10.0.0.40");
+        ok(
+            call(&b, Method::PUT, &format!("{POOLS}/p"), Some(grown)).await,
+            StatusCode::OK,
+        );
+        eventually("the grown pool to be recounted", async || {
+            let p = pool(&b, "p").await;
+            (p["status"]["total"] == 31 && p["status"]["available"] == 30).then_some(())
+        })
+        .await;
+        // The version read before the update is stale now.
+        let m = call(&b, Method::PUT, &format!("{POOLS}/p"), Some(current))
+            .await
+            .error(StatusCode::CONFLICT, "Conflict");
+        assert!(m.contains("the object has been modified"), "{m}");
+    }
+
+    pub async fn pool_delete_refused_while_allocated<B: Backend>(b: B) {
+        let _r = Reconcilers::start(b.store());
+        create_pool(
+            &b,
+            mk_pool(
+                "p",
+                range("10.0.0.0/24", "10.0.0.10", "10.0.0.20"),
+                global(),
+            ),
+        )
+        .await;
+        create_lb(&b, mk_lb("default", "lb1", json!({}))).await;
+        allocated(&b, "default", "lb1").await;
+        let m = call(&b, Method::DELETE, &format!("{POOLS}/p"), None)
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert_eq!(m, "can't delete pool before releasing all the allocated IP");
+        ok(
+            call(&b, Method::DELETE, &format!("{LBS}/default/lb1"), None).await,
+            StatusCode::OK,
+        );
+        gone(&b, &format!("{LBS}/default/lb1")).await;
+        eventually("the pool to hold nothing", async || {
+            pool(&b, "p").await["status"]["allocated"]
+                .is_null()
+                .then_some(())
+        })
+        .await;
+        ok(
+            call(&b, Method::DELETE, &format!("{POOLS}/p"), None).await,
+            StatusCode::OK,
+        );
+        gone(&b, &format!("{POOLS}/p")).await;
+    }
+
+    pub async fn guest_cluster_cleanup<B: Backend>(b: B) {
+        let _r = Reconcilers::start(b.store());
+        create_pool(
+            &b,
+            mk_pool(
+                "p",
+                range("10.0.0.0/24", "10.0.0.10", "10.0.0.20"),
+                global(),
+            ),
+        )
+        .await;
+        let cluster_lb = |name: &str, cluster: &str| {
+            with_labels(
+                mk_lb("default", name, json!({"workloadType": "cluster"})),
+                &[("cloudprovider.harvesterhci.io/cluster", cluster)],
+            )
+        };
+        for (name, cluster) in [("gc1-a", "gc1"), ("gc1-b", "gc1"), ("gc2-a", "gc2")] {
+            create_lb(&b, cluster_lb(name, cluster)).await;
+            allocated(&b, "default", name).await;
+        }
+        // A VM load balancer with the same label is never touched.
+        create_lb(
+            &b,
+            with_labels(
+                mk_lb("default", "vm-lb", json!({})),
+                &[("cloudprovider.harvesterhci.io/cluster", "gc1")],
+            ),
+        )
+        .await;
+        allocated(&b, "default", "vm-lb").await;
+
+        // A node of guest cluster gc1, as Rancher's node driver makes it.
+        let vms = Api::<VirtualMachine>::new(b.store());
+        let vm: VirtualMachine = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "gc1-pool1-abcde", "namespace": "default", "labels": {
+                "harvesterhci.io/creator": "docker-machine-driver-harvester",
+                "guestcluster.harvesterhci.io/name": "gc1"}},
+            "spec": {"running": true}
+        }))
+        .expect("vm");
+        vms.create(&vm).await.expect("creates the vm");
+        let vm = eventually("the VM to get the cleanup finalizer", async || {
+            let vm = vms
+                .get("default", "gc1-pool1-abcde")
+                .await
+                .expect("reads")?;
+            vm.metadata
+                .finalizers
+                .as_ref()
+                .is_some_and(|f| {
+                    f.iter()
+                        .any(|x| x == "wrangler.cattle.io/harvester-lb-vm-controller")
+                })
+                .then_some(vm)
+        })
+        .await;
+        // Rancher marks the cluster's VMs for removal, then deletes them.
+        let mut marked = vm.clone();
+        marked.metadata.annotations = Some(
+            [(
+                "harvesterhci.io/removeAllPersistentVolumeClaims".to_string(),
+                "true".to_string(),
+            )]
+            .into(),
+        );
+        vms.replace(&marked).await.expect("annotates");
+        let m = call(&b, Method::POST, LBS, Some(cluster_lb("gc1-c", "gc1")))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert_eq!(
+            m,
+            "create loadbalancer default/gc1-c failed with guest cluster check: the vm default/gc1-pool1-abcde shows guest cluster gc1 is being removed"
+        );
+        vms.delete("default", "gc1-pool1-abcde", &Preconditions::default())
+            .await
+            .expect("deletes the vm");
+        for name in ["gc1-a", "gc1-b"] {
+            gone(&b, &format!("{LBS}/default/{name}")).await;
+        }
+        eventually("the VM to go", async || {
+            vms.get("default", "gc1-pool1-abcde")
+                .await
+                .expect("reads")
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        for name in ["gc2-a", "vm-lb"] {
+            ok(
+                get(&b, &format!("{LBS}/default/{name}")).await,
+                StatusCode::OK,
+            );
+        }
+        let p = pool(&b, "p").await;
+        assert_eq!(
+            p["status"]["allocated"]
+                .as_object()
+                .expect("allocated")
+                .len(),
+            2
+        );
+        assert_consistent(&b).await;
+    }
+
+    pub async fn validation_messages<B: Backend>(b: B) {
+        let refuse = async |method: Method, path: &str, body: Value| {
+            call(&b, method, path, Some(body))
+                .await
+                .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
+        };
+        // LoadBalancer create.
+        let listener = |name: &str, port: i64, protocol: &str, backend: i64| json!({"name": name, "port": port, "protocol": protocol, "backendPort": backend});
+        let create_cases = [
+            (
+                json!({"listeners": []}),
+                "failed: the loadbalancer needs to have at least one listener",
+            ),
+            (
+                json!({"listeners": [listener("a", 80, "TCP", 1), listener("a", 81, "TCP", 2)]}),
+                "failed: listener has duplicate name a",
+            ),
+            (
+                json!({"listeners": [listener("a", 80, "TCP", 1), listener("b", 80, "TCP", 2)]}),
+                "failed: listener b has duplicate port TCP:80 with listener a",
+            ),
+            (
+                json!({"listeners": [listener("a", 80, "TCP", 1), listener("b", 81, "TCP", 1)]}),
+                "failed: listener b has duplicate backend port TCP:1 with listener a",
+            ),
+            (
+                json!({"listeners": [listener("a", 65536, "TCP", 1)]}),
+                "failed: listener port 65536 must <= 65535",
+            ),
+            (
+                json!({"listeners": [listener("a", 0, "TCP", 1)]}),
+                "failed: listener port 0 must >= 1",
+            ),
+            (
+                json!({"listeners": [listener("a", 1, "TCP", 65536)]}),
+                "failed: listener backend port 65536 must <= 65535",
+            ),
+            (
+                json!({"listeners": [listener("a", 1, "TCP", 0)]}),
+                "failed: listener backend port 0 must >= 1",
+            ),
+            (
+                json!({"listeners": [listener("a", 1, "UDP", 53)], "healthCheck": {"port": 53}}),
+                "failed with healthyCheck: healthcheck port 53 can only be a TCP backend port",
+            ),
+            (
+                json!({"listeners": [listener("a", 1, "TCP", 53)], "healthCheck": {"port": 54}}),
+                "failed with healthyCheck: healthcheck port 54 is not in listener backend port list",
+            ),
+        ];
+        for (spec, want) in create_cases {
+            let m = refuse(Method::POST, LBS, mk_lb("default", "lb1", spec)).await;
+            assert_eq!(m, format!("create loadbalancer default/lb1 {want}"));
+        }
+        // The thresholds are checked after the mutator filled the defaults, so through the API only
+        // an explicit zero... cannot be sent (zero means unset); they pass with defaults.
+        let lb = create_lb(
+            &b,
+            mk_lb(
+                "default",
+                "hc",
+                json!({"listeners": [listener("a", 1, "TCP", 53)], "healthCheck": {"port": 53}}),
+            ),
+        )
+        .await;
+        assert_eq!(
+            lb["spec"]["healthCheck"],
+            json!({"port": 53, "successThreshold": 2, "failureThreshold": 2, "periodSeconds": 1, "timeoutSeconds": 1})
+        );
+        // LoadBalancer update.
+        let created = create_lb(&b, mk_lb("default", "upd", json!({"ipam": "pool"}))).await;
+        let path = format!("{LBS}/default/upd");
+        let mut dhcp = created.clone();
+        dhcp["spec"]["ipam"] = json!("dhcp");
+        assert_eq!(
+            refuse(Method::PUT, &path, dhcp).await,
+            "update loadbalancer default/upd failed: can't change the IPAM from pool to dhcp"
+        );
+        let mut cluster = created.clone();
+        cluster["spec"]["workloadType"] = json!("cluster");
+        assert_eq!(
+            refuse(Method::PUT, &path, cluster).await,
+            "update loadbalancer default/upd failed: can't change the WorkloadType from  to cluster"
+        );
+        let mut no_listener = created.clone();
+        no_listener["spec"]["listeners"] = json!([]);
+        assert_eq!(
+            refuse(Method::PUT, &path, no_listener).await,
+            "update loadbalancer default/upd failed: the loadbalancer needs to have at least one listener"
+        );
+        let mut bad_hc = created.clone();
+        bad_hc["spec"]["healthCheck"] = json!({"port": 9});
+        assert_eq!(
+            refuse(Method::PUT, &path, bad_hc).await,
+            "update loadbalancer default/upd failed with healthyCheck: healthcheck port 9 is not in listener backend port list"
+        );
+        // "" <-> pool is allowed.
+        let mut empty = created.clone();
+        empty["spec"]["ipam"] = json!("");
+        ok(
+            call(&b, Method::PUT, &path, Some(empty)).await,
+            StatusCode::OK,
+        );
+        // A stale version is a conflict.
+        call(&b, Method::PUT, &path, Some(created))
+            .await
+            .error(StatusCode::CONFLICT, "Conflict");
+        // A body whose name is not the URL's.
+        let m = refuse(Method::PUT, &path, mk_lb("default", "other", json!({}))).await;
+        assert_eq!(
+            m,
+            "the name of the object (other) does not match the name on the URL (upd)"
+        );
+        let m = refuse(
+            Method::POST,
+            LBS,
+            json!({"metadata": {"name": "x"}, "spec": {"workloadType": "cluster"}}),
+        )
+        .await;
+        assert_eq!(m, "loadbalancer x: metadata.namespace: Required value");
+        let m = refuse(Method::POST, LBS, json!({"metadata": {"name": "x", "namespace": "default"}, "spec": {"listeners": [{"port": "80"}]}})).await;
+        assert!(m.starts_with("fail to decode loadbalancer: "), "{m}");
+
+        // IPPools: the upstream validator's cases.
+        let ns_scope =
+            |ns: &str| json!({"scope": [{"project": "*", "namespace": ns, "guestCluster": "*"}]});
+        create_pool(
+            &b,
+            mk_pool(
+                "global",
+                range("10.0.0.0/24", "10.0.0.10", "10.0.0.20"),
+                global(),
+            ),
+        )
+        .await;
+        create_pool(
+            &b,
+            mk_pool("prio", range("10.1.0.0/24", "", ""), json!({"priority": 10, "scope": [{"project": "*", "namespace": "a", "guestCluster": "*"}]})),
+        )
+        .await;
+        create_pool(
+            &b,
+            mk_pool("zero", range("10.2.0.0/24", "", ""), ns_scope("b")),
+        )
+        .await;
+        let pool_cases = [
+            (
+                mk_pool("p", json!([]), ns_scope("c")),
+                "range can't be empty",
+            ),
+            (
+                mk_pool("p", range("10.9.0.0/33", "", ""), ns_scope("c")),
+                "invalid CIDR address: 10.9.0.0/33, a valid example is 192.168.1.0/24",
+            ),
+            (
+                mk_pool("p", range("10.9.0.0/24", "10.9.1.1", ""), ns_scope("c")),
+                "invalid range start 10.9.1.1: IP 10.9.1.1 is out of subnet 10.9.0.0/24",
+            ),
+            (
+                mk_pool(
+                    "p",
+                    json!([{"subnet": "10.9.0.0/24", "rangeStart": "10.9.0.1", "rangeEnd": "10.9.0.9"}, {"subnet": "10.9.0.0/24", "rangeStart": "10.9.0.5", "rangeEnd": "10.9.0.20"}]),
+                    ns_scope("c"),
+                ),
+                "there are overlaps between range 10.9.0.1-10.9.0.9 and 10.9.0.5-10.9.0.20",
+            ),
+            (
+                mk_pool(
+                    "p",
+                    range("10.0.0.0/24", "10.0.0.15", "10.0.0.30"),
+                    ns_scope("c"),
+                ),
+                "the ranges 10.0.0.15-10.0.0.30 overlap with other pools",
+            ),
+            (
+                mk_pool("p", range("10.9.0.0/24", "", ""), global()),
+                "there is already a global IP pool: global",
+            ),
+            (
+                mk_pool(
+                    "p",
+                    range("10.9.0.0/24", "", ""),
+                    json!({"scope": [{"project": "*", "namespace": "c", "guestCluster": "*"}, {"project": "x", "namespace": "c", "guestCluster": "y"}]}),
+                ),
+                "selector {Priority:0 Network: Scope:[{Project:* Namespace:c GuestCluster:*} {Project:x Namespace:c GuestCluster:y}]} is invalid: scope overlaps",
+            ),
+            (
+                mk_pool(
+                    "p",
+                    range("10.9.0.0/24", "", ""),
+                    json!({"priority": 10, "scope": [{"project": "*", "namespace": "c", "guestCluster": "*"}]}),
+                ),
+                "the priority can't be the same as the pool prio",
+            ),
+            (
+                mk_pool("p", range("10.9.0.0/24", "", ""), ns_scope("b")),
+                "scope selector is same as the pool zero with priority 0 Project * Namespace b GuestCluster *, set a different priority or scope",
+            ),
+        ];
+        for (body, want) in pool_cases {
+            let m = refuse(Method::POST, POOLS, body).await;
+            assert_eq!(m, format!("can't create IP pool p because {want}"));
+        }
+        // Update messages wrap the same checks.
+        let mut zero = pool(&b, "zero").await;
+        zero["spec"]["ranges"] = range("10.0.0.0/24", "10.0.0.5", "10.0.0.15");
+        let m = refuse(Method::PUT, &format!("{POOLS}/zero"), zero).await;
+        assert_eq!(
+            m,
+            "can't update IP pool zero because the ranges 10.0.0.5-10.0.0.15 overlap with other pools"
+        );
+        call(&b, Method::GET, &format!("{POOLS}/nope"), None)
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
+        call(
+            &b,
+            Method::POST,
+            POOLS,
+            Some(mk_pool(
+                "zero",
+                range("10.50.0.0/24", "", ""),
+                ns_scope("q"),
+            )),
+        )
+        .await
+        .error(StatusCode::CONFLICT, "Conflict");
+    }
+
+    pub async fn authentication_is_required<B: Backend>(b: B) {
+        for (method, path) in [
+            (Method::GET, POOLS.to_string()),
+            (Method::POST, POOLS.to_string()),
+            (Method::GET, format!("{POOLS}/p")),
+            (Method::PUT, format!("{POOLS}/p")),
+            (Method::DELETE, format!("{POOLS}/p")),
+            (Method::GET, LBS.to_string()),
+            (Method::POST, LBS.to_string()),
+            (Method::GET, format!("{LBS}/default")),
+            (Method::GET, format!("{LBS}/default/x")),
+            (Method::PUT, format!("{LBS}/default/x")),
+            (Method::DELETE, format!("{LBS}/default/x")),
+        ] {
+            b.call(method, &path, None, Body::empty())
+                .await
+                .error(StatusCode::UNAUTHORIZED, "Unauthorized");
+        }
+    }
+
+    pub async fn restart_resyncs_without_double_assignment<B: Backend>(b: B) {
+        let r = Reconcilers::start(b.store());
+        create_pool(
+            &b,
+            mk_pool(
+                "p",
+                range("10.0.0.0/24", "10.0.0.10", "10.0.0.100"),
+                global(),
+            ),
+        )
+        .await;
+        for i in 0..20 {
+            create_lb(&b, mk_lb("default", &format!("lb{i}"), json!({}))).await;
+        }
+        let mut before = HashMap::new();
+        for i in 0..20 {
+            let name = format!("lb{i}");
+            before.insert(name.clone(), ip_of(&allocated(&b, "default", &name).await));
+        }
+        r.stop().await;
+        // While no reconciler runs: some go, some come (the API works without them).
+        for i in 0..5 {
+            ok(
+                call(&b, Method::DELETE, &format!("{LBS}/default/lb{i}"), None).await,
+                StatusCode::OK,
+            );
+        }
+        for i in 20..30 {
+            create_lb(&b, mk_lb("default", &format!("lb{i}"), json!({}))).await;
+        }
+        let b = b.restart().await;
+        let _r = Reconcilers::start(b.store());
+        for i in 0..5 {
+            gone(&b, &format!("{LBS}/default/lb{i}")).await;
+        }
+        for i in 5..30 {
+            let name = format!("lb{i}");
+            let ip = ip_of(&allocated(&b, "default", &name).await);
+            if let Some(old) = before.get(&name) {
+                assert_eq!(&ip, old, "{name} kept its address across the restart");
+            }
+        }
+        assert_consistent(&b).await;
+    }
+
+    pub async fn webhook_answers_admission_reviews<B: Backend>(b: B) {
+        let review = |operation: &str, kind: &str, object: Value, old: Value| {
+            json!({
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+                    "kind": {"group": "loadbalancer.harvesterhci.io", "version": "v1beta1", "kind": kind},
+                    "resource": {"group": "loadbalancer.harvesterhci.io", "version": "v1beta1", "resource": "x"},
+                    "name": if object.is_null() { old["metadata"]["name"].clone() } else { object["metadata"]["name"].clone() },
+                    "operation": operation,
+                    "userInfo": {"username": "admin"},
+                    "object": object,
+                    "oldObject": old,
+                    "dryRun": false
+                }
+            })
+        };
+        let post = async |path: &str, body: Value| {
+            let r = b
+                .call(Method::POST, path, None, Body::from(body.to_string()))
+                .await;
+            ok(r, StatusCode::OK)["response"].clone()
+        };
+        let bad = mk_lb("default", "lb1", json!({"listeners": []}));
+        let resp = post(
+            "/v1/webhook/validation",
+            review("CREATE", "LoadBalancer", bad, Value::Null),
+        )
+        .await;
+        assert_eq!(resp["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+        assert_eq!(resp["allowed"], false);
+        assert_eq!(
+            resp["status"]["message"],
+            "create loadbalancer default/lb1 failed: the loadbalancer needs to have at least one listener"
+        );
+        let good = mk_lb("default", "lb1", json!({}));
+        let resp = post(
+            "/v1/webhook/validation",
+            review("CREATE", "LoadBalancer", good.clone(), Value::Null),
+        )
+        .await;
+        assert_eq!(resp["allowed"], true);
+        let mut dhcp = good.clone();
+        dhcp["spec"]["ipam"] = json!("dhcp");
+        let resp = post(
+            "/v1/webhook/validation",
+            review("UPDATE", "LoadBalancer", dhcp, good.clone()),
+        )
+        .await;
+        assert_eq!(
+            resp["status"]["message"],
+            "update loadbalancer default/lb1 failed: can't change the IPAM from  to dhcp"
+        );
+        let mut held = mk_pool("p", range("10.0.0.0/24", "", ""), global());
+        held["status"] = json!({"total": 253, "available": 252, "lastAllocated": "10.0.0.2", "allocated": {"10.0.0.2": "default/lb1"}});
+        let resp = post(
+            "/v1/webhook/validation",
+            review("DELETE", "IPPool", Value::Null, held),
+        )
+        .await;
+        assert_eq!(
+            resp["status"]["message"],
+            "can't delete pool before releasing all the allocated IP"
+        );
+        // The mutating webhook patches labels and annotations.
+        let resp = post(
+            "/v1/webhook/mutation",
+            review(
+                "CREATE",
+                "IPPool",
+                mk_pool("p", range("10.0.0.0/24", "", ""), global()),
+                Value::Null,
+            ),
+        )
+        .await;
+        assert_eq!(resp["allowed"], true);
+        assert_eq!(resp["patchType"], "JSONPatch", "{resp}");
+        use base64::Engine;
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(resp["patch"].as_str().expect("patch"))
+            .expect("base64");
+        let patch: Value = serde_json::from_slice(&patch).expect("JSON patch");
+        assert_eq!(
+            patch,
+            json!([{"op": "add", "path": "/metadata/labels", "value": {
+                "loadbalancer.harvesterhci.io/global-ip-pool": "true",
+                "loadbalancer.harvesterhci.io/vid": "0"}}])
+        );
+        // Garbage is a 422, not a crash.
+        b.call(
+            Method::POST,
+            "/v1/webhook/validation",
+            None,
+            Body::from("{"),
+        )
+        .await
+        .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+    }
+}
+
+macro_rules! suite {
+    ($backend:ident, $start:expr, [$($case:ident),* $(,)?]) => {
+        mod $backend {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    cases::$case($start.await).await
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    embedded,
+    EmbeddedBackend::start(),
+    [
+        allocation_end_to_end,
+        selection_matrix,
+        dhcp,
+        exhaustion_then_success_after_delete,
+        deletion_releases_to_history_and_recreate_gets_old_address,
+        pool_change_releases_to_the_old_pool,
+        pool_shrink_refused,
+        pool_delete_refused_while_allocated,
+        guest_cluster_cleanup,
+        validation_messages,
+        authentication_is_required,
+        restart_resyncs_without_double_assignment,
+        webhook_answers_admission_reviews,
+    ]
+);
