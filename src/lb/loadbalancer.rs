@@ -41,6 +41,8 @@ pub enum LbError {
     MissingField { field: &'static str },
     #[error("cannot add the finalizer to load balancer {key}: {source}")]
     AddFinalizer { key: String, source: StoreError },
+    #[error("cannot read load balancer {key}: {source}")]
+    Read { key: String, source: StoreError },
     #[error("cannot remove the finalizer of load balancer {key}: {source}")]
     RemoveFinalizer { key: String, source: StoreError },
     #[error("cannot write the status of load balancer {key}: {source}")]
@@ -120,11 +122,39 @@ pub async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Shared>) -> Result<Action
 }
 
 async fn apply(lb: &Arc<LoadBalancer>, key: &str, ctx: &Shared) -> Result<Action, LbError> {
+    match apply_once((**lb).clone(), key, ctx).await {
+        Err(e) if e.is_conflict() => {
+            // The cached copy was stale, typically just behind this controller's own last write:
+            // once more on the stored object instead of backing off.
+            let namespace = lb.metadata.namespace.as_deref().unwrap_or_default();
+            let name = lb.metadata.name.as_deref().unwrap_or_default();
+            let fresh = ctx
+                .lbs
+                .get(namespace, name)
+                .await
+                .map_err(|source| LbError::Read {
+                    key: key.into(),
+                    source,
+                })?;
+            match fresh {
+                None => Ok(Action::await_change()),
+                Some(fresh) if fresh.metadata.deletion_timestamp.is_some() => {
+                    cleanup(&fresh, key, ctx).await?;
+                    Ok(Action::await_change())
+                }
+                Some(fresh) => apply_once(fresh, key, ctx).await,
+            }
+        }
+        other => other,
+    }
+}
+
+async fn apply_once(lb: LoadBalancer, key: &str, ctx: &Shared) -> Result<Action, LbError> {
     // The finalizer is durable before any address is taken, so a deletion always releases it.
-    let lb = if has_finalizer(lb) {
-        (**lb).clone()
+    let lb = if has_finalizer(&lb) {
+        lb
     } else {
-        let mut next = (**lb).clone();
+        let mut next = lb;
         next.metadata
             .finalizers
             .get_or_insert_default()
@@ -363,14 +393,23 @@ async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &Shared) -> Result<(), LbErr
         .as_ref()
         .map(|s| s.allocated_address.ip_pool.clone())
         .unwrap_or_default();
-    let mut pools: Vec<String> = ctx
+    // Every pool it could hold an address in: all pools listed since this process started (the
+    // cache, once it has its first list), every pool this process allocated from, and the recorded
+    // one. The status alone is not enough: a crash between the pool's write and the load balancer's
+    // leaves an address the status does not mention.
+    ctx.pool_cache
+        .wait_until_ready()
+        .await
+        .map_err(|_| LbError::Stopping)?;
+    let mut pools: std::collections::BTreeSet<String> = ctx
         .pool_cache
         .state()
         .iter()
         .map(|p| p.name().to_string())
         .collect();
-    if !recorded.is_empty() && !pools.contains(&recorded) {
-        pools.push(recorded);
+    pools.extend(ctx.pools.known());
+    if !recorded.is_empty() {
+        pools.insert(recorded);
     }
     for pool in &pools {
         release_from(lb, key, pool, ctx).await?;

@@ -28,7 +28,7 @@ use std::{
 
 use futures::StreamExt;
 use kube::runtime::{
-    Controller, WatchStreamExt,
+    Controller, PredicateConfig, WatchStreamExt,
     controller::{Action, Config},
     reflector::{self, ObjectRef, Store},
 };
@@ -199,6 +199,24 @@ pub async fn run(
     }
 }
 
+/// What a LoadBalancer reconcile depends on: everything but `status` and the resourceVersion.
+fn lb_fingerprint(lb: &LoadBalancer) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let m = &lb.metadata;
+    let relevant = (
+        &m.uid,
+        &m.generation,
+        &m.labels,
+        &m.annotations,
+        &m.finalizers,
+        m.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
+        serde_json::to_string(&lb.spec).ok(),
+    );
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    relevant.hash(&mut h);
+    Some(h.finish())
+}
+
 fn kind_of<K: crate::store::Object>() -> Kind {
     Kind::of::<K>()
 }
@@ -250,11 +268,14 @@ pub async fn run_controllers(
         )
         .for_each(log_result("ippool"));
 
+    // Status-only changes (this controller's own writes, mostly) do not call for a reconcile; waking
+    // up for them would only find the cache one write behind.
     let lb_stream = reflector::reflector(
         lb_writer,
         watcher::<LoadBalancer>(store.clone(), lb_kind(), None),
     )
-    .applied_objects();
+    .applied_objects()
+    .predicate_filter(lb_fingerprint, PredicateConfig::default());
     let lbs = Controller::for_stream(lb_stream, lb_reader)
         .with_config(Config::default().concurrency(settings.concurrency))
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(

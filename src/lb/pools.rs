@@ -174,6 +174,16 @@ impl Pools {
         rx.await.map_err(|_| stopped())?
     }
 
+    /// The pools that have (or had) a task in this process.
+    pub fn known(&self) -> Vec<String> {
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     /// Forgets a pool's task (after the pool is gone).
     pub fn forget(&self, pool: &str) {
         self.tasks
@@ -352,6 +362,9 @@ impl PoolTask {
         let name = self.name.clone();
         let mut replies = Vec::with_capacity(batch.len());
         let mut freed = false;
+        // Whether the allocator moved: only then (or on a sync) is the status rebuilt, which costs
+        // a pass over every held address.
+        let mut changed = false;
         let mut stop_after = false;
         let mut ready: Option<Result<(), String>> = None;
         let Some(loaded) = self.loaded.as_mut() else {
@@ -393,6 +406,7 @@ impl PoolTask {
                         match allocator.allocate(id) {
                             Ok(a) => {
                                 self.waiters.remove(waiter);
+                                changed |= a.origin != ipam::Origin::Held;
                                 Ok(PoolReply::Allocated(a))
                             }
                             Err(e) => {
@@ -408,6 +422,7 @@ impl PoolTask {
                 (PoolOp::Release { id }, Ok(allocator)) => {
                     let released = allocator.release(id);
                     freed |= !released.is_empty();
+                    changed |= !released.is_empty();
                     Ok(PoolReply::Released(released))
                 }
                 (PoolOp::Sync { manual_release }, Ok(allocator)) => {
@@ -437,6 +452,14 @@ impl PoolTask {
             replies.push(reply);
         }
 
+        if !changed && ready.is_none() {
+            return Applied {
+                replies,
+                status: None,
+                freed,
+                stop_after,
+            };
+        }
         let current = loaded.pool.status.clone().unwrap_or_default();
         let mut status = current.clone();
         if let Ok(allocator) = &loaded.allocator {

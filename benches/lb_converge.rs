@@ -1,0 +1,205 @@
+//! How long the reconcilers take to converge 10,000 LoadBalancers over 10 IPPools from a cold start on
+//! the embedded backend (durability `full`), and the reconcile rate.
+//!
+//! Setup (not timed): 10 pools, each scoped to one namespace, and 10,000 LoadBalancers spread over
+//! those namespaces, written straight into a fresh store as `kubectl apply` would (no finalizer, no
+//! status). The store is then closed. Timed: reopening the store (loading every object), starting
+//! the reconcilers, until every LoadBalancer is Ready with an address, every pool's status agrees
+//! and no address is held twice.
+//!
+//! `cargo bench --bench lb_converge` (optionally `-- <load balancers> <pools>`).
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use harvester_cloud::{
+    crd::{self, IPPool, IPPoolSpec, LoadBalancer, LoadBalancerSpec, Range, Selector, Tuple},
+    lb::{self, leader::AlwaysLeader},
+    store::{
+        LabelSelector, ObjectStore,
+        embedded::{Durability, EmbeddedStore},
+    },
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use tokio_util::sync::CancellationToken;
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let lbs = args.first().copied().unwrap_or(10_000);
+    let pools = args.get(1).copied().unwrap_or(10).max(1);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(run(lbs, pools));
+}
+
+async fn seed(dir: &std::path::Path, lbs: usize, pools: usize) {
+    let store = EmbeddedStore::open(dir, Durability::Full)
+        .await
+        .expect("opens");
+    let dyn_store: Arc<dyn ObjectStore> = store.clone();
+    let pool_api = crd::pool_api(dyn_store.clone());
+    for p in 0..pools {
+        let pool = IPPool {
+            metadata: ObjectMeta {
+                name: Some(format!("pool{p}")),
+                ..Default::default()
+            },
+            spec: IPPoolSpec {
+                ranges: vec![Range {
+                    subnet: format!("10.{p}.0.0/16"),
+                    ..Default::default()
+                }],
+                selector: Selector {
+                    scope: vec![Tuple {
+                        project: "*".into(),
+                        namespace: format!("ns{p}"),
+                        guest_cluster: "*".into(),
+                    }],
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            status: None,
+        };
+        pool_api.create(&pool).await.expect("creates pool");
+    }
+    let lb_api = crd::lb_api(dyn_store);
+    // Many writers at once, so that the store's group commit batches the setup too.
+    let chunks: Vec<Vec<usize>> = (0..lbs)
+        .collect::<Vec<_>>()
+        .chunks(lbs.div_ceil(64).max(1))
+        .map(<[usize]>::to_vec)
+        .collect();
+    let mut tasks = Vec::new();
+    for chunk in chunks {
+        let lb_api = lb_api.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in chunk {
+                let lb = LoadBalancer {
+                    metadata: ObjectMeta {
+                        name: Some(format!("lb{i}")),
+                        namespace: Some(format!("ns{}", i % pools)),
+                        ..Default::default()
+                    },
+                    spec: LoadBalancerSpec {
+                        workload_type: "cluster".into(),
+                        ipam: "pool".into(),
+                        ..Default::default()
+                    },
+                    status: None,
+                };
+                lb_api.create(&lb).await.expect("creates lb");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("seeds");
+    }
+    store.close().await;
+}
+
+/// Checks convergence; returns how many load balancers are done.
+async fn converged(store: &Arc<dyn ObjectStore>, pools: usize) -> (usize, bool) {
+    let lbs = store
+        .list(&crd::lb_kind(), None, &LabelSelector::everything())
+        .await
+        .expect("lists");
+    let mut done = 0;
+    let mut held: HashMap<(String, String), String> = HashMap::new();
+    for v in &lbs.items {
+        let lb: LoadBalancer = serde_json::from_value(v.clone()).expect("decodes");
+        let Some(status) = lb.status.as_ref() else {
+            continue;
+        };
+        let ready = status
+            .conditions
+            .iter()
+            .any(|c| c.r#type == "Ready" && c.status == "True");
+        if ready && !status.allocated_address.ip.is_empty() {
+            done += 1;
+            let key = (
+                status.allocated_address.ip_pool.clone(),
+                status.allocated_address.ip.clone(),
+            );
+            if let Some(other) = held.insert(key.clone(), lb.applicant()) {
+                panic!("{key:?} reported by both {other} and {}", lb.applicant());
+            }
+        }
+    }
+    if done < lbs.items.len() {
+        return (done, false);
+    }
+    let pool_list = store
+        .list(&crd::pool_kind(), None, &LabelSelector::everything())
+        .await
+        .expect("lists");
+    let mut in_pools = HashSet::new();
+    for v in &pool_list.items {
+        let pool: IPPool = serde_json::from_value(v.clone()).expect("decodes");
+        let status = pool.status.clone().unwrap_or_default();
+        for (ip, id) in &status.allocated {
+            in_pools.insert(((pool.name().to_string(), ip.clone()), id.clone()));
+        }
+    }
+    let reported: HashSet<((String, String), String)> = held.into_iter().collect();
+    (done, pool_list.items.len() == pools && in_pools == reported)
+}
+
+async fn run(lbs: usize, pools: usize) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let setup = Instant::now();
+    seed(dir.path(), lbs, pools).await;
+    eprintln!(
+        "seeded {lbs} load balancers over {pools} pools in {:.1?}",
+        setup.elapsed()
+    );
+
+    let start = Instant::now();
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .expect("reopens");
+    let opened = start.elapsed();
+    let dyn_store: Arc<dyn ObjectStore> = store.clone();
+    let stop = CancellationToken::new();
+    let reconcilers = tokio::spawn(lb::run(
+        dyn_store.clone(),
+        lb::Settings::default(),
+        Arc::new(AlwaysLeader),
+        stop.clone(),
+    ));
+    let mut last_report = Instant::now();
+    loop {
+        let (done, all) = converged(&dyn_store, pools).await;
+        if all {
+            break;
+        }
+        if last_report.elapsed() > Duration::from_secs(2) {
+            eprintln!("  {done}/{lbs} after {:.1?}", start.elapsed());
+            last_report = Instant::now();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(600),
+            "did not converge: {done}/{lbs}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let took = start.elapsed();
+    stop.cancel();
+    reconcilers.await.expect("reconcilers stop");
+    store.close().await;
+    println!(
+        "lb_converge: {lbs} load balancers over {pools} pools converged in {:.2} s from a cold start \
+         (store opened in {:.2} s); {:.0} load balancers/s",
+        took.as_secs_f64(),
+        opened.as_secs_f64(),
+        lbs as f64 / took.as_secs_f64()
+    );
+}
