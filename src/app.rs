@@ -378,7 +378,10 @@ pub async fn serve_on(
     let reconcilers = tokio::spawn(
         crate::lb::run(
             app.state.store.clone(),
-            crate::lb::Settings::default(),
+            crate::lb::Settings {
+                concurrency: args.lb_concurrency,
+                ..crate::lb::Settings::default()
+            },
             Arc::new(crate::lb::leader::AlwaysLeader),
             shutdown.clone(),
         )

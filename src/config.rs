@@ -122,6 +122,10 @@ pub struct ServeArgs {
     /// SQLite durability: `full` makes every acknowledged write survive power loss.
     #[arg(long, env = "HARVESTER_CLOUD_DURABILITY", value_enum, default_value_t = Durability::Full)]
     pub durability: Durability,
+    /// How many LoadBalancers the reconciler works on at once. Many in flight let the store and
+    /// each pool batch their writes; lower it to spare a busy Kubernetes API.
+    #[arg(long, env = "HARVESTER_CLOUD_LB_CONCURRENCY", default_value_t = 1024)]
+    pub lb_concurrency: u16,
     /// After SIGTERM or Ctrl-C, how long in-flight requests may take before the process exits.
     #[arg(long, env = "HARVESTER_CLOUD_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,

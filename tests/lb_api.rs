@@ -831,6 +831,65 @@ pub mod cases {
         assert_consistent(&b).await;
     }
 
+    pub async fn manual_release_annotation<B: Backend>(b: B) {
+        let _r = Reconcilers::start(b.store());
+        create_pool(
+            &b,
+            mk_pool(
+                "p",
+                range("10.0.0.0/24", "10.0.0.10", "10.0.0.20"),
+                global(),
+            ),
+        )
+        .await;
+        create_lb(&b, mk_lb("default", "lb1", json!({}))).await;
+        let held = ip_of(&allocated(&b, "default", "lb1").await);
+        // A leak, as a hand edit or a lost finalizer leaves one: an address held for a load balancer
+        // that does not exist.
+        let pools = harvester_cloud::crd::pool_api(b.store());
+        let mut leaked = pools.get("", "p").await.expect("reads").expect("exists");
+        let status = leaked.status.get_or_insert_default();
+        status
+            .allocated
+            .insert("10.0.0.15".into(), "default/ghost".into());
+        status.available -= 1;
+        pools
+            .replace_status(&leaked)
+            .await
+            .expect("writes the leak");
+        let annotate = async |value: &str| {
+            let mut p = pool(&b, "p").await;
+            p["metadata"]["annotations"] =
+                json!({"loadbalancer.harvesterhci.io/manuallyReleaseIP": value});
+            ok(
+                call(&b, Method::PUT, &format!("{POOLS}/p"), Some(p)).await,
+                StatusCode::OK,
+            );
+            eventually("the annotation to be removed", async || {
+                let p = pool(&b, "p").await;
+                p["metadata"]["annotations"]
+                    .get("loadbalancer.harvesterhci.io/manuallyReleaseIP")
+                    .is_none()
+                    .then_some(p)
+            })
+            .await
+        };
+        // The load balancer still exists: its own address is not released.
+        let p = annotate(&format!("{held}: default/lb1")).await;
+        assert_eq!(p["status"]["allocated"][&held], "default/lb1");
+        // The holder does not match: nothing happens.
+        let p = annotate("10.0.0.15: default/other").await;
+        assert_eq!(p["status"]["allocated"]["10.0.0.15"], "default/ghost");
+        // The holder matches and is gone: released into the history.
+        let p = annotate("10.0.0.15: default/ghost").await;
+        assert!(p["status"]["allocated"].get("10.0.0.15").is_none(), "{p}");
+        assert_eq!(
+            p["status"]["allocatedHistory"]["10.0.0.15"],
+            "default/ghost"
+        );
+        assert_consistent(&b).await;
+    }
+
     pub async fn validation_messages<B: Backend>(b: B) {
         let refuse = async |method: Method, path: &str, body: Value| {
             call(&b, method, path, Some(body))
@@ -1251,6 +1310,7 @@ suite!(
         pool_change_releases_to_the_old_pool,
         pool_shrink_refused,
         pool_delete_refused_while_allocated,
+        manual_release_annotation,
         guest_cluster_cleanup,
         validation_messages,
         authentication_is_required,

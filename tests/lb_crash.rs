@@ -335,8 +335,8 @@ async fn sigkill_during_churn_loses_and_duplicates_nothing() {
         let client = client.clone();
         tokio::spawn(async move {
             let mut kills = 0;
-            while working.load(Ordering::SeqCst) || kills < 3 {
-                tokio::time::sleep(Duration::from_millis(rand::random_range(150..600))).await;
+            while working.load(Ordering::SeqCst) || kills < 5 {
+                tokio::time::sleep(Duration::from_millis(rand::random_range(80..400))).await;
                 service.kill();
                 kills += 1;
                 service.spawn();
@@ -372,7 +372,7 @@ async fn sigkill_during_churn_loses_and_duplicates_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(kills >= 3, "the service was killed {kills} times");
+    assert!(kills >= 5, "the service was killed {kills} times");
     eprintln!(
         "converged after {kills} SIGKILLs ({} starts)",
         service.starts

@@ -194,3 +194,52 @@ async fn prune_old(api: &Api<Event>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::{Durability, EmbeddedStore};
+
+    fn mk_event(name: &str, age: Duration, ours: bool) -> Event {
+        let at = Timestamp::now() - k8s_openapi::jiff::SignedDuration::try_from(age).expect("fits");
+        Event {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                labels: ours
+                    .then(|| [(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())].into()),
+                ..Default::default()
+            },
+            last_timestamp: Some(Time(at)),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn only_own_events_older_than_the_ttl_are_pruned() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .expect("opens");
+        let api = Api::<Event>::new(store);
+        for (name, age, ours) in [
+            ("old", EVENT_TTL * 2, true),
+            ("fresh", Duration::from_secs(5), true),
+            ("foreign", EVENT_TTL * 2, false),
+        ] {
+            api.create(&mk_event(name, age, ours))
+                .await
+                .expect("creates");
+        }
+        prune_old(&api).await;
+        let mut left: Vec<String> = api
+            .list(None, &LabelSelector::everything())
+            .await
+            .expect("lists")
+            .into_iter()
+            .filter_map(|e| e.metadata.name)
+            .collect();
+        left.sort();
+        assert_eq!(left, ["foreign", "fresh"]);
+    }
+}

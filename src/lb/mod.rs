@@ -60,7 +60,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            concurrency: 256,
+            concurrency: 1024,
             identity: default_identity(),
         }
     }

@@ -151,6 +151,7 @@ impl Pools {
         let (tx, rx) = mpsc::unbounded_channel();
         let task = PoolTask {
             name: pool.to_string(),
+            store: self.store.clone(),
             api: pool_api(self.store.clone()),
             loaded: None,
             waiters: HashSet::new(),
@@ -198,10 +199,14 @@ struct Loaded {
     pool: IPPool,
     /// `Err` when the ranges do not parse: nothing can be allocated, the status says why.
     allocator: Result<PoolAllocator, PoolError>,
+    /// The stored status is exactly what a sync would write (this task wrote it, or a sync found
+    /// nothing to change), so a sync of the same version has nothing to do.
+    synced: bool,
 }
 
 struct PoolTask {
     name: String,
+    store: Arc<dyn ObjectStore>,
     api: Api<IPPool>,
     loaded: Option<Loaded>,
     waiters: HashSet<ObjectRef<LoadBalancer>>,
@@ -211,6 +216,8 @@ struct PoolTask {
 /// The outcome of applying one round, before the write.
 struct Applied {
     replies: Vec<Result<PoolReply, PoolOpError>>,
+    /// A sync ran: once its status is stored, the pool is synced.
+    synced: bool,
     /// The status to write, if it changed.
     status: Option<IPPoolStatus>,
     freed: bool,
@@ -263,7 +270,11 @@ impl PoolTask {
             .map(ipam::PoolStatus::from)
             .unwrap_or_default();
         let allocator = PoolAllocator::from_status(&self.name, &pool.ranges(), &status);
-        self.loaded = Some(Loaded { pool, allocator });
+        self.loaded = Some(Loaded {
+            pool,
+            allocator,
+            synced: false,
+        });
         Ok(())
     }
 
@@ -288,17 +299,25 @@ impl PoolTask {
             fresh = false;
             let applied = self.apply(batch);
             let Some(status) = applied.status else {
+                if applied.synced
+                    && let Some(loaded) = self.loaded.as_mut()
+                {
+                    loaded.synced = true;
+                }
                 self.finish(batch, applied.replies, applied.freed);
                 return applied.stop_after;
             };
-            let Some(loaded) = self.loaded.as_mut() else {
+            let Some(mut next) = self.loaded.as_ref().map(|l| l.pool.clone()) else {
                 continue;
             };
-            let mut next = loaded.pool.clone();
             next.status = Some(status);
-            match self.api.replace_status(&next).await {
-                Ok(written) => {
-                    loaded.pool = written;
+            match self.write(&next).await {
+                Ok(resource_version) => {
+                    next.metadata.resource_version = Some(resource_version);
+                    if let Some(loaded) = self.loaded.as_mut() {
+                        loaded.pool = next;
+                        loaded.synced |= applied.synced;
+                    }
                     self.finish(batch, applied.replies, applied.freed);
                     return applied.stop_after;
                 }
@@ -337,6 +356,22 @@ impl PoolTask {
         false
     }
 
+    /// Writes the status; returns the new resourceVersion. The written object is not decoded back:
+    /// it is the one just sent, and a pool holds thousands of entries.
+    async fn write(&self, pool: &IPPool) -> Result<String, StoreError> {
+        let value = serde_json::to_value(pool).map_err(|e| StoreError::Invalid {
+            kind: "ippool".into(),
+            name: self.name.clone(),
+            reason: e.to_string(),
+        })?;
+        let written = self.store.replace_status(self.api.kind(), value).await?;
+        Ok(written
+            .pointer("/metadata/resourceVersion")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_string())
+    }
+
     fn finish(
         &mut self,
         batch: &mut Vec<Request>,
@@ -373,6 +408,7 @@ impl PoolTask {
                     .iter()
                     .map(|_| Err(PoolOpError::Missing { pool: name.clone() }))
                     .collect(),
+                synced: false,
                 status: None,
                 freed,
                 stop_after,
@@ -432,7 +468,9 @@ impl PoolTask {
                     freed |= matches!(manual, Some(ManualReleaseOutcome::Released));
                     // A grown pool may serve waiters; waking them costs little.
                     freed |= allocator.available() > 0;
-                    ready = Some(Ok(()));
+                    if !loaded.synced || manual.is_some() {
+                        ready = Some(Ok(()));
+                    }
                     Ok(PoolReply::Synced {
                         total: i64::try_from(allocator.total()).unwrap_or(i64::MAX),
                         available: i64::try_from(allocator.available()).unwrap_or(i64::MAX),
@@ -452,9 +490,11 @@ impl PoolTask {
             replies.push(reply);
         }
 
+        let synced = ready.is_some();
         if !changed && ready.is_none() {
             return Applied {
                 replies,
+                synced,
                 status: None,
                 freed,
                 stop_after,
@@ -474,6 +514,7 @@ impl PoolTask {
         }
         Applied {
             replies,
+            synced,
             status: (status != current).then_some(status),
             freed,
             stop_after,
