@@ -949,3 +949,73 @@ mod tests {
         assert_eq!(a[ANNOTATION_NAMESPACE], "default");
     }
 }
+
+#[cfg(test)]
+mod store_tests {
+    use super::*;
+    use crate::crd::{IPPoolSpec, Range, Selector};
+    use crate::store::embedded::{Durability, EmbeddedStore};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn mk_pool(name: &str, network: &str) -> IPPool {
+        IPPool {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: IPPoolSpec {
+                ranges: vec![Range {
+                    subnet: "10.0.0.0/24".into(),
+                    ..Default::default()
+                }],
+                selector: Selector {
+                    network: network.into(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            status: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn networks_are_looked_up_only_where_they_exist() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .expect("opens");
+        let nad: NetworkAttachmentDefinition = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "vlan10", "namespace": "default",
+                         "labels": {"network.harvesterhci.io/vlan-id": "10"}},
+            "spec": {"config": "{}"}
+        }))
+        .expect("nad");
+        Api::<NetworkAttachmentDefinition>::new(store.clone())
+            .create(&nad)
+            .await
+            .expect("creates");
+
+        let kube = Admission::new(store.clone(), NetworkCheck::Require);
+        let mut pool = mk_pool("p", "default/vlan10");
+        kube.admit_pool_create(&mut pool).await.expect("admitted");
+        assert_eq!(pool.metadata.labels.as_ref().expect("labels")[LABEL_VID], "10");
+        let mut unknown = mk_pool("q", "default/vlan99");
+        let e = kube
+            .admit_pool_create(&mut unknown)
+            .await
+            .expect_err("refused");
+        assert_eq!(
+            e.to_string(),
+            "can't create IP pool q because network-attachment-definitions.k8s.cni.cncf.io \"vlan99\" not found"
+        );
+        assert!(e.is_rejection());
+
+        let embedded = Admission::new(store, NetworkCheck::Skip);
+        let mut unknown = mk_pool("q", "default/vlan99");
+        embedded
+            .admit_pool_create(&mut unknown)
+            .await
+            .expect("admitted without a lookup");
+        assert_eq!(unknown.metadata.labels.as_ref().expect("labels")[LABEL_VID], "0");
+    }
+}
