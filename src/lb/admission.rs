@@ -998,7 +998,10 @@ mod store_tests {
         let kube = Admission::new(store.clone(), NetworkCheck::Require);
         let mut pool = mk_pool("p", "default/vlan10");
         kube.admit_pool_create(&mut pool).await.expect("admitted");
-        assert_eq!(pool.metadata.labels.as_ref().expect("labels")[LABEL_VID], "10");
+        assert_eq!(
+            pool.metadata.labels.as_ref().expect("labels")[LABEL_VID],
+            "10"
+        );
         let mut unknown = mk_pool("q", "default/vlan99");
         let e = kube
             .admit_pool_create(&mut unknown)
@@ -1016,6 +1019,9 @@ mod store_tests {
             .admit_pool_create(&mut unknown)
             .await
             .expect("admitted without a lookup");
-        assert_eq!(unknown.metadata.labels.as_ref().expect("labels")[LABEL_VID], "0");
+        assert_eq!(
+            unknown.metadata.labels.as_ref().expect("labels")[LABEL_VID],
+            "0"
+        );
     }
 }

@@ -162,7 +162,11 @@ async fn write_events(
                 }
             }
         });
-    tokio::join!(prune, write);
+    // The writer ends when every Recorder is gone (or on `stop`); pruning goes with it.
+    tokio::select! {
+        _ = prune => {},
+        _ = write => {},
+    }
     debug!("event writer stopped");
 }
 

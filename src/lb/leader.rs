@@ -27,9 +27,12 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::store::{Api, ObjectStore, StoreError};
 
 /// Leadership while it lasts: `lost` is cancelled when it ends (a failed renewal, or release).
+/// Dropping it stops the renewals without giving the Lease up, as a crash would: the Lease then
+/// expires.
 pub struct Leadership {
     pub lost: CancellationToken,
-    /// Stops renewing and gives the Lease up, so that another replica takes over at once.
+    renewer: Option<tokio::task::JoinHandle<()>>,
+    /// Gives the Lease up, so that another replica takes over at once.
     release: Option<Box<dyn FnOnce() -> futures::future::BoxFuture<'static, ()> + Send>>,
 }
 
@@ -38,16 +41,30 @@ impl Leadership {
     pub fn forever() -> Self {
         Leadership {
             lost: CancellationToken::new(),
+            renewer: None,
             release: None,
         }
     }
 
     /// Gives leadership up (on shutdown, or after `lost`).
     pub async fn release(mut self) {
-        self.lost.cancel();
+        self.stop_renewing();
         if let Some(release) = self.release.take() {
             release().await;
         }
+    }
+
+    fn stop_renewing(&mut self) {
+        self.lost.cancel();
+        if let Some(renewer) = self.renewer.take() {
+            renewer.abort();
+        }
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        self.stop_renewing();
     }
 }
 
@@ -303,7 +320,7 @@ impl LeaderElector for LeaseElector {
         }
         info!(lease = %inner.name, identity = %inner.identity, "acquired leadership");
         let lost = CancellationToken::new();
-        tokio::spawn(
+        let renewer = tokio::spawn(
             inner
                 .clone()
                 .renew(lost.clone())
@@ -312,6 +329,7 @@ impl LeaderElector for LeaseElector {
         let releaser = inner.clone();
         Some(Leadership {
             lost,
+            renewer: Some(renewer),
             release: Some(Box::new(move || {
                 Box::pin(async move { releaser.release().await })
             })),
