@@ -72,6 +72,22 @@ const CREATE_CRB: &str = "fail to create clusterRoleBinding";
 const GET_SA: &str = "fail to get serviceAccount";
 const GET_RB: &str = "fail to get roleBinding";
 const GET_CRB: &str = "fail to get clusterRoleBinding";
+const REVOKE: &str = "fail to revoke serviceAccount";
+
+/// What a revocation did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Revocation {
+    /// The objects deleted, as `kind namespace/name`.
+    pub deleted: Vec<String>,
+    /// Objects of the account's names that are not the account's, left alone.
+    pub kept: Vec<Kept>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Kept {
+    pub object: String,
+    pub reason: String,
+}
 
 fn store_err(step: &'static str) -> impl FnOnce(StoreError) -> CloudConfigError {
     move |source| CloudConfigError::Store { step, source }
@@ -406,6 +422,161 @@ impl CloudConfig {
                 }
             }
         }
+    }
+
+    /// DELETE: revokes an account by deleting its bindings, its token Secret and its ServiceAccount,
+    /// in that order (access goes first). Only objects that are the account's are deleted; anything
+    /// else of the same name is kept and reported. Deleting an absent account succeeds.
+    pub async fn revoke(
+        &self,
+        namespace: &str,
+        service_account: &str,
+    ) -> Result<Revocation, CloudConfigError> {
+        let names = AccountNames::new(namespace, service_account);
+        let ns = names.namespace.as_str();
+        let mut out = Revocation::default();
+        let sa = self
+            .api::<ServiceAccount>()
+            .get(ns, &names.service_account)
+            .await
+            .map_err(store_err(REVOKE))?;
+        let sa_uid = sa.as_ref().and_then(|s| s.metadata.uid.clone());
+
+        let crbs = self.api::<ClusterRoleBinding>();
+        if let Some(crb) = crbs
+            .get("", &names.binding)
+            .await
+            .map_err(store_err(REVOKE))?
+        {
+            let what = format!("clusterrolebinding {}", names.binding);
+            match objects::check_cluster_role_binding(&crb, &names, sa_uid.as_deref()) {
+                Ok(()) => {
+                    self.delete_owned(
+                        &crbs,
+                        "",
+                        &names.binding,
+                        crb.metadata.uid.clone(),
+                        what,
+                        &mut out,
+                    )
+                    .await?
+                }
+                Err(reason) => out.kept.push(Kept {
+                    object: what,
+                    reason,
+                }),
+            }
+        }
+        let rbs = self.api::<RoleBinding>();
+        if let Some(rb) = rbs
+            .get(ns, &names.binding)
+            .await
+            .map_err(store_err(REVOKE))?
+        {
+            let what = format!("rolebinding {ns}/{}", names.binding);
+            match objects::check_role_binding(&rb, &names, sa_uid.as_deref()) {
+                Ok(()) => {
+                    self.delete_owned(
+                        &rbs,
+                        ns,
+                        &names.binding,
+                        rb.metadata.uid.clone(),
+                        what,
+                        &mut out,
+                    )
+                    .await?
+                }
+                Err(reason) => out.kept.push(Kept {
+                    object: what,
+                    reason,
+                }),
+            }
+        }
+        let secrets = self.api::<Secret>();
+        let mut token_secret_seen = false;
+        if let Some(secret) = secrets
+            .get(ns, &names.secret)
+            .await
+            .map_err(store_err(REVOKE))?
+        {
+            let what = format!("secret {ns}/{}", names.secret);
+            match objects::check_secret(&secret, &names, sa_uid.as_deref()) {
+                SecretCheck::Ours | SecretCheck::Stale => {
+                    token_secret_seen = true;
+                    self.delete_owned(
+                        &secrets,
+                        ns,
+                        &names.secret,
+                        secret.metadata.uid.clone(),
+                        what,
+                        &mut out,
+                    )
+                    .await?
+                }
+                SecretCheck::Foreign(reason) => out.kept.push(Kept {
+                    object: what,
+                    reason,
+                }),
+            }
+        }
+        if let Some(sa) = sa {
+            let what = format!("serviceaccount {ns}/{}", names.service_account);
+            // A service account is the account's if we labelled it, or if it had the token Secret
+            // that Harvester creates for its cloud-config accounts.
+            let labelled = sa
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(objects::MANAGED_BY_LABEL))
+                .is_some_and(|v| v == objects::MANAGED_BY);
+            if labelled || token_secret_seen {
+                self.delete_owned(
+                    &self.api::<ServiceAccount>(),
+                    ns,
+                    &names.service_account,
+                    sa_uid,
+                    what,
+                    &mut out,
+                )
+                .await?;
+            } else {
+                out.kept.push(Kept {
+                    object: what,
+                    reason: "not created by a cloud-config request (no managed-by label and no cloud-config token Secret)".into(),
+                });
+            }
+        }
+        info!(namespace = %ns, service_account = %names.service_account, deleted = out.deleted.len(), kept = out.kept.len(),
+            "kubeconfig for service account {ns}/{} is revoked", names.service_account);
+        Ok(out)
+    }
+
+    async fn delete_owned<K: Object>(
+        &self,
+        api: &Api<K>,
+        namespace: &str,
+        name: &str,
+        uid: Option<String>,
+        what: String,
+        out: &mut Revocation,
+    ) -> Result<(), CloudConfigError> {
+        match api
+            .delete(
+                namespace,
+                name,
+                &Preconditions {
+                    uid,
+                    ..Default::default()
+                },
+            )
+            .await
+        {
+            Ok(_) => out.deleted.push(what),
+            // Gone meanwhile (a concurrent revocation, or the garbage collector): already revoked.
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(store_err(REVOKE)(e)),
+        }
+        Ok(())
     }
 
     /// GET: the kubeconfig of an account that POST made; creates nothing.
