@@ -370,7 +370,10 @@ mod tests {
             .with_details(StatusDetails {
                 name: name.into(),
                 kind: kind.into(),
-                ..Default::default()
+                group: String::new(),
+                uid: String::new(),
+                causes: Vec::new(),
+                retry_after_seconds: 0,
             })
     }
 
