@@ -157,7 +157,14 @@ mod tests {
             assert!(matches!(c, Credential::Bearer(_)), "{other}");
             assert!(!format!("{c:?}").contains(other.trim_start_matches("Bearer ")));
         }
-        for bad in ["", "Bearer", "Bearer  ", "Digest a:b", "Basic !!!", "Basic eA=="] {
+        for bad in [
+            "",
+            "Bearer",
+            "Bearer  ",
+            "Digest a:b",
+            "Basic !!!",
+            "Basic eA==",
+        ] {
             assert_eq!(from_authorization(bad), None, "{bad}");
         }
     }

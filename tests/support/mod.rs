@@ -494,6 +494,17 @@ impl KubeBackend {
         }
     }
 
+    /// The same cluster, served with other flags.
+    pub async fn with_args(self, extra: &[&str]) -> Self {
+        let extra_args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let app = Self::open(self.dir.path(), &extra_args).await;
+        KubeBackend {
+            app,
+            extra_args,
+            ..self
+        }
+    }
+
     async fn open(dir: &Path, extra: &[String]) -> app::Kube {
         let mut args = vec![
             "--backend".to_string(),
