@@ -670,3 +670,73 @@ async fn one_post_makes_a_bounded_number_of_api_requests() {
     let creates = requests.iter().filter(|r| r.method == "POST").count();
     assert_eq!(creates, 4, "{requests:#?}");
 }
+
+/// `harvester-cloud kubeconfig generate`, the replacement for generate_addon.sh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubeconfig_generate_prints_both_sections() {
+    let b = KubeBackend::start().await;
+    let admin = b.dir.path().join("admin.kubeconfig");
+    let run = |args: Vec<String>| async move {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_harvester-cloud"))
+            .args(["kubeconfig", "generate"])
+            .args(args)
+            .output()
+            .await
+            .unwrap()
+    };
+    let out = run(vec![
+        "gc4".into(),
+        "gc-test".into(),
+        "--kubeconfig".into(),
+        admin.display().to_string(),
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (cloud_config, user_data) = text
+        .strip_prefix("########## cloud config ############\n")
+        .and_then(|t| t.split_once("\n########## cloud-init user data ############\n"))
+        .unwrap_or_else(|| panic!("unexpected output:\n{text}"));
+    // It points where the caller's kubeconfig points, and is the account the API would serve.
+    assert!(
+        cloud_config.contains(&format!(
+            "    server: {}\n",
+            b.fake.base_url().trim_end_matches('/')
+        )),
+        "{cloud_config}"
+    );
+    let served = b
+        .get("namespace=gc-test&serviceAccountName=gc4")
+        .await
+        .kubeconfig();
+    let token_line = |k: &str| {
+        k.lines()
+            .find(|l| l.contains("token:"))
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(token_line(cloud_config), token_line(&served));
+    for path in [
+        "/etc/kubernetes/cloud-config",
+        "/var/lib/rancher/rke2/etc/config-files/cloud-provider-config",
+    ] {
+        assert!(
+            user_data.contains(&format!("  path: {path}\n")),
+            "{user_data}"
+        );
+    }
+    // Bad names are refused before anything is created.
+    let out = run(vec![
+        "Bad_Name".into(),
+        "gc-test".into(),
+        "--kubeconfig".into(),
+        admin.display().to_string(),
+    ])
+    .await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a valid service account name"));
+}

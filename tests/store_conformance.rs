@@ -448,13 +448,17 @@ suite!(
     ]
 );
 
-suite!(kube, Kube::start(), [
-    create_get_and_conflicts,
-    noop_writes_change_nothing,
-    status_subresource,
-    finalizers_and_preconditions,
-    dependents_are_collected,
-    label_selectors_and_namespaces,
-    watch_replays_and_follows,
-    restart_keeps_objects_and_versions,
-]);
+suite!(
+    kube,
+    Kube::start(),
+    [
+        create_get_and_conflicts,
+        noop_writes_change_nothing,
+        status_subresource,
+        finalizers_and_preconditions,
+        dependents_are_collected,
+        label_selectors_and_namespaces,
+        watch_replays_and_follows,
+        restart_keeps_objects_and_versions,
+    ]
+);
