@@ -7,7 +7,7 @@
 //! 50 ms delay, closer to a real cluster's controller.
 
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod support;
 
 use std::time::{Duration, Instant};
