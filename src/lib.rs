@@ -6,6 +6,7 @@ pub mod app;
 pub mod auth;
 pub mod certs;
 pub mod config;
+pub mod guest;
 pub mod http;
 pub mod ipam;
 pub mod issuer;
