@@ -442,141 +442,94 @@ impl CloudConfig {
             .map_err(store_err(REVOKE))?;
         let sa_uid = sa.as_ref().and_then(|s| s.metadata.uid.clone());
 
-        let crbs = self.api::<ClusterRoleBinding>();
-        if let Some(crb) = crbs
-            .get("", &names.binding)
-            .await
-            .map_err(store_err(REVOKE))?
-        {
-            let what = format!("clusterrolebinding {}", names.binding);
-            match objects::check_cluster_role_binding(&crb, &names, sa_uid.as_deref()) {
-                Ok(()) => {
-                    self.delete_owned(
-                        &crbs,
-                        "",
-                        &names.binding,
-                        crb.metadata.uid.clone(),
-                        what,
-                        &mut out,
-                    )
-                    .await?
+        let uid = sa_uid.as_deref();
+        self.revoke_object::<ClusterRoleBinding>(
+            "",
+            &names.binding,
+            format!("clusterrolebinding {}", names.binding),
+            |crb| objects::check_cluster_role_binding(crb, &names, uid),
+            &mut out,
+        )
+        .await?;
+        self.revoke_object::<RoleBinding>(
+            ns,
+            &names.binding,
+            format!("rolebinding {ns}/{}", names.binding),
+            |rb| objects::check_role_binding(rb, &names, uid),
+            &mut out,
+        )
+        .await?;
+        let token_secret_seen = self
+            .revoke_object::<Secret>(
+                ns,
+                &names.secret,
+                format!("secret {ns}/{}", names.secret),
+                |secret| match objects::check_secret(secret, &names, uid) {
+                    SecretCheck::Ours | SecretCheck::Stale => Ok(()),
+                    SecretCheck::Foreign(reason) => Err(reason),
+                },
+                &mut out,
+            )
+            .await?;
+        // A service account is the account's if we labelled it, or if it had the token Secret that
+        // Harvester creates for its cloud-config accounts.
+        self.revoke_object::<ServiceAccount>(
+            ns,
+            &names.service_account,
+            format!("serviceaccount {ns}/{}", names.service_account),
+            |sa| {
+                let labelled = sa
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(objects::MANAGED_BY_LABEL))
+                    .is_some_and(|v| v == objects::MANAGED_BY);
+                if labelled || token_secret_seen {
+                    Ok(())
+                } else {
+                    Err("not created by a cloud-config request (no managed-by label and no cloud-config token Secret)".into())
                 }
-                Err(reason) => out.kept.push(Kept {
-                    object: what,
-                    reason,
-                }),
-            }
-        }
-        let rbs = self.api::<RoleBinding>();
-        if let Some(rb) = rbs
-            .get(ns, &names.binding)
-            .await
-            .map_err(store_err(REVOKE))?
-        {
-            let what = format!("rolebinding {ns}/{}", names.binding);
-            match objects::check_role_binding(&rb, &names, sa_uid.as_deref()) {
-                Ok(()) => {
-                    self.delete_owned(
-                        &rbs,
-                        ns,
-                        &names.binding,
-                        rb.metadata.uid.clone(),
-                        what,
-                        &mut out,
-                    )
-                    .await?
-                }
-                Err(reason) => out.kept.push(Kept {
-                    object: what,
-                    reason,
-                }),
-            }
-        }
-        let secrets = self.api::<Secret>();
-        let mut token_secret_seen = false;
-        if let Some(secret) = secrets
-            .get(ns, &names.secret)
-            .await
-            .map_err(store_err(REVOKE))?
-        {
-            let what = format!("secret {ns}/{}", names.secret);
-            match objects::check_secret(&secret, &names, sa_uid.as_deref()) {
-                SecretCheck::Ours | SecretCheck::Stale => {
-                    token_secret_seen = true;
-                    self.delete_owned(
-                        &secrets,
-                        ns,
-                        &names.secret,
-                        secret.metadata.uid.clone(),
-                        what,
-                        &mut out,
-                    )
-                    .await?
-                }
-                SecretCheck::Foreign(reason) => out.kept.push(Kept {
-                    object: what,
-                    reason,
-                }),
-            }
-        }
-        if let Some(sa) = sa {
-            let what = format!("serviceaccount {ns}/{}", names.service_account);
-            // A service account is the account's if we labelled it, or if it had the token Secret
-            // that Harvester creates for its cloud-config accounts.
-            let labelled = sa
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(objects::MANAGED_BY_LABEL))
-                .is_some_and(|v| v == objects::MANAGED_BY);
-            if labelled || token_secret_seen {
-                self.delete_owned(
-                    &self.api::<ServiceAccount>(),
-                    ns,
-                    &names.service_account,
-                    sa_uid,
-                    what,
-                    &mut out,
-                )
-                .await?;
-            } else {
-                out.kept.push(Kept {
-                    object: what,
-                    reason: "not created by a cloud-config request (no managed-by label and no cloud-config token Secret)".into(),
-                });
-            }
-        }
+            },
+            &mut out,
+        )
+        .await?;
         info!(namespace = %ns, service_account = %names.service_account, deleted = out.deleted.len(), kept = out.kept.len(),
             "kubeconfig for service account {ns}/{} is revoked", names.service_account);
         Ok(out)
     }
 
-    async fn delete_owned<K: Object>(
+    /// Deletes one object of the account if `verdict` says it is the account's, else records it as
+    /// kept. Returns whether it was deleted.
+    async fn revoke_object<K: Object>(
         &self,
-        api: &Api<K>,
         namespace: &str,
         name: &str,
-        uid: Option<String>,
         what: String,
+        verdict: impl FnOnce(&K) -> Result<(), String>,
         out: &mut Revocation,
-    ) -> Result<(), CloudConfigError> {
-        match api
-            .delete(
-                namespace,
-                name,
-                &Preconditions {
-                    uid,
-                    ..Default::default()
-                },
-            )
-            .await
-        {
+    ) -> Result<bool, CloudConfigError> {
+        let api = self.api::<K>();
+        let Some(obj) = api.get(namespace, name).await.map_err(store_err(REVOKE))? else {
+            return Ok(false);
+        };
+        if let Err(reason) = verdict(&obj) {
+            out.kept.push(Kept {
+                object: what,
+                reason,
+            });
+            return Ok(false);
+        }
+        let pre = Preconditions {
+            uid: obj.meta().uid.clone(),
+            ..Default::default()
+        };
+        match api.delete(namespace, name, &pre).await {
             Ok(_) => out.deleted.push(what),
             // Gone meanwhile (a concurrent revocation, or the garbage collector): already revoked.
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(store_err(REVOKE)(e)),
         }
-        Ok(())
+        Ok(true)
     }
 
     /// GET: the kubeconfig of an account that POST made; creates nothing.
