@@ -21,9 +21,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
+    auth::kubernetes::KubeAuthenticator,
     auth::{ApiToken, embedded::EmbeddedAuthenticator},
     certs,
-    config::{Cli, Command, GlobalArgs, LogFormat, ServeArgs, TokenCommand},
+    config::{
+        BackendKind, Cli, Command, GlobalArgs, KubeArgs, KubeconfigCommand, LogFormat, ServeArgs,
+        TokenCommand,
+    },
     http::{self, AppState},
     issuer::Issuer,
     kubeconfig::{
@@ -31,6 +35,7 @@ use crate::{
         objects::{MANAGED_BY, MANAGED_BY_LABEL},
         request::{CLOUDPROVIDER_ROLE, CSI_DRIVER_ROLE},
     },
+    kubeconfig::{render, request::AccountRequest, service::vip_url},
     lb::{
         admission::{Admission, NetworkCheck},
         objects::Objects,
@@ -38,10 +43,13 @@ use crate::{
     store::{
         Api, ObjectStore,
         embedded::{self, EmbeddedStore, TokenController, tokens},
+        kubernetes::KubeStore,
     },
 };
 
 pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+/// The Lease the load balancer reconcilers' replicas compete for (in `--harvester-namespace`).
+pub const LB_LEASE: &str = "harvester-cloud-lb";
 const DEFAULT_VIP: &str = "127.0.0.1";
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -53,6 +61,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", crate::crd::crds_yaml()?);
             Ok(())
         }
+        Command::Kubeconfig { command } => kubeconfig_command(command).await,
     }
 }
 
@@ -94,6 +103,164 @@ fn public_host(listen: SocketAddr) -> String {
     }
 }
 
+/// The serving certificate: supplied, or generated (kept in `<data-dir>/tls` when there is a data
+/// directory, in memory otherwise); `None` for plain HTTP.
+fn serving_tls(
+    args: &ServeArgs,
+    data_dir: Option<&Path>,
+) -> anyhow::Result<Option<certs::TlsMaterial>> {
+    if args.http {
+        return Ok(None);
+    }
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let cert_chain_pem = std::fs::read(cert)
+            .with_context(|| format!("cannot read --tls-cert {}", cert.display()))?;
+        let key_pem = std::fs::read(key)
+            .with_context(|| format!("cannot read --tls-key {}", key.display()))?;
+        let ca_pem = certs::last_certificate_pem(&cert_chain_pem)
+            .with_context(|| format!("--tls-cert {} holds no PEM certificate", cert.display()))?;
+        return Ok(Some(certs::TlsMaterial {
+            cert_chain_pem,
+            key_pem,
+            ca_pem,
+        }));
+    }
+    let mut hosts = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    if !args.listen.ip().is_unspecified() && !args.listen.ip().is_loopback() {
+        hosts.push(args.listen.ip().to_string());
+    }
+    if let Ok(pod_ip) = std::env::var("POD_IP") {
+        hosts.push(pod_ip);
+    }
+    Ok(Some(match data_dir {
+        Some(dir) => certs::ensure_self_signed(&dir.join("tls"), &hosts)?,
+        None => certs::generate(&hosts)?,
+    }))
+}
+
+fn read_cluster_ca(args: &ServeArgs) -> anyhow::Result<Option<Vec<u8>>> {
+    args.cluster_ca_file
+        .as_ref()
+        .map(|path| {
+            std::fs::read(path)
+                .with_context(|| format!("cannot read --cluster-ca-file {}", path.display()))
+        })
+        .transpose()
+}
+
+/// A Kubernetes client from `--kubeconfig` (and `--context`), else the in-cluster or default config.
+pub async fn kube_config(args: &KubeArgs) -> anyhow::Result<kube::Config> {
+    let options = kube::config::KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read --kubeconfig {}", path.display()))?;
+            Ok(kube::Config::from_custom_kubeconfig(kc, &options).await?)
+        }
+        None if args.context.is_some() => Ok(kube::Config::from_kubeconfig(&options).await?),
+        None => Ok(kube::Config::infer().await?),
+    }
+}
+
+/// The service on the Kubernetes backend: state in the cluster, nothing on local disk.
+pub struct Kube {
+    pub state: AppState,
+    pub tls: Option<certs::TlsMaterial>,
+    pub client: kube::Client,
+}
+
+/// Connects to the Kubernetes API and prepares everything `serve` needs.
+pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Kube> {
+    let config = kube_config(&args.kube).await?;
+    let cluster = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
+    let store = Arc::new(KubeStore::new(client.clone()));
+    store
+        .ping()
+        .await
+        .with_context(|| format!("cannot reach the Kubernetes API at {cluster}"))?;
+    info!(cluster = %cluster, "using the Kubernetes backend");
+    let server_url = match (&args.server_url, &args.vip) {
+        (Some(url), _) => Some(url.clone()),
+        (None, Some(vip)) => Some(vip_url(vip).map_err(|e| anyhow::anyhow!(e))?),
+        (None, None) => None,
+    };
+    let dyn_store: Arc<dyn ObjectStore> = store;
+    let cloud_config = Arc::new(CloudConfig::new(
+        dyn_store.clone(),
+        Settings {
+            harvester_namespace: args.harvester_namespace.clone(),
+            server_url,
+            cluster_ca: read_cluster_ca(args)?,
+            token_timeout: args.token_timeout,
+        },
+    ));
+    let state = AppState {
+        cloud_config,
+        authenticator: Arc::new(KubeAuthenticator::new(
+            client.clone(),
+            args.allow_restricted_admin,
+        )),
+        // Pools' networks must name existing NetworkAttachmentDefinitions, as upstream's mutator wants.
+        objects: Objects::new(Admission::new(dyn_store.clone(), NetworkCheck::Require)),
+        store: dyn_store,
+        issuer: None,
+    };
+    Ok(Kube {
+        state,
+        tls: serving_tls(args, None)?,
+        client,
+    })
+}
+
+/// A service ready to serve, on either backend.
+pub enum Backend {
+    Embedded(Embedded),
+    Kube(Kube),
+}
+
+impl Backend {
+    pub fn state(&self) -> &AppState {
+        match self {
+            Backend::Embedded(e) => &e.state,
+            Backend::Kube(k) => &k.state,
+        }
+    }
+
+    pub fn tls(&self) -> Option<&certs::TlsMaterial> {
+        match self {
+            Backend::Embedded(e) => e.tls.as_ref(),
+            Backend::Kube(k) => k.tls.as_ref(),
+        }
+    }
+
+    /// Flushes and closes what the backend holds open.
+    pub async fn close(&self) {
+        if let Backend::Embedded(e) = self {
+            e.store.close().await;
+        }
+    }
+}
+
+impl From<Embedded> for Backend {
+    fn from(e: Embedded) -> Self {
+        Backend::Embedded(e)
+    }
+}
+
+impl From<Kube> for Backend {
+    fn from(k: Kube) -> Self {
+        Backend::Kube(k)
+    }
+}
+
 /// Opens the embedded store in the data directory and prepares everything `serve` needs.
 pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Embedded> {
     let data_dir = &global.data_dir;
@@ -101,39 +268,9 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
 
     let admin_token = ensure_admin_token(&store, data_dir).await?;
 
-    let tls = if args.http {
-        None
-    } else if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
-        let cert_chain_pem = std::fs::read(cert)
-            .with_context(|| format!("cannot read --tls-cert {}", cert.display()))?;
-        let key_pem = std::fs::read(key)
-            .with_context(|| format!("cannot read --tls-key {}", key.display()))?;
-        let ca_pem = certs::last_certificate_pem(&cert_chain_pem)
-            .with_context(|| format!("--tls-cert {} holds no PEM certificate", cert.display()))?;
-        Some(certs::TlsMaterial {
-            cert_chain_pem,
-            key_pem,
-            ca_pem,
-        })
-    } else {
-        let mut hosts = vec![
-            "localhost".to_string(),
-            "127.0.0.1".to_string(),
-            "::1".to_string(),
-        ];
-        if !args.listen.ip().is_unspecified() && !args.listen.ip().is_loopback() {
-            hosts.push(args.listen.ip().to_string());
-        }
-        Some(certs::ensure_self_signed(&data_dir.join("tls"), &hosts)?)
-    };
+    let tls = serving_tls(args, Some(data_dir))?;
 
-    let cluster_ca = match &args.cluster_ca_file {
-        Some(path) => Some(
-            std::fs::read(path)
-                .with_context(|| format!("cannot read --cluster-ca-file {}", path.display()))?,
-        ),
-        None => None,
-    };
+    let cluster_ca = read_cluster_ca(args)?;
     // The CA that token Secrets carry: the configured cluster CA, else the one clients trust here.
     let token_ca = match (&cluster_ca, &tls) {
         (Some(ca), _) => ca.clone(),
@@ -346,7 +483,10 @@ pub async fn shutdown_signal() {
 }
 
 async fn serve(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<()> {
-    let app = open_embedded(global, args).await?;
+    let app: Backend = match args.backend {
+        BackendKind::Embedded => open_embedded(global, args).await?.into(),
+        BackendKind::Kube => open_kube(args).await?.into(),
+    };
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -367,32 +507,40 @@ async fn serve(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<()> {
 /// most `--shutdown-timeout`.
 pub async fn serve_on(
     listener: TcpListener,
-    app: Embedded,
+    app: impl Into<Backend>,
     args: &ServeArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let app: Backend = app.into();
     let local = listener.local_addr()?;
-    let router = http::router(app.state.clone());
-    // The reconcilers run next to the API, stopped by the same token. The embedded store is owned by
-    // this one process (its data directory is locked), so this replica always leads.
+    let router = http::router(app.state().clone());
+    // The reconcilers run next to the API, stopped by the same token. Only one replica writes: the
+    // embedded store is owned by this one process (its data directory is locked), so it always
+    // leads; on Kubernetes the replicas elect a leader with a Lease unless told not to.
+    let store = app.state().store.clone();
+    let settings = crate::lb::Settings {
+        concurrency: args.lb_concurrency,
+        ..crate::lb::Settings::default()
+    };
+    let elector: Arc<dyn crate::lb::leader::LeaderElector> = match &app {
+        Backend::Kube(_) if args.leader_elect => Arc::new(crate::lb::leader::LeaseElector::new(
+            store.clone(),
+            &args.harvester_namespace,
+            LB_LEASE,
+            &settings.identity,
+            crate::lb::leader::LeaseTiming::default(),
+        )),
+        _ => Arc::new(crate::lb::leader::AlwaysLeader),
+    };
     let reconcilers = tokio::spawn(
-        crate::lb::run(
-            app.state.store.clone(),
-            crate::lb::Settings {
-                concurrency: args.lb_concurrency,
-                ..crate::lb::Settings::default()
-            },
-            Arc::new(crate::lb::leader::AlwaysLeader),
-            shutdown.clone(),
-        )
-        .instrument(info_span!("lb")),
+        crate::lb::run(store, settings, elector, shutdown.clone()).instrument(info_span!("lb")),
     );
     let drained = {
         let shutdown = shutdown.clone();
         async move { shutdown.cancelled().await }
     };
     let server = async {
-        match &app.tls {
+        match app.tls() {
             Some(tls) => {
                 let config = http::tls::server_config(&tls.cert_chain_pem, &tls.key_pem)
                     .map_err(|e| anyhow::anyhow!("invalid TLS certificate or key: {e}"))?;
@@ -430,8 +578,8 @@ pub async fn serve_on(
     {
         warn!(timeout = ?args.shutdown_timeout, "reconcilers did not stop in time; exiting");
     }
+    app.close().await;
     served?;
-    app.store.close().await;
     info!("stopped");
     Ok(())
 }
@@ -482,5 +630,42 @@ async fn token_command(global: &GlobalArgs, command: TokenCommand) -> anyhow::Re
         }
     }
     pool.close().await;
+    Ok(())
+}
+
+async fn kubeconfig_command(command: KubeconfigCommand) -> anyhow::Result<()> {
+    let KubeconfigCommand::Generate {
+        service_account,
+        namespace,
+        kube,
+        server_url,
+        token_timeout,
+    } = command;
+    let req = AccountRequest::new(&namespace, &service_account).map_err(|e| anyhow::anyhow!(e))?;
+    let config = kube_config(&kube).await?;
+    // As generate_addon.sh did: the kubeconfig points where your own kubeconfig points.
+    let server = server_url.unwrap_or_else(|| {
+        config
+            .cluster_url
+            .to_string()
+            .trim_end_matches('/')
+            .to_string()
+    });
+    let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
+    let store: Arc<dyn ObjectStore> = Arc::new(KubeStore::new(client));
+    let cloud_config = CloudConfig::new(
+        store,
+        Settings {
+            harvester_namespace: "harvester-system".into(),
+            server_url: Some(server),
+            cluster_ca: None,
+            token_timeout,
+        },
+    );
+    let kubeconfig = cloud_config.ensure(&req).await?;
+    print!(
+        "########## cloud config ############\n{kubeconfig}\n{}",
+        render::cloud_init(&kubeconfig)
+    );
     Ok(())
 }

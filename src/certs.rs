@@ -77,7 +77,17 @@ pub fn ensure_self_signed(dir: &Path, hosts: &[String]) -> Result<TlsMaterial, C
         path: dir.to_path_buf(),
         source,
     })?;
+    let material = generate(hosts)?;
+    // The key first and the CA last: a crash in between leaves no usable-looking partial set.
+    write_private(&key_path, &material.key_pem)?;
+    write_private(&cert_path, &material.cert_chain_pem)?;
+    write_private(&ca_path, &material.ca_pem)?;
+    Ok(material)
+}
 
+/// A new private CA and a serving certificate for `hosts` signed by it, in memory only (for a
+/// process without a writable data directory, such as a replica on the Kubernetes backend).
+pub fn generate(hosts: &[String]) -> Result<TlsMaterial, CertError> {
     let ca_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params
@@ -110,10 +120,6 @@ pub fn ensure_self_signed(dir: &Path, hosts: &[String]) -> Result<TlsMaterial, C
         key_pem: key.serialize_pem().into_bytes(),
         ca_pem: ca_cert.pem().into_bytes(),
     };
-    // The key first and the CA last: a crash in between leaves no usable-looking partial set.
-    write_private(&key_path, &material.key_pem)?;
-    write_private(&cert_path, &material.cert_chain_pem)?;
-    write_private(&ca_path, &material.ca_pem)?;
     Ok(material)
 }
 

@@ -59,6 +59,31 @@ pub enum Command {
     },
     /// Print the CustomResourceDefinitions of LoadBalancer and IPPool as YAML.
     Crds,
+    /// Cloud-configs made with your own kubeconfig, without the service.
+    Kubeconfig {
+        #[command(subcommand)]
+        command: KubeconfigCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KubeconfigCommand {
+    /// Ensure the service account of a guest cluster in a Harvester cluster and print its cloud
+    /// config and cloud-init user data (the replacement for `generate_addon.sh`).
+    Generate {
+        /// Service account name (usually the guest cluster name).
+        service_account: String,
+        /// Namespace of the guest cluster's VMs.
+        namespace: String,
+        #[command(flatten)]
+        kube: KubeArgs,
+        /// Server URL for the generated kubeconfig; defaults to your kubeconfig's current server.
+        #[arg(long, env = "HARVESTER_CLOUD_SERVER_URL")]
+        server_url: Option<String>,
+        /// How long to wait for the service-account token.
+        #[arg(long, env = "HARVESTER_CLOUD_TOKEN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+        token_timeout: Duration,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -81,8 +106,37 @@ pub enum TokenCommand {
     },
 }
 
+/// Where objects live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// SQLite in `--data-dir`: nothing else needed.
+    Embedded,
+    /// The Kubernetes API (in cluster, or through `--kubeconfig`).
+    Kube,
+}
+
+/// How to reach the Kubernetes API.
+#[derive(Debug, Args, Clone, Default)]
+pub struct KubeArgs {
+    /// Kubeconfig file for the Kubernetes backend; without it, the in-cluster config, then the
+    /// usual `KUBECONFIG` / `~/.kube/config`.
+    #[arg(long, env = "HARVESTER_CLOUD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Context of `--kubeconfig` to use instead of its current context.
+    #[arg(long, env = "HARVESTER_CLOUD_KUBE_CONTEXT")]
+    pub context: Option<String>,
+}
+
 #[derive(Debug, Args, Clone)]
 pub struct ServeArgs {
+    /// Store backend.
+    #[arg(long, env = "HARVESTER_CLOUD_BACKEND", value_enum, default_value_t = BackendKind::Embedded)]
+    pub backend: BackendKind,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// Kubernetes backend: also accept Rancher's `restricted-admin` global role as administrator.
+    #[arg(long, env = "HARVESTER_CLOUD_ALLOW_RESTRICTED_ADMIN")]
+    pub allow_restricted_admin: bool,
     /// Address to listen on.
     #[arg(long, env = "HARVESTER_CLOUD_LISTEN", default_value = "127.0.0.1:8443")]
     pub listen: SocketAddr,
@@ -126,6 +180,11 @@ pub struct ServeArgs {
     /// each pool batch their writes; lower it to spare a busy Kubernetes API.
     #[arg(long, env = "HARVESTER_CLOUD_LB_CONCURRENCY", default_value_t = 1024)]
     pub lb_concurrency: u16,
+    /// Kubernetes backend: run the reconcilers only while holding the `harvester-cloud-lb` Lease, so
+    /// that several replicas are safe (`--leader-elect=false` for a single replica). The embedded
+    /// backend always has exactly one.
+    #[arg(long, env = "HARVESTER_CLOUD_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
     /// After SIGTERM or Ctrl-C, how long in-flight requests may take before the process exits.
     #[arg(long, env = "HARVESTER_CLOUD_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,

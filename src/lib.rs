@@ -7,6 +7,7 @@ pub mod auth;
 pub mod certs;
 pub mod config;
 pub mod crd;
+pub mod guest;
 pub mod http;
 pub mod ipam;
 pub mod issuer;

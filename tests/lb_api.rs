@@ -15,12 +15,16 @@ use axum::{
     http::{Method, StatusCode},
 };
 use harvester_cloud::{
-    lb::{self, kinds::VirtualMachine, leader::AlwaysLeader},
+    lb::{
+        self,
+        kinds::{NetworkAttachmentDefinition, VirtualMachine},
+        leader::AlwaysLeader,
+    },
     store::{Api, LabelSelector, ObjectStore, Preconditions},
 };
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::core::v1::{Event, Namespace};
 use serde_json::{Value, json};
-use support::{Backend, EmbeddedBackend, Reply};
+use support::{Backend, EmbeddedBackend, KubeBackend, Reply};
 use tokio_util::sync::CancellationToken;
 
 const POOLS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
@@ -37,6 +41,9 @@ pub struct Reconcilers {
 
 impl Reconcilers {
     pub fn start(store: Arc<dyn ObjectStore>) -> Self {
+        // `TEST_LOG=harvester_cloud=trace` shows what the reconcilers do.
+        let filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "off".into());
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
         let stop = CancellationToken::new();
         let settings = lb::Settings {
             concurrency: 32,
@@ -189,10 +196,19 @@ async fn refused<B: Backend>(b: &B, namespace: &str, name: &str) -> Value {
 }
 
 async fn gone<B: Backend>(b: &B, path: &str) {
-    eventually(&format!("{path} to be gone"), async || {
-        (get(b, path).await.status == StatusCode::NOT_FOUND).then_some(())
-    })
-    .await
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let r = get(b, path).await;
+        if r.status == StatusCode::NOT_FOUND {
+            return;
+        }
+        let last = r.text();
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting for {path} to be gone; last seen: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn pool<B: Backend>(b: &B, name: &str) -> Value {
@@ -282,6 +298,55 @@ async fn assert_consistent<B: Backend>(b: &B) {
                 "{id}'s address is not held for it"
             );
         }
+    }
+}
+
+/// Namespaces the cases use; the Kubernetes backend needs them to exist, the embedded one accepts
+/// them as ordinary objects. `project` is Rancher's `field.cattle.io/projectId`, which the
+/// cluster-type mutator turns into the project annotation.
+async fn ensure_namespace<B: Backend>(b: &B, name: &str, project: Option<&str>) {
+    let api = Api::<Namespace>::new(b.store());
+    let mut ns = api
+        .get("", name)
+        .await
+        .expect("reads namespaces")
+        .unwrap_or_else(|| Namespace {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+    if let Some(project) = project {
+        ns.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("field.cattle.io/projectId".into(), project.into());
+    }
+    let done = if ns.metadata.resource_version.is_some() {
+        api.replace(&ns).await.map(|_| ())
+    } else {
+        api.create(&ns).await.map(|_| ())
+    };
+    done.expect("writes the namespace");
+}
+
+/// A VM network (NetworkAttachmentDefinition) on VLAN `vlan`.
+async fn ensure_network<B: Backend>(b: &B, namespace: &str, name: &str, vlan: u32) {
+    let nad: NetworkAttachmentDefinition = serde_json::from_value(json!({
+        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"network.harvesterhci.io/vlan-id": vlan.to_string()}},
+        "spec": {"config": format!("{{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\",\"vlan\":{vlan}}}")}
+    }))
+    .expect("nad");
+    match Api::<NetworkAttachmentDefinition>::new(b.store())
+        .create(&nad)
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if e.is_already_exists() => {}
+        Err(e) => panic!("cannot create network {namespace}/{name}: {e}"),
     }
 }
 
@@ -378,6 +443,11 @@ pub mod cases {
         let _r = Reconcilers::start(b.store());
         let vlan10 = "default/vlan10";
         let vlan20 = "default/vlan20";
+        ensure_network(&b, "default", "vlan10", 10).await;
+        ensure_network(&b, "default", "vlan20", 20).await;
+        ensure_namespace(&b, "test", None).await;
+        ensure_namespace(&b, "guest", Some("c-1:p-1")).await;
+        ensure_namespace(&b, "guest2", Some("c-1:p-2")).await;
         create_pool(
             &b,
             mk_pool(
@@ -392,7 +462,7 @@ pub mod cases {
             mk_pool(
                 "withscope",
                 range("10.20.0.0/24", "10.20.0.10", "10.20.0.20"),
-                json!({"network": vlan20, "scope": [{"project": "project1", "namespace": "default", "guestCluster": "cluster1"}]}),
+                json!({"network": vlan20, "scope": [{"project": "c-1/p-1", "namespace": "guest", "guestCluster": "cluster1"}]}),
             ),
         )
         .await;
@@ -401,7 +471,7 @@ pub mod cases {
             mk_pool(
                 "noscope",
                 range("10.21.0.0/24", "10.21.0.10", "10.21.0.20"),
-                json!({"network": vlan20, "scope": [{"namespace": "default"}]}),
+                json!({"network": vlan20, "scope": [{"namespace": "guest2"}]}),
             ),
         )
         .await;
@@ -463,7 +533,8 @@ pub mod cases {
         // Woken by the new pool, not by a timer.
         assert_eq!(pool_of(&allocated(&b, "test", "b1").await), "global");
 
-        // 3. An exact project, namespace and cluster: the full-scope pool.
+        // 3. An exact project, namespace and cluster: the full-scope pool. The project comes from
+        //    the namespace's Rancher project (the mutator overwrites what the guest wrote).
         let guest = |project: &str| {
             vec![
                 net(vlan20),
@@ -476,18 +547,23 @@ pub mod cases {
         };
         let cluster = json!({"workloadType": "cluster"});
         assert_eq!(
-            pick("default", "c1", cluster.clone(), guest("project1")).await,
+            pick("guest", "c1", cluster.clone(), guest("ignored")).await,
             "withscope"
         );
-        // 4. Loose mode for guest clusters: an unknown project gives the namespace-only pool (before
-        //    the global pool: upstream would pick the global one).
+        let c1 = get(&b, &format!("{LBS}/guest/c1")).await.json();
         assert_eq!(
-            pick("default", "c2", cluster.clone(), guest("unknown")).await,
+            c1["metadata"]["annotations"]["loadbalancer.harvesterhci.io/project"],
+            "c-1/p-1"
+        );
+        // 4. Loose mode for guest clusters: a project the pool does not name gives the
+        //    namespace-only pool (before the global pool: upstream would pick the global one).
+        assert_eq!(
+            pick("guest2", "c2", cluster.clone(), guest("ignored")).await,
             "noscope"
         );
         // A VM load balancer does not match loosely: the global pool.
         assert_eq!(
-            pick("default", "v1", json!({}), guest("unknown")).await,
+            pick("guest2", "v1", json!({}), guest("unknown")).await,
             "global"
         );
         // An explicit pool wins over matching.
@@ -1284,6 +1360,65 @@ pub mod cases {
     }
 }
 
+/// The Kubernetes backend against the API fake, with the CRDs a Harvester cluster has: ours, and
+/// KubeVirt's and Multus's (schemaless) that the reconcilers and admission read.
+async fn kube_start() -> KubeBackend {
+    use ::kube::{
+        api::PostParams,
+        runtime::wait::{await_condition, conditions},
+    };
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let b = KubeBackend::start().await;
+    let foreign = |group: &str, kind: &str, plural: &str| -> CustomResourceDefinition {
+        serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.{group}")},
+            "spec": {"group": group, "scope": "Namespaced",
+                "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase()},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }))
+        .expect("crd")
+    };
+    let crds: ::kube::Api<CustomResourceDefinition> = ::kube::Api::all(b.client.clone());
+    let all = harvester_cloud::crd::crds().into_iter().chain([
+        foreign("kubevirt.io", "VirtualMachine", "virtualmachines"),
+        foreign(
+            "kubevirt.io",
+            "VirtualMachineInstance",
+            "virtualmachineinstances",
+        ),
+        foreign(
+            "k8s.cni.cncf.io",
+            "NetworkAttachmentDefinition",
+            "network-attachment-definitions",
+        ),
+    ]);
+    for crd in all {
+        let name = crd.metadata.name.clone().expect("named");
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            // The shared seed registers a bare LoadBalancer CRD; ours replaces it.
+            Err(::kube::Error::Api(e)) if e.code == 409 => {
+                let mut current = crds.get(&name).await.expect("reads the CRD");
+                current.spec = crd.spec.clone();
+                crds.replace(&name, &PostParams::default(), &current)
+                    .await
+                    .unwrap_or_else(|e| panic!("cannot replace {name}: {e}"));
+            }
+            Err(e) => panic!("cannot register {name}: {e}"),
+        }
+        tokio::time::timeout(
+            PATIENCE,
+            await_condition(crds.clone(), &name, conditions::is_crd_established()),
+        )
+        .await
+        .expect("established in time")
+        .expect("established");
+    }
+    b
+}
+
 macro_rules! suite {
     ($backend:ident, $start:expr, [$($case:ident),* $(,)?]) => {
         mod $backend {
@@ -1301,6 +1436,27 @@ macro_rules! suite {
 suite!(
     embedded,
     EmbeddedBackend::start(),
+    [
+        allocation_end_to_end,
+        selection_matrix,
+        dhcp,
+        exhaustion_then_success_after_delete,
+        deletion_releases_to_history_and_recreate_gets_old_address,
+        pool_change_releases_to_the_old_pool,
+        pool_shrink_refused,
+        pool_delete_refused_while_allocated,
+        manual_release_annotation,
+        guest_cluster_cleanup,
+        validation_messages,
+        authentication_is_required,
+        restart_resyncs_without_double_assignment,
+        webhook_answers_admission_reviews,
+    ]
+);
+
+suite!(
+    kube,
+    kube_start(),
     [
         allocation_end_to_end,
         selection_matrix,

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use sqlx::SqlitePool;
 use time::OffsetDateTime;
 
-use super::{ApiToken, AuthError, Authenticator, Principal, hash};
+use super::{AuthError, Authenticator, Credential, Identity, Principal, hash};
 use crate::store::embedded::tokens::{self, TokenRecord};
 
 const CACHE_TTL: Duration = Duration::from_secs(1);
@@ -63,7 +63,11 @@ impl EmbeddedAuthenticator {
 
 #[async_trait]
 impl Authenticator for EmbeddedAuthenticator {
-    async fn authenticate(&self, token: &ApiToken) -> Result<Principal, AuthError> {
+    async fn authenticate(&self, credential: &Credential) -> Result<Principal, AuthError> {
+        // Only this store's own admin tokens exist here.
+        let Credential::Api(token) = credential else {
+            return Err(AuthError::Invalid);
+        };
         let Some(rec) = self.record(&token.name).await? else {
             return Err(AuthError::Invalid);
         };
@@ -80,6 +84,9 @@ impl Authenticator for EmbeddedAuthenticator {
         {
             return Err(AuthError::Expired { name: rec.name });
         }
-        Ok(Principal { name: rec.name })
+        Ok(Principal {
+            name: rec.name,
+            identity: Identity::Admin,
+        })
     }
 }

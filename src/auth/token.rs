@@ -73,18 +73,52 @@ impl ApiToken {
     }
 }
 
+/// What a request presents to prove who it is. `Debug` never shows a secret.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// An API token `name:secret` (Rancher's format).
+    Api(ApiToken),
+    /// Any other bearer token (a Kubernetes service-account or OIDC token).
+    Bearer(String),
+}
+
+impl fmt::Debug for Credential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credential::Api(t) => t.fmt(f),
+            Credential::Bearer(_) => f.write_str("Bearer(<redacted>)"),
+        }
+    }
+}
+
+impl Credential {
+    /// The secret text as the client sent it, to hash for cache keys.
+    pub fn secret_text(&self) -> String {
+        match self {
+            Credential::Api(t) => t.expose(),
+            Credential::Bearer(b) => b.clone(),
+        }
+    }
+}
+
 /// Reads the credentials of an `Authorization` header value.
 ///
 /// `Bearer name:secret` is what Rancher's clients send; `Basic base64(name:secret)` is what Terraform
-/// and some scripts send. Anything else is `None`.
-pub fn from_authorization(header: &str) -> Option<ApiToken> {
+/// and some scripts send; any other bearer token is passed on as such. Anything else is `None`.
+pub fn from_authorization(header: &str) -> Option<Credential> {
     let (scheme, rest) = header.trim().split_once(' ')?;
     let rest = rest.trim();
+    if rest.is_empty() {
+        return None;
+    }
     if scheme.eq_ignore_ascii_case("bearer") {
-        ApiToken::parse(rest)
+        Some(match ApiToken::parse(rest) {
+            Some(t) => Credential::Api(t),
+            None => Credential::Bearer(rest.to_string()),
+        })
     } else if scheme.eq_ignore_ascii_case("basic") {
         let decoded = B64.decode(rest).ok()?;
-        ApiToken::parse(std::str::from_utf8(&decoded).ok()?)
+        ApiToken::parse(std::str::from_utf8(&decoded).ok()?).map(Credential::Api)
     } else {
         None
     }
@@ -106,7 +140,7 @@ mod tests {
 
     #[test]
     fn authorization_headers() {
-        let want = ApiToken::parse("token-abcde:s3cret").unwrap();
+        let want = Credential::Api(ApiToken::parse("token-abcde:s3cret").unwrap());
         assert_eq!(
             from_authorization("Bearer token-abcde:s3cret"),
             Some(want.clone())
@@ -117,13 +151,19 @@ mod tests {
         );
         let basic = format!("Basic {}", B64.encode("token-abcde:s3cret"));
         assert_eq!(from_authorization(&basic), Some(want));
+        // Anything else after Bearer is some other kind of token, never shown by Debug.
+        for other in ["Bearer eyJhbGciOi.x.y", "Bearer token-abcde", "Bearer :x"] {
+            let c = from_authorization(other).unwrap();
+            assert!(matches!(c, Credential::Bearer(_)), "{other}");
+            assert!(!format!("{c:?}").contains(other.trim_start_matches("Bearer ")));
+        }
         for bad in [
             "",
             "Bearer",
-            "Bearer token-abcde",
-            "Bearer :x",
+            "Bearer  ",
             "Digest a:b",
             "Basic !!!",
+            "Basic eA==",
         ] {
             assert_eq!(from_authorization(bad), None, "{bad}");
         }

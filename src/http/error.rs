@@ -83,7 +83,9 @@ fn store_status(e: &StoreError) -> (StatusCode, &'static str) {
         }
         StoreError::Invalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
         StoreError::TokenTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout"),
-        StoreError::Gone | StoreError::Backend(_) => {
+        // Forbidden here means the service's own account lacks a permission: a deployment fault,
+        // not the caller's.
+        StoreError::Gone | StoreError::Backend(_) | StoreError::Forbidden { .. } => {
             (StatusCode::INTERNAL_SERVER_ERROR, "ServerError")
         }
     }
@@ -95,6 +97,9 @@ impl ApiError {
         match self {
             ApiError::Unauthorized(AuthError::Backend(_)) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "ServerError")
+            }
+            ApiError::Unauthorized(e) if e.is_forbidden() => {
+                (StatusCode::FORBIDDEN, "PermissionDenied")
             }
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "Unauthorized"),
             ApiError::Request(_) => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),

@@ -97,8 +97,10 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
     }
     .add(
         KUBECONFIG_PATH,
-        &["GET", "POST"],
-        get(get_kubeconfig).post(post_kubeconfig),
+        &["GET", "POST", "DELETE"],
+        get(get_kubeconfig)
+            .post(post_kubeconfig)
+            .delete(delete_kubeconfig),
     )
     .add("/healthz", &["GET"], get(healthz))
     .add("/readyz", &["GET"], get(readyz))
@@ -167,10 +169,10 @@ pub fn router(state: AppState) -> Router {
     build(state).0
 }
 
-/// An authenticated admin caller.
-pub struct Admin(pub Principal);
+/// An authenticated caller, whose actions are authorized one by one ([`Caller::authorize`]).
+pub struct Caller(pub Principal);
 
-impl FromRequestParts<AppState> for Admin {
+impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(
@@ -181,14 +183,46 @@ impl FromRequestParts<AppState> for Admin {
             .headers
             .get(header::AUTHORIZATION)
             .ok_or(auth::AuthError::Missing)?;
-        let token = header
+        let credential = header
             .to_str()
             .ok()
             .and_then(auth::token::from_authorization)
             .ok_or(auth::AuthError::Malformed)?;
-        let principal = state.authenticator.authenticate(&token).await?;
+        let principal = state.authenticator.authenticate(&credential).await?;
         debug!(principal = %principal.name, "authenticated");
-        Ok(Admin(principal))
+        Ok(Caller(principal))
+    }
+}
+
+impl Caller {
+    pub async fn authorize(
+        &self,
+        state: &AppState,
+        action: auth::Action<'_>,
+    ) -> Result<(), ApiError> {
+        Ok(state.authenticator.authorize(&self.0, &action).await?)
+    }
+}
+
+/// An authenticated administrator (an admin token, or a Rancher global admin); other users get 403.
+pub struct Admin(pub Principal);
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let Caller(principal) = Caller::from_request_parts(parts, state).await?;
+        match &principal.identity {
+            auth::Identity::Admin => Ok(Admin(principal)),
+            auth::Identity::User { username, .. } => Err(auth::AuthError::NotAdmin {
+                user: username.clone(),
+                roles: "admin".into(),
+            }
+            .into()),
+        }
     }
 }
 
@@ -227,23 +261,74 @@ fn cloud_config_response(req: &AccountRequest, kubeconfig: &str) -> Response {
 
 async fn post_kubeconfig(
     State(state): State<AppState>,
-    _admin: Admin,
+    caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_bytes(body)?;
     let req = kubeconfig::request::from_json(&body)?;
+    caller
+        .authorize(
+            &state,
+            auth::Action::CreateAccount {
+                namespace: &req.namespace,
+            },
+        )
+        .await?;
     let kubeconfig = state.cloud_config.ensure(&req).await?;
     Ok(cloud_config_response(&req, &kubeconfig))
 }
 
 async fn get_kubeconfig(
     State(state): State<AppState>,
-    _admin: Admin,
+    caller: Caller,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let req = kubeconfig::request::from_query(query.as_deref())?;
+    caller
+        .authorize(
+            &state,
+            auth::Action::ReadAccount {
+                namespace: &req.namespace,
+            },
+        )
+        .await?;
     let kubeconfig = state.cloud_config.fetch(&req).await?;
     Ok(cloud_config_response(&req, &kubeconfig))
+}
+
+/// The body of a successful DELETE.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RevocationBody {
+    namespace: String,
+    service_account_name: String,
+    #[serde(flatten)]
+    revocation: kubeconfig::Revocation,
+}
+
+async fn delete_kubeconfig(
+    State(state): State<AppState>,
+    caller: Caller,
+    RawQuery(query): RawQuery,
+) -> Result<Json<RevocationBody>, ApiError> {
+    let req = kubeconfig::request::from_query(query.as_deref())?;
+    caller
+        .authorize(
+            &state,
+            auth::Action::DeleteAccount {
+                namespace: &req.namespace,
+            },
+        )
+        .await?;
+    let revocation = state
+        .cloud_config
+        .revoke(&req.namespace, &req.service_account)
+        .await?;
+    Ok(Json(RevocationBody {
+        namespace: req.namespace,
+        service_account_name: req.service_account,
+        revocation,
+    }))
 }
 
 async fn healthz() -> &'static str {

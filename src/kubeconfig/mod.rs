@@ -8,4 +8,4 @@ pub mod request;
 pub mod service;
 
 pub use request::{AccountRequest, OutputFormat, RequestError};
-pub use service::{CloudConfig, CloudConfigError, Settings};
+pub use service::{CloudConfig, CloudConfigError, Kept, Revocation, Settings};

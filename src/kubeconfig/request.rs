@@ -170,6 +170,18 @@ impl<'de> Deserialize<'de> for Decoded {
     }
 }
 
+impl AccountRequest {
+    /// A request for the raw kubeconfig of `service_account` in `namespace`, validated as the API
+    /// validates it.
+    pub fn new(namespace: &str, service_account: &str) -> Result<Self, RequestError> {
+        validate(Fields {
+            namespace: namespace.into(),
+            service_account: service_account.into(),
+            ..Default::default()
+        })
+    }
+}
+
 /// Parses a POST body.
 pub fn from_json(body: &[u8]) -> Result<AccountRequest, RequestError> {
     if body.iter().all(u8::is_ascii_whitespace) {

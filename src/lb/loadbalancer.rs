@@ -16,7 +16,7 @@
 use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use kube::runtime::{controller::Action, reflector::ObjectRef};
-use tracing::{debug, info, warn};
+use tracing::{debug, info, trace, warn};
 
 use super::{
     Shared,
@@ -111,7 +111,9 @@ pub async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Shared>) -> Result<Action
         field: "metadata.name",
     })?;
     let key = format!("{namespace}/{name}");
-    let action = if lb.metadata.deletion_timestamp.is_some() {
+    let deleting = lb.metadata.deletion_timestamp.is_some();
+    trace!(lb = %key, deleting, resource_version = lb.metadata.resource_version.as_deref().unwrap_or_default(), "reconcile");
+    let action = if deleting {
         cleanup(&lb, &key, &ctx).await?;
         Action::await_change()
     } else {
@@ -324,12 +326,9 @@ async fn pool(
     }
 }
 
-/// Chooses the pool from the cached pools.
+/// Chooses the pool from the cached pools (the controller starts once that cache has its first
+/// list).
 async fn select(lb: &LoadBalancer, ctx: &Shared) -> Result<Result<String, SelectError>, LbError> {
-    ctx.pool_cache
-        .wait_until_ready()
-        .await
-        .map_err(|_| LbError::Stopping)?;
     let pools = ctx.pool_cache.state();
     let specs: Vec<(String, crate::ipam::PoolSpec, bool)> = pools
         .iter()
@@ -394,13 +393,9 @@ async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &Shared) -> Result<(), LbErr
         .map(|s| s.allocated_address.ip_pool.clone())
         .unwrap_or_default();
     // Every pool it could hold an address in: all pools listed since this process started (the
-    // cache, once it has its first list), every pool this process allocated from, and the recorded
-    // one. The status alone is not enough: a crash between the pool's write and the load balancer's
-    // leaves an address the status does not mention.
-    ctx.pool_cache
-        .wait_until_ready()
-        .await
-        .map_err(|_| LbError::Stopping)?;
+    // cache has had its first list before this controller started), every pool this process
+    // allocated from, and the recorded one. The status alone is not enough: a crash between the
+    // pool's write and the load balancer's leaves an address the status does not mention.
     let mut pools: std::collections::BTreeSet<String> = ctx
         .pool_cache
         .state()

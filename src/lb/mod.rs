@@ -276,7 +276,7 @@ pub async fn run_controllers(
     )
     .applied_objects()
     .predicate_filter(lb_fingerprint, PredicateConfig::default());
-    let lbs = Controller::for_stream(lb_stream, lb_reader)
+    let controller = Controller::for_stream(lb_stream, lb_reader)
         .with_config(Config::default().concurrency(settings.concurrency))
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
             wake_rx,
@@ -300,6 +300,20 @@ pub async fn run_controllers(
             ctx.clone(),
         )
         .for_each(log_result("loadbalancer"));
+    // Pool selection and cleanup read the pool cache, so load balancers wait for its first list.
+    // Waiting here, once, rather than in every reconcile: kube-runtime's readiness signal wakes only
+    // the last of several concurrent waiters.
+    let lbs = {
+        let (pools_ready, stop) = (ctx.pool_cache.clone(), stop.clone());
+        async move {
+            tokio::select! {
+                ready = pools_ready.wait_until_ready() => if ready.is_ok() {
+                    controller.await;
+                },
+                _ = stop.cancelled() => {},
+            }
+        }
+    };
 
     let vm_stream = reflector::reflector(
         vm_writer,

@@ -5,6 +5,7 @@
 //! facade that domain code uses.
 
 pub mod embedded;
+pub mod kubernetes;
 pub mod selector;
 pub mod watcher;
 
@@ -143,6 +144,8 @@ pub enum StoreError {
     },
     #[error("the requested resource version is too old")]
     Gone,
+    #[error("the service's own identity is not allowed to do this: {message}")]
+    Forbidden { message: String },
     #[error("timed out waiting for the token of secret {namespace}/{name}")]
     TokenTimeout { namespace: String, name: String },
     #[error("store backend failed: {0}")]

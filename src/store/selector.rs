@@ -102,6 +102,25 @@ impl LabelSelector {
     }
 }
 
+impl std::fmt::Display for LabelSelector {
+    /// The string form Kubernetes accepts in `labelSelector`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let terms: Vec<String> = self
+            .requirements
+            .iter()
+            .map(|r| match r {
+                Requirement::Equals(k, v) => format!("{k}={v}"),
+                Requirement::NotEquals(k, v) => format!("{k}!={v}"),
+                Requirement::In(k, vs) => format!("{k} in ({})", vs.join(",")),
+                Requirement::NotIn(k, vs) => format!("{k} notin ({})", vs.join(",")),
+                Requirement::Exists(k) => k.clone(),
+                Requirement::DoesNotExist(k) => format!("!{k}"),
+            })
+            .collect();
+        f.write_str(&terms.join(","))
+    }
+}
+
 /// Splits on commas that are not inside a `( … )` set.
 fn split_terms(s: &str) -> Result<Vec<&str>, &'static str> {
     let mut out = Vec::new();
@@ -191,6 +210,23 @@ mod tests {
         ];
         for s in no {
             assert!(!LabelSelector::parse(s).unwrap().matches(&l), "{s}");
+        }
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for s in [
+            "",
+            "a=b",
+            "a!=b",
+            "a in (x,y)",
+            "a notin (x)",
+            "a",
+            "!a",
+            "a=b,c in (d)",
+        ] {
+            let sel = LabelSelector::parse(s).unwrap();
+            assert_eq!(LabelSelector::parse(&sel.to_string()).unwrap(), sel, "{s}");
         }
     }
 

@@ -140,7 +140,8 @@ pub fn cli(
         "serve".into(),
         "--http".into(),
     ];
-    if !extra.iter().any(|a| a == "--vip") {
+    // The Kubernetes backend reads the VIP from the cluster's `vip` ConfigMap, as Harvester does.
+    if !extra.iter().any(|a| a == "--vip" || a == "--backend") {
         args.extend(["--vip".into(), VIP.into()]);
     }
     args.extend(extra.iter().cloned());
@@ -231,4 +232,313 @@ pub fn account(ns: &str, sa: &str) -> String {
 pub fn account_yaml(ns: &str, sa: &str) -> String {
     serde_json::json!({"namespace": ns, "serviceAccountName": sa, "outputFormat": "yaml"})
         .to_string()
+}
+
+// --- The Kubernetes backend, against the Kubernetes API fake ---------------------------------------
+
+pub mod kube_env {
+    //! A Harvester-like cluster in the Kubernetes API fake: the namespaces the suites use, the two
+    //! ClusterRoles, the `vip` ConfigMap, Rancher's token and global-role-binding CRDs, and helpers to
+    //! make Rancher tokens.
+
+    use harvester_cloud::auth::{ApiToken, hash};
+    use k8s_openapi::api::{
+        core::v1::{ConfigMap, Namespace},
+        rbac::v1::{ClusterRole, PolicyRule},
+    };
+    use kube::{
+        Api, Client,
+        api::{ApiResource, DynamicObject, PostParams},
+    };
+    use serde_json::{Value, json};
+
+    /// Every namespace a shared suite uses.
+    pub const NAMESPACES: &[&str] = &[
+        "default",
+        "gc-test",
+        "a",
+        "a-b",
+        "guest-cluster-namespace-with-a-rather-long-name",
+        "harvester-system",
+        "ns1",
+        "ns2",
+    ];
+
+    pub async fn client(fake: &kube_fake::FakeHandle) -> Client {
+        let kc =
+            kube::config::Kubeconfig::from_yaml(&fake.kubeconfig_yaml()).expect("fake kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .expect("config");
+        Client::try_from(config).expect("client")
+    }
+
+    async fn create<K>(api: &Api<K>, obj: &K)
+    where
+        K: kube::Resource
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        match api.create(&PostParams::default(), obj).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+            Err(e) => panic!("cannot create {obj:?}: {e}"),
+        }
+    }
+
+    fn crd(plural: &str, group: &str, kind: &str, version: &str, scope: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.{group}")},
+            "spec": {
+                "group": group,
+                "scope": scope,
+                "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind},
+                "versions": [{
+                    "name": version, "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+                }]
+            }
+        }))
+        .expect("crd")
+    }
+
+    fn crd_api(client: &Client) -> Api<DynamicObject> {
+        Api::all_with(
+            client.clone(),
+            &ApiResource {
+                group: "apiextensions.k8s.io".into(),
+                version: "v1".into(),
+                api_version: "apiextensions.k8s.io/v1".into(),
+                kind: "CustomResourceDefinition".into(),
+                plural: "customresourcedefinitions".into(),
+            },
+        )
+    }
+
+    fn rancher(kind: &str, plural: &str) -> ApiResource {
+        ApiResource {
+            group: "management.cattle.io".into(),
+            version: "v3".into(),
+            api_version: "management.cattle.io/v3".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        }
+    }
+
+    /// Everything a Harvester cluster has that the service relies on.
+    pub async fn seed(client: &Client, vip: &str) {
+        let nss: Api<Namespace> = Api::all(client.clone());
+        for ns in NAMESPACES {
+            let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+            create(&nss, &obj).await;
+        }
+        let roles: Api<ClusterRole> = Api::all(client.clone());
+        for (name, resources) in [
+            ("harvesterhci.io:cloudprovider", vec!["loadbalancers"]),
+            ("harvesterhci.io:csi-driver", vec!["storageclasses"]),
+        ] {
+            let role = ClusterRole {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+                rules: Some(vec![PolicyRule {
+                    api_groups: Some(vec![
+                        "loadbalancer.harvesterhci.io".into(),
+                        "storage.k8s.io".into(),
+                    ]),
+                    resources: Some(resources.into_iter().map(String::from).collect()),
+                    verbs: vec!["*".into()],
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            };
+            create(&roles, &role).await;
+        }
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "harvester-system");
+        let vip_cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": "vip"}, "data": {"ip": vip}}))
+                .unwrap();
+        create(&cms, &vip_cm).await;
+        let crds = crd_api(client);
+        for obj in [
+            crd("tokens", "management.cattle.io", "Token", "v3", "Cluster"),
+            crd(
+                "globalrolebindings",
+                "management.cattle.io",
+                "GlobalRoleBinding",
+                "v3",
+                "Cluster",
+            ),
+            crd(
+                "loadbalancers",
+                "loadbalancer.harvesterhci.io",
+                "LoadBalancer",
+                "v1beta1",
+                "Namespaced",
+            ),
+            crd(
+                "widgets",
+                "example.harvesterhci.io",
+                "Widget",
+                "v1",
+                "Namespaced",
+            ),
+        ] {
+            create(&crds, &obj).await;
+        }
+    }
+
+    /// How a Rancher token is stored.
+    #[derive(Clone, Debug, Default)]
+    pub struct TokenOpts {
+        /// Store the secret in clear (older Rancher) instead of hashed.
+        pub plain: bool,
+        pub enabled: Option<bool>,
+        pub expired: Option<bool>,
+        pub expires_at: Option<String>,
+    }
+
+    /// Creates a Rancher API token for `user` and returns it as a client sends it.
+    pub async fn rancher_token(client: &Client, user: &str, opts: TokenOpts) -> String {
+        let token = ApiToken::generate();
+        let mut obj = json!({
+            "apiVersion": "management.cattle.io/v3",
+            "kind": "Token",
+            "metadata": {
+                "name": token.name,
+                "labels": {"authn.management.cattle.io/token-userId": user},
+                "annotations": {},
+            },
+            "userId": user,
+            "authProvider": "local",
+            "ttl": 0,
+            "token": if opts.plain { token.secret.clone() } else { hash::hash_secret(&token.secret) },
+        });
+        if !opts.plain {
+            obj["metadata"]["annotations"]["authn.management.cattle.io/token-hashed"] =
+                Value::from("true");
+        }
+        if let Some(e) = opts.enabled {
+            obj["enabled"] = Value::from(e);
+        }
+        if let Some(e) = opts.expired {
+            obj["expired"] = Value::from(e);
+        }
+        if let Some(at) = opts.expires_at {
+            obj["expiresAt"] = Value::from(at);
+        }
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &rancher("Token", "tokens"));
+        create(&api, &serde_json::from_value(obj).unwrap()).await;
+        token.expose()
+    }
+
+    /// Binds `user` to Rancher's global role `role` (`admin`, `restricted-admin`, `user`).
+    pub async fn bind_global_role(client: &Client, user: &str, role: &str) {
+        let obj = json!({
+            "apiVersion": "management.cattle.io/v3",
+            "kind": "GlobalRoleBinding",
+            "metadata": {"name": format!("grb-{user}-{role}")},
+            "globalRoleName": role,
+            "userName": user,
+        });
+        let api: Api<DynamicObject> = Api::all_with(
+            client.clone(),
+            &rancher("GlobalRoleBinding", "globalrolebindings"),
+        );
+        create(&api, &serde_json::from_value(obj).unwrap()).await;
+    }
+}
+
+/// The Kubernetes backend against a Kubernetes API fake seeded like a Harvester cluster.
+pub struct KubeBackend {
+    pub fake: kube_fake::FakeHandle,
+    pub client: kube::Client,
+    pub app: app::Kube,
+    pub dir: tempfile::TempDir,
+    pub extra_args: Vec<String>,
+    token: String,
+}
+
+impl KubeBackend {
+    pub async fn start() -> Self {
+        Self::start_with(kube_fake::FakeApiServer::builder(), &[]).await
+    }
+
+    pub async fn start_with(builder: kube_fake::FakeApiServerBuilder, extra: &[&str]) -> Self {
+        let fake = builder
+            .start()
+            .await
+            .expect("start the Kubernetes API fake");
+        let client = kube_env::client(&fake).await;
+        kube_env::seed(&client, VIP).await;
+        kube_env::bind_global_role(&client, "user-admin", "admin").await;
+        let token = kube_env::rancher_token(&client, "user-admin", Default::default()).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("admin.kubeconfig"), fake.kubeconfig_yaml())
+            .expect("write kubeconfig");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let app = Self::open(dir.path(), &extra).await;
+        KubeBackend {
+            fake,
+            client,
+            app,
+            dir,
+            extra_args: extra,
+            token,
+        }
+    }
+
+    /// The same cluster, served with other flags.
+    pub async fn with_args(self, extra: &[&str]) -> Self {
+        let extra_args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let app = Self::open(self.dir.path(), &extra_args).await;
+        KubeBackend {
+            app,
+            extra_args,
+            ..self
+        }
+    }
+
+    async fn open(dir: &Path, extra: &[String]) -> app::Kube {
+        let mut args = vec![
+            "--backend".to_string(),
+            "kube".into(),
+            "--kubeconfig".into(),
+            dir.join("admin.kubeconfig").display().to_string(),
+        ];
+        args.extend(extra.iter().cloned());
+        let (_, serve) = cli(dir, &args);
+        app::open_kube(&serve)
+            .await
+            .expect("open the Kubernetes backend")
+    }
+}
+
+impl Backend for KubeBackend {
+    fn router(&self) -> Router {
+        harvester_cloud::http::router(self.app.state.clone())
+    }
+
+    fn admin_token(&self) -> String {
+        self.token.clone()
+    }
+
+    async fn restart(self) -> Self {
+        let app = Self::open(self.dir.path(), &self.extra_args).await;
+        KubeBackend { app, ..self }
+    }
+
+    fn expected_ca(&self) -> Vec<u8> {
+        self.fake.ca_pem().as_bytes().to_vec()
+    }
+
+    fn store(&self) -> std::sync::Arc<dyn harvester_cloud::store::ObjectStore> {
+        self.app.state.store.clone()
+    }
 }

@@ -1,0 +1,287 @@
+//! What the cloud provider writes on the Harvester LoadBalancer of a guest Service, and the changes
+//! it refuses (network and IPAM mode are fixed once the LoadBalancer exists).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Service;
+
+use super::{GuestError, keys, naming};
+
+/// Where the guest cluster's LoadBalancers go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuestContext {
+    pub cluster: String,
+    /// The Harvester namespace of the cloud-config.
+    pub lb_namespace: String,
+    /// `--management-network`, normalised (see [`normalize_management_network`]).
+    pub management_network: Option<String>,
+}
+
+/// The parts of an existing LoadBalancer that decide what may change.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExistingLb {
+    pub annotations: BTreeMap<String, String>,
+    /// `spec.ipam`; empty means pool.
+    pub ipam: String,
+}
+
+/// The desired LoadBalancer of a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LbPlan {
+    pub name: String,
+    pub namespace: String,
+    /// Set on every sync.
+    pub annotations: BTreeMap<String, String>,
+    /// Set only when the LoadBalancer is created.
+    pub create_annotations: BTreeMap<String, String>,
+    /// Removed on every sync.
+    pub remove_annotations: Vec<&'static str>,
+    pub labels: BTreeMap<String, String>,
+    /// `spec.ipam`: `pool` or `dhcp`.
+    pub ipam: String,
+    /// `status.address` reported by the guest, if any.
+    pub address: Option<String>,
+}
+
+/// `--management-network` as `ns/name`: a bare name is in `default`; empty or malformed values are
+/// dropped (and the annotation removed).
+pub fn normalize_management_network(flag: Option<&str>) -> Option<String> {
+    let v = flag?.trim();
+    match v.split('/').collect::<Vec<_>>().as_slice() {
+        [name] if !name.is_empty() => Some(format!("default/{name}")),
+        [ns, name] if !ns.is_empty() && !name.is_empty() => Some(format!("{ns}/{name}")),
+        _ => None,
+    }
+}
+
+fn annotation<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
+    svc.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// The Service's IPAM mode: its annotation verbatim, `pool` when absent or empty.
+pub fn service_ipam(svc: &Service) -> String {
+    annotation(svc, keys::SVC_IPAM)
+        .filter(|v| !v.is_empty())
+        .unwrap_or("pool")
+        .to_string()
+}
+
+fn svc_ref(svc: &Service) -> String {
+    format!(
+        "{}/{}",
+        svc.metadata.namespace.as_deref().unwrap_or_default(),
+        svc.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The address the guest's kube-vip reported for the Service.
+pub fn ingress_ip(svc: &Service) -> Option<String> {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .and_then(|i| i.first())
+        .and_then(|i| i.ip.clone())
+        .filter(|ip| !ip.is_empty())
+}
+
+/// The LoadBalancer for `svc`, or why it cannot change the way the Service now asks.
+pub fn plan(
+    svc: &Service,
+    ctx: &GuestContext,
+    existing: Option<&ExistingLb>,
+) -> Result<LbPlan, GuestError> {
+    let ns = svc.metadata.namespace.clone().unwrap_or_default();
+    let name = svc.metadata.name.clone().unwrap_or_default();
+    let uid = svc.metadata.uid.clone().unwrap_or_default();
+    let lb_name = naming::load_balancer_name(&ctx.cluster, &ns, &name, &uid);
+    let network = annotation(svc, keys::SVC_NETWORK)
+        .unwrap_or_default()
+        .to_string();
+    let ipam = service_ipam(svc);
+
+    if let Some(lb) = existing {
+        let lb_network = lb
+            .annotations
+            .get(keys::LB_SERVICE_NETWORK)
+            .cloned()
+            .unwrap_or_default();
+        if lb_network != network {
+            return Err(GuestError::NetworkChanged {
+                service: svc_ref(svc),
+                lb: format!("{}/{lb_name}", ctx.lb_namespace),
+                service_network: network,
+                lb_network,
+            });
+        }
+        let lb_ipam = if lb.ipam.is_empty() {
+            "pool".to_string()
+        } else {
+            lb.ipam.clone()
+        };
+        if lb_ipam != ipam {
+            return Err(GuestError::IpamChanged {
+                service: svc_ref(svc),
+                lb: format!("{}/{lb_name}", ctx.lb_namespace),
+                service_ipam: ipam,
+                lb_ipam,
+            });
+        }
+    }
+
+    let mut annotations = BTreeMap::from([
+        (keys::LB_CLUSTER.to_string(), ctx.cluster.clone()),
+        (keys::LB_SERVICE_UID.to_string(), uid),
+    ]);
+    for (from, to) in [
+        (keys::SVC_PROJECT, keys::LB_PROJECT),
+        (keys::SVC_NAMESPACE, keys::LB_NAMESPACE),
+    ] {
+        if let Some(v) = annotation(svc, from) {
+            annotations.insert(to.to_string(), v.to_string());
+        }
+    }
+    let mut remove_annotations = Vec::new();
+    match &ctx.management_network {
+        Some(net) => {
+            annotations.insert(keys::LB_MANAGEMENT_NETWORK.to_string(), net.clone());
+        }
+        None => remove_annotations.push(keys::LB_MANAGEMENT_NETWORK),
+    }
+    let create_annotations = BTreeMap::from([
+        (keys::LB_NETWORK.to_string(), network.clone()),
+        (keys::LB_SERVICE_NETWORK.to_string(), network),
+    ]);
+    let labels = BTreeMap::from([
+        (keys::LABEL_CLUSTER.to_string(), ctx.cluster.clone()),
+        (keys::LABEL_SERVICE_NAMESPACE.to_string(), ns),
+        (keys::LABEL_SERVICE_NAME.to_string(), name),
+    ]);
+    Ok(LbPlan {
+        name: lb_name,
+        namespace: ctx.lb_namespace.clone(),
+        annotations,
+        create_annotations,
+        remove_annotations,
+        labels,
+        ipam,
+        address: ingress_ip(svc),
+    })
+}
+
+/// What to write on the Service once its LoadBalancer has `address`.
+pub fn service_annotations(address: &str, interface: Option<&str>) -> BTreeMap<String, String> {
+    let mut a = BTreeMap::from([(keys::KUBE_VIP_IPS.to_string(), address.to_string())]);
+    if let Some(i) = interface {
+        a.insert(keys::KUBE_VIP_INTERFACE.to_string(), i.to_string());
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn mk_service(ns: &str, name: &str, annotations: &[(&str, &str)]) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "namespace": ns, "name": name, "uid": "d4b50d98-39ec-4d88-8098-36579de5db4a",
+                "annotations": annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+            },
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
+        }))
+        .unwrap()
+    }
+
+    fn mk_ctx(mgmt: Option<&str>) -> GuestContext {
+        GuestContext {
+            cluster: "test".into(),
+            lb_namespace: "gc-ns".into(),
+            management_network: normalize_management_network(mgmt),
+        }
+    }
+
+    #[test]
+    fn maps_a_service() {
+        let svc = mk_service(
+            "default",
+            "abcd",
+            &[
+                (keys::SVC_NETWORK, "default/vlan1"),
+                (keys::SVC_PROJECT, "p1"),
+            ],
+        );
+        let p = plan(&svc, &mk_ctx(Some("mgmt")), None).unwrap();
+        assert_eq!(p.name, "test-default-abcd-7198d990");
+        assert_eq!(p.namespace, "gc-ns");
+        assert_eq!(p.ipam, "pool");
+        assert_eq!(p.create_annotations[keys::LB_NETWORK], "default/vlan1");
+        assert_eq!(
+            p.create_annotations[keys::LB_SERVICE_NETWORK],
+            "default/vlan1"
+        );
+        assert_eq!(p.annotations[keys::LB_PROJECT], "p1");
+        assert_eq!(p.annotations[keys::LB_CLUSTER], "test");
+        assert_eq!(p.annotations[keys::LB_MANAGEMENT_NETWORK], "default/mgmt");
+        assert_eq!(p.labels[keys::LABEL_SERVICE_NAME], "abcd");
+        assert_eq!(p.labels[keys::LABEL_SERVICE_NAMESPACE], "default");
+        assert_eq!(p.labels[keys::LABEL_CLUSTER], "test");
+        let p = plan(
+            &mk_service("default", "abcd", &[(keys::SVC_IPAM, "dhcp")]),
+            &mk_ctx(None),
+            None,
+        )
+        .unwrap();
+        assert_eq!(p.ipam, "dhcp");
+        assert_eq!(p.remove_annotations, [keys::LB_MANAGEMENT_NETWORK]);
+    }
+
+    #[test]
+    fn management_network_normalisation() {
+        assert_eq!(
+            normalize_management_network(Some("mgmt")),
+            Some("default/mgmt".into())
+        );
+        assert_eq!(
+            normalize_management_network(Some("ns/mgmt")),
+            Some("ns/mgmt".into())
+        );
+        for v in [None, Some(""), Some("a/b/c"), Some("/x"), Some("x/")] {
+            assert_eq!(normalize_management_network(v), None, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn network_and_ipam_changes_are_refused() {
+        let svc = mk_service("default", "abcd", &[(keys::SVC_NETWORK, "default/vlan2")]);
+        let lb = ExistingLb {
+            annotations: BTreeMap::from([(
+                keys::LB_SERVICE_NETWORK.to_string(),
+                "default/vlan1".to_string(),
+            )]),
+            ipam: "pool".into(),
+        };
+        assert_eq!(
+            plan(&svc, &mk_ctx(None), Some(&lb))
+                .unwrap_err()
+                .to_string(),
+            "network annotation of service default/abcd is not same as the load balancer gc-ns/test-default-abcd-7198d990, service: 'default/vlan2', lb: 'default/vlan1'"
+        );
+        let svc = mk_service("default", "abcd", &[(keys::SVC_IPAM, "dhcp")]);
+        let lb = ExistingLb {
+            annotations: BTreeMap::new(),
+            ipam: String::new(),
+        };
+        assert!(matches!(
+            plan(&svc, &mk_ctx(None), Some(&lb)),
+            Err(GuestError::IpamChanged { .. })
+        ));
+        // Unchanged: fine, and empty ipam on the LoadBalancer means pool.
+        let svc = mk_service("default", "abcd", &[]);
+        assert!(plan(&svc, &mk_ctx(None), Some(&lb)).is_ok());
+    }
+}

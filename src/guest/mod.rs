@@ -1,0 +1,55 @@
+//! Guest-cluster load balancing, the Harvester Cloud Provider's side: how a guest `Service` of type
+//! LoadBalancer maps to a Harvester LoadBalancer (naming, annotations, labels, IPAM mode, network),
+//! how a secondary service shares a primary's address, and what is written back to the Service.
+//!
+//! Pure domain code: callers bring the objects (as plain views) and apply the plans.
+
+pub mod keys;
+pub mod mapping;
+pub mod naming;
+pub mod network;
+pub mod share;
+
+/// Why a guest Service cannot be served. Messages keep the upstream cloud provider's wording.
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum GuestError {
+    #[error(
+        "network annotation of service {service} is not same as the load balancer {lb}, service: '{service_network}', lb: '{lb_network}'"
+    )]
+    NetworkChanged {
+        service: String,
+        lb: String,
+        service_network: String,
+        lb_network: String,
+    },
+    #[error(
+        "ipam annotation of service {service} is not same as the load balancer {lb}, service: '{service_ipam}', lb: '{lb_ipam}'; the IPAM mode of a load balancer cannot change: create a new service instead"
+    )]
+    IpamChanged {
+        service: String,
+        lb: String,
+        service_ipam: String,
+        lb_ipam: String,
+    },
+    #[error("there is no common NAD mapping: kube-system/harvester-nad-mapping is empty")]
+    NadMappingEmpty,
+    #[error("network {network} not found in NAD mapping for service {service}")]
+    NetworkNotInNadMapping { network: String, service: String },
+    #[error("invalid service name {0}")]
+    InvalidPrimaryName(String),
+    #[error("service {0} is not a primary service")]
+    NotPrimary(String),
+    #[error("primary service {0} has no ingress IP")]
+    PrimaryWithoutIp(String),
+    #[error(
+        "check port overlap failed, primary service: {primary}, secondary service: {secondary}, error: port {port} has been used in service {used_by}"
+    )]
+    PortInUse {
+        primary: String,
+        secondary: String,
+        port: String,
+        used_by: String,
+    },
+    #[error("could not delete load balancer for service {primary}: service {primary} is still used by other services [{}]", users.join(" "))]
+    PrimaryInUse { primary: String, users: Vec<String> },
+}
