@@ -351,6 +351,7 @@ async fn ensure_network<B: Backend>(b: &B, namespace: &str, name: &str, vlan: u3
 }
 
 pub mod cases {
+    pub use super::replicas::only_the_leader_reconciles_and_the_other_takes_over;
     use super::*;
 
     pub async fn allocation_end_to_end<B: Backend>(b: B) {
@@ -1451,6 +1452,7 @@ suite!(
         authentication_is_required,
         restart_resyncs_without_double_assignment,
         webhook_answers_admission_reviews,
+        only_the_leader_reconciles_and_the_other_takes_over,
     ]
 );
 
@@ -1472,12 +1474,13 @@ suite!(
         authentication_is_required,
         restart_resyncs_without_double_assignment,
         webhook_answers_admission_reviews,
+        only_the_leader_reconciles_and_the_other_takes_over,
     ]
 );
 
-// --- Embedded-only behaviour ---------------------------------------------------------------------
+// --- Leader election: two replicas on one store -------------------------------------------------
 
-mod embedded_only {
+mod replicas {
     use super::*;
     use harvester_cloud::lb::leader::{LeaseElector, LeaseTiming};
 
@@ -1521,9 +1524,7 @@ mod embedded_only {
 
     /// Two replicas on one store: only the Lease holder reconciles; when it dies without releasing
     /// the Lease, the other takes over after the Lease expires, and nothing is assigned twice.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn only_the_leader_reconciles_and_the_other_takes_over() {
-        let b = EmbeddedBackend::start().await;
+    pub async fn only_the_leader_reconciles_and_the_other_takes_over<B: Backend>(b: B) {
         let (_a_stop, a) = replica(b.store(), "replica-a");
         // `a` leads before `b` starts.
         eventually("replica-a to hold the lease", async || {
