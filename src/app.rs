@@ -340,7 +340,16 @@ async fn serve(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let metrics_listener = TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("cannot listen on --metrics-listen {}", args.metrics_listen))?;
     let shutdown = CancellationToken::new();
+    // Metrics stay up until the API has drained, so a scrape during the drain still answers.
+    let metrics_stop = CancellationToken::new();
+    let metrics = tokio::spawn(
+        crate::metrics::server::serve(metrics_listener, metrics_stop.clone())
+            .instrument(info_span!("metrics")),
+    );
     let signal = shutdown.clone();
     tokio::spawn(
         async move {
@@ -350,7 +359,14 @@ async fn serve(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<()> {
         }
         .instrument(info_span!("signals")),
     );
-    serve_on(listener, app, args, shutdown).await
+    let served = serve_on(listener, app, args, shutdown).await;
+    metrics_stop.cancel();
+    match metrics.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "the metrics listener failed"),
+        Err(e) => warn!(error = %e, "the metrics listener task failed"),
+    }
+    served
 }
 
 /// Serves `app` on `listener` until `shutdown` is cancelled, then drains in-flight requests for at

@@ -4,6 +4,8 @@
 //! OpenAPI contract test can compare the router with `openapi/openapi.yaml`.
 
 pub mod error;
+pub mod metrics;
+pub mod openapi;
 pub mod tls;
 
 use std::sync::Arc;
@@ -25,6 +27,7 @@ use tower_http::{
 use tracing::{Level, debug};
 
 pub use error::ApiError;
+use metrics::Operation::{Create, Get};
 
 use crate::{
     auth::{self, Authenticator, Principal},
@@ -104,7 +107,8 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         &["GET"],
         get(openid_configuration),
     )
-    .add("/openid/v1/jwks", &["GET"], get(jwks));
+    .add("/openid/v1/jwks", &["GET"], get(jwks))
+    .add(openapi::OPENAPI_PATH, &["GET"], get(openapi::openapi_json));
 
     let router = routes
         .router
@@ -114,6 +118,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
             }
         })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(metrics::track))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(
             TraceLayer::new_for_http()
@@ -126,7 +131,8 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
                     // The path only: a query string is the caller's business, not the log's.
                     tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
                 })
-                .on_request(())
+                // At debug only: the lifecycle test reads it to tell requests the server read.
+                .on_request(tower_http::trace::DefaultOnRequest::new().level(Level::DEBUG))
                 .on_response(tower_http::trace::DefaultOnResponse::new().level(Level::DEBUG))
                 .on_failure(()),
         )
@@ -149,16 +155,26 @@ impl FromRequestParts<AppState> for Admin {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
+        let refused = |e: auth::AuthError| {
+            crate::metrics::auth_failed(e.reason());
+            e
+        };
         let header = parts
             .headers
             .get(header::AUTHORIZATION)
-            .ok_or(auth::AuthError::Missing)?;
+            .ok_or(auth::AuthError::Missing)
+            .map_err(refused)?;
         let token = header
             .to_str()
             .ok()
             .and_then(auth::token::from_authorization)
-            .ok_or(auth::AuthError::Malformed)?;
-        let principal = state.authenticator.authenticate(&token).await?;
+            .ok_or(auth::AuthError::Malformed)
+            .map_err(refused)?;
+        let principal = state
+            .authenticator
+            .authenticate(&token)
+            .await
+            .inspect_err(|e| crate::metrics::auth_failed(e.reason()))?;
         debug!(principal = %principal.name, "authenticated");
         Ok(Admin(principal))
     }
@@ -202,9 +218,12 @@ async fn post_kubeconfig(
     _admin: Admin,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_bytes(body)?;
-    let req = kubeconfig::request::from_json(&body)?;
-    let kubeconfig = state.cloud_config.ensure(&req).await?;
+    let issued = async {
+        let req = kubeconfig::request::from_json(&body_bytes(body)?)?;
+        let kubeconfig = state.cloud_config.ensure(&req).await?;
+        Ok::<_, ApiError>((req, kubeconfig))
+    };
+    let (req, kubeconfig) = metrics::cloud_config(Create, |(r, _)| r.output, issued.await)?;
     Ok(cloud_config_response(&req, &kubeconfig))
 }
 
@@ -213,8 +232,12 @@ async fn get_kubeconfig(
     _admin: Admin,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let req = kubeconfig::request::from_query(query.as_deref())?;
-    let kubeconfig = state.cloud_config.fetch(&req).await?;
+    let issued = async {
+        let req = kubeconfig::request::from_query(query.as_deref())?;
+        let kubeconfig = state.cloud_config.fetch(&req).await?;
+        Ok::<_, ApiError>((req, kubeconfig))
+    };
+    let (req, kubeconfig) = metrics::cloud_config(Get, |(r, _)| r.output, issued.await)?;
     Ok(cloud_config_response(&req, &kubeconfig))
 }
 
