@@ -40,5 +40,9 @@ pub fn check_accepted(req: &AccountRequest) {
         enc(&req.service_account),
         output
     );
-    assert_eq!(request::from_query(Some(&query)).as_ref(), Ok(req), "{query}");
+    assert_eq!(
+        request::from_query(Some(&query)).as_ref(),
+        Ok(req),
+        "{query}"
+    );
 }
