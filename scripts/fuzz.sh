@@ -37,4 +37,4 @@ for target in $targets; do
     cargo "${toolchain[@]}" fuzz run --fuzz-dir fuzz --sanitizer "$sanitizer" "$target" "${corpus[@]}" -- \
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=8192 -print_final_stats=1
 done
-printf '\nfuzzing: no crash in %s\n' "$targets"
+printf '\nfuzzing: no crash in %s\n' "$(echo $targets)"

@@ -3,8 +3,9 @@
 //! error.
 #![no_main]
 
+use arbitrary::Arbitrary;
 use harvester_cloud::kubeconfig::request;
-use libfuzzer_sys::{arbitrary::Arbitrary, fuzz_target};
+use libfuzzer_sys::fuzz_target;
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 
 mod oracle;
