@@ -155,26 +155,20 @@ impl FromRequestParts<AppState> for Admin {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let refused = |e: auth::AuthError| {
-            crate::metrics::auth_failed(e.reason());
-            e
-        };
-        let header = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .ok_or(auth::AuthError::Missing)
-            .map_err(refused)?;
-        let token = header
-            .to_str()
-            .ok()
-            .and_then(auth::token::from_authorization)
-            .ok_or(auth::AuthError::Malformed)
-            .map_err(refused)?;
-        let principal = state
-            .authenticator
-            .authenticate(&token)
-            .await
-            .inspect_err(|e| crate::metrics::auth_failed(e.reason()))?;
+        let principal = async {
+            let header = parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .ok_or(auth::AuthError::Missing)?;
+            let token = header
+                .to_str()
+                .ok()
+                .and_then(auth::token::from_authorization)
+                .ok_or(auth::AuthError::Malformed)?;
+            state.authenticator.authenticate(&token).await
+        }
+        .await
+        .inspect_err(|e| crate::metrics::auth_failed(e.reason()))?;
         debug!(principal = %principal.name, "authenticated");
         Ok(Admin(principal))
     }
