@@ -378,25 +378,24 @@ pub async fn serve_on(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let local = listener.local_addr()?;
-    let router = http::router(app.state.clone());
-    let drained = {
-        let shutdown = shutdown.clone();
-        async move { shutdown.cancelled().await }
-    };
+    // The listener closes at the signal; open connections drain first (see http::drain).
+    let drain = http::drain::Drain::new(shutdown.clone());
+    let router = drain.router(http::router(app.state.clone()));
+    let drained = drain.graceful(http::drain::LINGER.min(args.shutdown_timeout));
     let server = async {
         match &app.tls {
             Some(tls) => {
                 let config = http::tls::server_config(&tls.cert_chain_pem, &tls.key_pem)
                     .map_err(|e| anyhow::anyhow!("invalid TLS certificate or key: {e}"))?;
                 info!(address = %local, url = %format!("https://{}:{}", public_host(local), local.port()), "listening (HTTPS)");
-                let listener = http::tls::TlsListener::new(listener, config)?;
+                let listener = drain.listener(http::tls::TlsListener::new(listener, config)?)?;
                 axum::serve(listener, router)
                     .with_graceful_shutdown(drained)
                     .await?;
             }
             None => {
                 info!(address = %local, url = %format!("http://{}:{}", public_host(local), local.port()), "listening (plain HTTP)");
-                axum::serve(listener, router)
+                axum::serve(drain.listener(listener)?, router)
                     .with_graceful_shutdown(drained)
                     .await?;
             }

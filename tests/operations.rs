@@ -640,7 +640,9 @@ async fn send(req: reqwest::RequestBuilder) -> Outcome {
 /// them held open across the signal on purpose), the process exits 0, and then:
 /// - every request the server read (its id is in the server's log) completed with a 200;
 /// - a request that failed at the transport level was refused or was never read by the server,
-///   so it had no effect and a client may retry it;
+///   so it had no effect and a client may retry it (with `http::drain`, keep-alive clients are told
+///   `Connection: close` and end with a refused connect; the other case is the residual race of a
+///   connect that reaches the kernel's backlog as the listener closes);
 /// - after a restart, every account whose POST got a 200 is there with the same kubeconfig.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_fails_no_accepted_request_and_loses_no_write() {

@@ -3,6 +3,7 @@
 //! Every route is declared once in [`build`], which also records the path and methods so the
 //! OpenAPI contract test can compare the router with `openapi/openapi.yaml`.
 
+pub mod drain;
 pub mod error;
 pub mod metrics;
 pub mod openapi;
