@@ -11,8 +11,6 @@
 
 use std::{future::Future, io, pin::Pin, task, time::Duration};
 
-use futures::FutureExt;
-
 use axum::{
     Router,
     extract::{Request, State},
@@ -21,6 +19,7 @@ use axum::{
     response::Response,
     serve::Listener,
 };
+use futures::FutureExt;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     sync::watch,
