@@ -11,5 +11,6 @@ pub mod http;
 pub mod ipam;
 pub mod issuer;
 pub mod kubeconfig;
+pub mod metrics;
 pub mod store;
 pub mod validation;
