@@ -49,6 +49,8 @@ fn start_server() -> Server {
             "--http",
             "--listen",
             "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every test of the workspace, and the kubectl
-# conformance check of the Kubernetes API fake. Needs kubectl, cloud-init, jq and curl on PATH
-# (.ci/run installs what is missing).
+# conformance check of the Kubernetes API fake, schemathesis against the OpenAPI contract, and
+# hadolint on the Dockerfile. Needs kubectl, cloud-init, jq, curl, st (schemathesis) and hadolint on
+# PATH (.ci/run installs what is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,5 +22,11 @@ cargo test --workspace --doc
 
 step "kubectl conformance of the Kubernetes API fake"
 scripts/kubectl-conformance.sh
+
+step "schemathesis against a live embedded server"
+scripts/schemathesis.sh
+
+step "hadolint Dockerfile"
+hadolint Dockerfile
 
 printf '\nall checks passed\n'

@@ -490,7 +490,16 @@ async fn serve(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let metrics_listener = TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("cannot listen on --metrics-listen {}", args.metrics_listen))?;
     let shutdown = CancellationToken::new();
+    // Metrics stay up until the API has drained, so a scrape during the drain still answers.
+    let metrics_stop = CancellationToken::new();
+    let metrics = tokio::spawn(
+        crate::metrics::server::serve(metrics_listener, metrics_stop.clone())
+            .instrument(info_span!("metrics")),
+    );
     let signal = shutdown.clone();
     tokio::spawn(
         async move {
@@ -500,7 +509,14 @@ async fn serve(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<()> {
         }
         .instrument(info_span!("signals")),
     );
-    serve_on(listener, app, args, shutdown).await
+    let served = serve_on(listener, app, args, shutdown).await;
+    metrics_stop.cancel();
+    match metrics.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "the metrics listener failed"),
+        Err(e) => warn!(error = %e, "the metrics listener task failed"),
+    }
+    served
 }
 
 /// Serves `app` on `listener` until `shutdown` is cancelled, then drains in-flight requests for at
@@ -513,7 +529,6 @@ pub async fn serve_on(
 ) -> anyhow::Result<()> {
     let app: Backend = app.into();
     let local = listener.local_addr()?;
-    let router = http::router(app.state().clone());
     // The reconcilers run next to the API, stopped by the same token. Only one replica writes: the
     // embedded store is owned by this one process (its data directory is locked), so it always
     // leads; on Kubernetes the replicas elect a leader with a Lease unless told not to.
@@ -535,24 +550,24 @@ pub async fn serve_on(
     let reconcilers = tokio::spawn(
         crate::lb::run(store, settings, elector, shutdown.clone()).instrument(info_span!("lb")),
     );
-    let drained = {
-        let shutdown = shutdown.clone();
-        async move { shutdown.cancelled().await }
-    };
+    // The listener closes at the signal; open connections drain first (see http::drain).
+    let drain = http::drain::Drain::new(shutdown.clone());
+    let router = drain.router(http::router(app.state().clone()));
+    let drained = drain.graceful(http::drain::LINGER.min(args.shutdown_timeout));
     let server = async {
         match app.tls() {
             Some(tls) => {
                 let config = http::tls::server_config(&tls.cert_chain_pem, &tls.key_pem)
                     .map_err(|e| anyhow::anyhow!("invalid TLS certificate or key: {e}"))?;
                 info!(address = %local, url = %format!("https://{}:{}", public_host(local), local.port()), "listening (HTTPS)");
-                let listener = http::tls::TlsListener::new(listener, config)?;
+                let listener = drain.listener(http::tls::TlsListener::new(listener, config)?)?;
                 axum::serve(listener, router)
                     .with_graceful_shutdown(drained)
                     .await?;
             }
             None => {
                 info!(address = %local, url = %format!("http://{}:{}", public_host(local), local.port()), "listening (plain HTTP)");
-                axum::serve(listener, router)
+                axum::serve(drain.listener(listener)?, router)
                     .with_graceful_shutdown(drained)
                     .await?;
             }

@@ -49,6 +49,10 @@ pub enum LogFormat {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once at start; boxing would only complicate matching on it"
+)]
 pub enum Command {
     /// Run the HTTP API on the embedded store.
     Serve(ServeArgs),
@@ -188,6 +192,14 @@ pub struct ServeArgs {
     /// After SIGTERM or Ctrl-C, how long in-flight requests may take before the process exits.
     #[arg(long, env = "HARVESTER_CLOUD_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
+    /// Address of the Prometheus metrics listener (plain HTTP, `GET /metrics`); the API port never
+    /// serves metrics.
+    #[arg(
+        long,
+        env = "HARVESTER_CLOUD_METRICS_LISTEN",
+        default_value = "127.0.0.1:9090"
+    )]
+    pub metrics_listen: SocketAddr,
 }
 
 /// `500ms`, `30s`, `5m`, `12h`, `90d`, or a plain number of seconds.

@@ -13,5 +13,6 @@ pub mod ipam;
 pub mod issuer;
 pub mod kubeconfig;
 pub mod lb;
+pub mod metrics;
 pub mod store;
 pub mod validation;

@@ -31,6 +31,8 @@ impl Server {
                 "serve",
                 "--listen",
                 "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
                 "--vip",
                 "10.0.0.1",
             ])

@@ -1089,6 +1089,24 @@ pub mod cases {
         assert_eq!(m, "loadbalancer x: metadata.namespace: Required value");
         let m = refuse(Method::POST, LBS, json!({"metadata": {"name": "x", "namespace": "default"}, "spec": {"listeners": [{"port": "80"}]}})).await;
         assert!(m.starts_with("fail to decode loadbalancer: "), "{m}");
+        // The CRD's enums and the object's own apiVersion and kind are checked, as Kubernetes does.
+        let m = refuse(
+            Method::POST,
+            LBS,
+            mk_lb("default", "x", json!({"workloadType": "container"})),
+        )
+        .await;
+        assert_eq!(
+            m,
+            "fail to decode loadbalancer: spec.workloadType: Unsupported value: \"container\": supported values: \"vm\", \"cluster\""
+        );
+        let mut wrong_kind = mk_lb("default", "x", json!({}));
+        wrong_kind["kind"] = json!("IPPool");
+        let m = refuse(Method::POST, LBS, wrong_kind).await;
+        assert_eq!(
+            m,
+            "fail to decode loadbalancer: kind must be \"LoadBalancer\", not \"IPPool\""
+        );
 
         // IPPools: the upstream validator's cases.
         let ns_scope =

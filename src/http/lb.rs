@@ -181,11 +181,35 @@ pub async fn delete_lb(
     Ok(Json(resource_value(LB_TYPE, deleted)))
 }
 
-fn review(body: Result<Bytes, BytesRejection>) -> Result<AdmissionReview<DynamicObject>, ApiError> {
+/// An AdmissionReview: a body that is not one (not JSON, another kind or version, a `request` that
+/// is not an object) is a 422; a review whose request cannot be read is answered with a refusal, as
+/// the API server expects an answer to every review.
+fn review(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Result<AdmissionReview<DynamicObject>, AdmissionReview<DynamicObject>>, ApiError> {
     let body = body_bytes(body)?;
-    serde_json::from_slice(&body).map_err(|e| ApiError::BadReview {
-        reason: e.to_string(),
-    })
+    let bad = |reason: String| ApiError::BadReview { reason };
+    let value: Value = serde_json::from_slice(&body).map_err(|e| bad(e.to_string()))?;
+    let fields = value
+        .as_object()
+        .ok_or_else(|| bad("the body must be a JSON object".into()))?;
+    for (field, want) in [
+        ("apiVersion", "admission.k8s.io/v1"),
+        ("kind", "AdmissionReview"),
+    ] {
+        if fields.get(field).and_then(Value::as_str) != Some(want) {
+            return Err(bad(format!("{field} must be {want:?}")));
+        }
+    }
+    if fields.get("request").is_some_and(|r| !r.is_object()) {
+        return Err(bad("request must be an object".into()));
+    }
+    Ok(serde_json::from_value(value).map_err(|e| {
+        kube::core::admission::AdmissionResponse::invalid(format!(
+            "cannot read the admission request: {e}"
+        ))
+        .into_review()
+    }))
 }
 
 /// The ValidatingAdmissionWebhook. The API server authenticates itself by TLS only, so there is no
@@ -194,10 +218,10 @@ pub async fn validation(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AdmissionReview<DynamicObject>>, ApiError> {
-    let review = review(body)?;
-    Ok(Json(
-        webhook::validate(state.objects.admission(), review).await,
-    ))
+    Ok(Json(match review(body)? {
+        Ok(review) => webhook::validate(state.objects.admission(), review).await,
+        Err(refusal) => refusal,
+    }))
 }
 
 /// The MutatingAdmissionWebhook (labels, annotations and defaults, as a JSON Patch).
@@ -205,8 +229,10 @@ pub async fn mutation(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let review = review(body)?;
-    let answer = webhook::mutate(state.objects.admission(), review).await;
+    let answer = match review(body)? {
+        Ok(review) => webhook::mutate(state.objects.admission(), review).await,
+        Err(refusal) => refusal,
+    };
     let mut value = serde_json::to_value(&answer).map_err(|e| ApiError::Encode {
         what: "admission review",
         reason: e.to_string(),

@@ -3,8 +3,11 @@
 //! Every route is declared once in [`build`], which also records the path and methods so the
 //! OpenAPI contract test can compare the router with `openapi/openapi.yaml`.
 
+pub mod drain;
 pub mod error;
 pub mod lb;
+pub mod metrics;
+pub mod openapi;
 pub mod tls;
 
 use std::sync::Arc;
@@ -26,6 +29,7 @@ use tower_http::{
 use tracing::{Level, debug};
 
 pub use error::ApiError;
+use metrics::Operation::{Create, Get};
 
 use crate::{
     auth::{self, Authenticator, Principal},
@@ -134,7 +138,8 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         get(lb::get_lb).put(lb::update_lb).delete(lb::delete_lb),
     )
     .add(lb::VALIDATION_PATH, &["POST"], post(lb::validation))
-    .add(lb::MUTATION_PATH, &["POST"], post(lb::mutation));
+    .add(lb::MUTATION_PATH, &["POST"], post(lb::mutation))
+    .add(openapi::OPENAPI_PATH, &["GET"], get(openapi::openapi_json));
 
     let router = routes
         .router
@@ -144,6 +149,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
             }
         })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(metrics::track))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(
             TraceLayer::new_for_http()
@@ -156,7 +162,8 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
                     // The path only: a query string is the caller's business, not the log's.
                     tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
                 })
-                .on_request(())
+                // At debug only: the lifecycle test reads it to tell requests the server read.
+                .on_request(tower_http::trace::DefaultOnRequest::new().level(Level::DEBUG))
                 .on_response(tower_http::trace::DefaultOnResponse::new().level(Level::DEBUG))
                 .on_failure(()),
         )
@@ -179,16 +186,20 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let header = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .ok_or(auth::AuthError::Missing)?;
-        let credential = header
-            .to_str()
-            .ok()
-            .and_then(auth::token::from_authorization)
-            .ok_or(auth::AuthError::Malformed)?;
-        let principal = state.authenticator.authenticate(&credential).await?;
+        let principal = async {
+            let header = parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .ok_or(auth::AuthError::Missing)?;
+            let credential = header
+                .to_str()
+                .ok()
+                .and_then(auth::token::from_authorization)
+                .ok_or(auth::AuthError::Malformed)?;
+            state.authenticator.authenticate(&credential).await
+        }
+        .await
+        .inspect_err(|e| crate::metrics::auth_failed(e.reason()))?;
         debug!(principal = %principal.name, "authenticated");
         Ok(Caller(principal))
     }
@@ -200,7 +211,12 @@ impl Caller {
         state: &AppState,
         action: auth::Action<'_>,
     ) -> Result<(), ApiError> {
-        Ok(state.authenticator.authorize(&self.0, &action).await?)
+        state
+            .authenticator
+            .authorize(&self.0, &action)
+            .await
+            .inspect_err(|e| crate::metrics::auth_failed(e.reason()))?;
+        Ok(())
     }
 }
 
@@ -217,11 +233,14 @@ impl FromRequestParts<AppState> for Admin {
         let Caller(principal) = Caller::from_request_parts(parts, state).await?;
         match &principal.identity {
             auth::Identity::Admin => Ok(Admin(principal)),
-            auth::Identity::User { username, .. } => Err(auth::AuthError::NotAdmin {
-                user: username.clone(),
-                roles: "admin".into(),
+            auth::Identity::User { username, .. } => {
+                let refused = auth::AuthError::NotAdmin {
+                    user: username.clone(),
+                    roles: "admin".into(),
+                };
+                crate::metrics::auth_failed(refused.reason());
+                Err(refused.into())
             }
-            .into()),
         }
     }
 }
@@ -264,17 +283,20 @@ async fn post_kubeconfig(
     caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_bytes(body)?;
-    let req = kubeconfig::request::from_json(&body)?;
-    caller
-        .authorize(
-            &state,
-            auth::Action::CreateAccount {
-                namespace: &req.namespace,
-            },
-        )
-        .await?;
-    let kubeconfig = state.cloud_config.ensure(&req).await?;
+    let issued = async {
+        let req = kubeconfig::request::from_json(&body_bytes(body)?)?;
+        caller
+            .authorize(
+                &state,
+                auth::Action::CreateAccount {
+                    namespace: &req.namespace,
+                },
+            )
+            .await?;
+        let kubeconfig = state.cloud_config.ensure(&req).await?;
+        Ok::<_, ApiError>((req, kubeconfig))
+    };
+    let (req, kubeconfig) = metrics::cloud_config(Create, |(r, _)| r.output, issued.await)?;
     Ok(cloud_config_response(&req, &kubeconfig))
 }
 
@@ -283,16 +305,20 @@ async fn get_kubeconfig(
     caller: Caller,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let req = kubeconfig::request::from_query(query.as_deref())?;
-    caller
-        .authorize(
-            &state,
-            auth::Action::ReadAccount {
-                namespace: &req.namespace,
-            },
-        )
-        .await?;
-    let kubeconfig = state.cloud_config.fetch(&req).await?;
+    let issued = async {
+        let req = kubeconfig::request::from_query(query.as_deref())?;
+        caller
+            .authorize(
+                &state,
+                auth::Action::ReadAccount {
+                    namespace: &req.namespace,
+                },
+            )
+            .await?;
+        let kubeconfig = state.cloud_config.fetch(&req).await?;
+        Ok::<_, ApiError>((req, kubeconfig))
+    };
+    let (req, kubeconfig) = metrics::cloud_config(Get, |(r, _)| r.output, issued.await)?;
     Ok(cloud_config_response(&req, &kubeconfig))
 }
 

@@ -46,24 +46,70 @@ pub enum ObjectError {
 const POOL: &str = "ippool";
 const LB: &str = "loadbalancer";
 
-fn decode<T: serde::de::DeserializeOwned>(
+/// What a body must say about itself, if it says anything: `apiVersion` and `kind`.
+struct Expect {
     kind: &'static str,
-    body: &[u8],
-) -> Result<T, ObjectError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| ObjectError::Decode {
-        kind,
-        reason: e.to_string(),
-    })?;
-    if !value.is_object() {
-        return Err(ObjectError::Decode {
-            kind,
-            reason: "the body must be a JSON object".into(),
-        });
+    type_kind: &'static str,
+    /// Enumerated `spec` fields and their allowed values (`""` meaning unset), as the CRD's schema
+    /// enforces them on Kubernetes.
+    enums: &'static [(&'static str, &'static [&'static str])],
+}
+
+const POOL_BODY: Expect = Expect {
+    kind: POOL,
+    type_kind: "IPPool",
+    enums: &[],
+};
+const LB_BODY: Expect = Expect {
+    kind: LB,
+    type_kind: "LoadBalancer",
+    enums: &[
+        ("workloadType", &["", "vm", "cluster"]),
+        ("ipam", &["", "pool", "dhcp"]),
+    ],
+};
+
+fn decode<T: serde::de::DeserializeOwned>(expect: &Expect, body: &[u8]) -> Result<T, ObjectError> {
+    let kind = expect.kind;
+    let invalid = |reason: String| ObjectError::Decode { kind, reason };
+    let mut value: Value = serde_json::from_slice(body).map_err(|e| invalid(e.to_string()))?;
+    let Some(fields) = value.as_object_mut() else {
+        return Err(invalid("the body must be a JSON object".into()));
+    };
+    // The status is the reconciler's: whatever a client sends there is ignored, as a status
+    // subresource does.
+    fields.remove("status");
+    let api_version = crate::crd::GROUP.to_string() + "/v1beta1";
+    for (field, want) in [
+        ("apiVersion", api_version.as_str()),
+        ("kind", expect.type_kind),
+    ] {
+        match fields.get(field) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s == want => {}
+            Some(other) => {
+                return Err(invalid(format!("{field} must be {want:?}, not {other}")));
+            }
+        }
     }
-    serde_json::from_value(value).map_err(|e| ObjectError::Decode {
-        kind,
-        reason: e.to_string(),
-    })
+    for (field, allowed) in expect.enums {
+        match fields.get("spec").and_then(|s| s.get(*field)) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(v)) if allowed.contains(&v.as_str()) => {}
+            Some(other) => {
+                let supported: Vec<String> = allowed
+                    .iter()
+                    .filter(|a| !a.is_empty())
+                    .map(|a| format!("{a:?}"))
+                    .collect();
+                return Err(invalid(format!(
+                    "spec.{field}: Unsupported value: {other}: supported values: {}",
+                    supported.join(", ")
+                )));
+            }
+        }
+    }
+    serde_json::from_value(value).map_err(|e| invalid(e.to_string()))
 }
 
 /// IPPools and LoadBalancers through admission and the store.
@@ -136,7 +182,7 @@ impl Objects {
     }
 
     pub async fn create_pool(&self, body: &[u8]) -> Result<IPPool, ObjectError> {
-        let mut pool: IPPool = decode(POOL, body)?;
+        let mut pool: IPPool = decode(&POOL_BODY, body)?;
         pool.status = None;
         self.admission.admit_pool_create(&mut pool).await?;
         self.pools
@@ -146,7 +192,7 @@ impl Objects {
     }
 
     pub async fn update_pool(&self, name: &str, body: &[u8]) -> Result<IPPool, ObjectError> {
-        let mut pool: IPPool = decode(POOL, body)?;
+        let mut pool: IPPool = decode(&POOL_BODY, body)?;
         match pool.metadata.name.as_deref() {
             None | Some("") => pool.metadata.name = Some(name.into()),
             Some(n) if n != name => {
@@ -234,7 +280,7 @@ impl Objects {
     }
 
     pub async fn create_lb(&self, body: &[u8]) -> Result<LoadBalancer, ObjectError> {
-        let mut lb: LoadBalancer = decode(LB, body)?;
+        let mut lb: LoadBalancer = decode(&LB_BODY, body)?;
         lb.status = None;
         if lb
             .metadata
@@ -263,7 +309,7 @@ impl Objects {
         name: &str,
         body: &[u8],
     ) -> Result<LoadBalancer, ObjectError> {
-        let mut lb: LoadBalancer = decode(LB, body)?;
+        let mut lb: LoadBalancer = decode(&LB_BODY, body)?;
         for (field, slot, url) in [
             ("namespace", &mut lb.metadata.namespace, namespace),
             ("name", &mut lb.metadata.name, name),

@@ -1,0 +1,42 @@
+//! The metrics listener (`--metrics-listen`): plain HTTP serving `GET /metrics` only. It is a
+//! separate port so that Prometheus can scrape it without an admin token and without the API port
+//! exposing anything but the API; it stops on the same shutdown signal as the API.
+
+use axum::{
+    Router,
+    http::{HeaderValue, StatusCode, header},
+    response::IntoResponse,
+    routing::get,
+};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+pub const METRICS_PATH: &str = "/metrics";
+
+/// The router of the metrics listener.
+pub fn router() -> Router {
+    Router::new()
+        .route(METRICS_PATH, get(metrics))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "only /metrics is served here\n") })
+}
+
+async fn metrics() -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(super::CONTENT_TYPE),
+        )],
+        super::encode(),
+    )
+}
+
+/// Serves `/metrics` on `listener` until `shutdown` is cancelled. Scrapes are short, so the
+/// graceful stop waits for them without a bound of its own.
+pub async fn serve(listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+    let local = listener.local_addr()?;
+    info!(address = %local, url = %format!("http://{local}{METRICS_PATH}"), "serving metrics");
+    axum::serve(listener, router())
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}
