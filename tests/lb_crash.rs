@@ -336,7 +336,7 @@ async fn sigkill_during_churn_loses_and_duplicates_nothing() {
         tokio::spawn(async move {
             let mut kills = 0;
             while working.load(Ordering::SeqCst) || kills < 5 {
-                tokio::time::sleep(Duration::from_millis(rand::random_range(80..400))).await;
+                tokio::time::sleep(Duration::from_millis(rand::random_range(50..250))).await;
                 service.kill();
                 kills += 1;
                 service.spawn();
