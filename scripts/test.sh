@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every test of the workspace, and the kubectl
-# conformance check of the Kubernetes API fake, schemathesis against the OpenAPI contract, and
-# hadolint on the Dockerfile. Needs kubectl, cloud-init, jq, curl, st (schemathesis) and hadolint on
-# PATH (.ci/run installs what is missing).
+# conformance check of the Kubernetes API fake, schemathesis against the OpenAPI contract, hadolint
+# on the Dockerfile, and the Helm chart and manifests. Needs kubectl, cloud-init, jq, curl, npm, st
+# (schemathesis), hadolint and kubernetes-validate on PATH (.ci/run installs what is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,5 +28,8 @@ scripts/schemathesis.sh
 
 step "hadolint Dockerfile"
 hadolint Dockerfile
+
+step "Helm chart and manifests (helm lint/template, kubernetes-validate)"
+scripts/check-manifests.sh
 
 printf '\nall checks passed\n'

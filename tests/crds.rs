@@ -1,5 +1,5 @@
 //! The shipped manifests: `deploy/crds/*.yaml` are exactly what `harvester-cloud crds` prints (so they
-//! cannot drift from the Rust types), and `deploy/webhook.yaml` points at the routes the service serves.
+//! cannot drift from the Rust types), and the webhook configurations of `deploy/manifests/` point at the routes the service serves.
 
 use std::process::Command;
 
@@ -54,11 +54,27 @@ fn crds_subcommand_prints_both_documents() {
 }
 
 #[test]
+fn chart_crds_equal_the_generated_ones() {
+    for c in crd::crds() {
+        let file = crd::crd_file_name(&c);
+        assert_eq!(
+            deploy(&format!("chart/harvester-cloud/crds/{file}")),
+            crd::crd_yaml(&c).expect("renders"),
+            "deploy/chart/harvester-cloud/crds/{file} is stale: copy it from deploy/crds"
+        );
+    }
+}
+
+#[test]
 fn webhook_manifest_targets_the_served_endpoints() {
-    let text = deploy("webhook.yaml");
+    let text = deploy("manifests/harvester-cloud.yaml");
     let docs: Vec<Value> = text
         .split("\n---\n")
-        .map(|d| yaml_serde::from_str(d).expect("YAML"))
+        .map(|d| yaml_serde::from_str::<Value>(d).expect("YAML"))
+        .filter(|d| {
+            d["kind"] == "MutatingWebhookConfiguration"
+                || d["kind"] == "ValidatingWebhookConfiguration"
+        })
         .collect();
     let mut paths = Vec::new();
     for doc in &docs {

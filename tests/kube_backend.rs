@@ -740,3 +740,56 @@ async fn kubeconfig_generate_prints_both_sections() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a valid service account name"));
 }
+
+/// Stopping a replica (what SIGTERM does) stops its reconcilers and gives the Lease up at once, so
+/// another replica need not wait for it to expire. This cluster serves no IPPool or VirtualMachine
+/// kinds, so those controllers' caches never fill: stopping must not wait for them either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_releases_the_lease() {
+    let b = KubeBackend::start().await;
+    let kubeconfig = b.dir.path().join("admin.kubeconfig").display().to_string();
+    let (_, serve) = support::cli(
+        b.dir.path(),
+        &[
+            "--backend".into(),
+            "kube".into(),
+            "--kubeconfig".into(),
+            kubeconfig,
+            "--metrics-listen".into(),
+            "127.0.0.1:0".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+        ],
+    );
+    let app = harvester_cloud::app::open_kube(&serve).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            harvester_cloud::app::serve_on(listener, app, &serve, shutdown).await
+        })
+    };
+    let holder = || {
+        b.fake
+            .object(
+                "coordination.k8s.io",
+                "leases",
+                "harvester-system",
+                harvester_cloud::app::LB_LEASE,
+            )
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+            .filter(|h| !h.is_empty())
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while holder().is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replica never took the Lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    server.await.unwrap().unwrap();
+    assert_eq!(holder(), None, "the Lease is still held after a clean stop");
+}

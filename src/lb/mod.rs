@@ -248,6 +248,9 @@ pub async fn run_controllers(
         async move { stop.cancelled().await }
     };
 
+    // Readers kept to tell, at shutdown, whether each cache ever filled (see `until_stopped`).
+    let (pool_cache, lb_cache, vm_cache) =
+        (pool_reader.clone(), lb_reader.clone(), vm_reader.clone());
     let pool_stream = reflector::reflector(
         pool_writer,
         watcher::<IPPool>(store.clone(), pool_kind(), None),
@@ -338,11 +341,38 @@ pub async fn run_controllers(
         .for_each(log_result("guestcluster"));
 
     tokio::join!(
-        pools.instrument(info_span!("controller", kind = "IPPool")),
-        lbs.instrument(info_span!("controller", kind = "LoadBalancer")),
-        vms.instrument(info_span!("controller", kind = "VirtualMachine")),
+        until_stopped(pools, pool_cache, stop.clone())
+            .instrument(info_span!("controller", kind = "IPPool")),
+        until_stopped(lbs, lb_cache, stop.clone())
+            .instrument(info_span!("controller", kind = "LoadBalancer")),
+        until_stopped(vms, vm_cache, stop.clone())
+            .instrument(info_span!("controller", kind = "VirtualMachine")),
     );
     debug!("controllers stopped");
+}
+
+/// Runs a controller until it has shut down. One whose cache never filled (its kind is not served in
+/// this cluster, or its list keeps failing) is dropped at `stop` instead: kube-runtime holds such a
+/// controller's runner until the cache is ready, so its graceful shutdown would never finish, and it
+/// has no reconcile in flight to wait for.
+async fn until_stopped<K>(
+    run: impl Future<Output = ()>,
+    cache: reflector::Store<K>,
+    stop: CancellationToken,
+) where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    tokio::pin!(run);
+    tokio::select! {
+        _ = &mut run => return,
+        _ = stop.cancelled() => {}
+    }
+    if futures::FutureExt::now_or_never(cache.wait_until_ready()).is_some() {
+        run.await;
+    } else {
+        debug!("controller stopped before its cache filled");
+    }
 }
 
 /// What a controller's run stream yields.

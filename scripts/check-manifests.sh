@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Checks what ships for Kubernetes: lints and renders the Helm chart with the real helm, checks that
+# deploy/manifests/harvester-cloud.yaml is the chart rendered for plain `kubectl apply` and that the
+# chart's CRDs are deploy/crds (which tests/crds.rs checks against `harvester-cloud crds`), and
+# validates every manifest and rendering with kubernetes-validate against the Kubernetes schemas.
+#
+#   scripts/check-manifests.sh            check
+#   scripts/check-manifests.sh --update   rewrite deploy/manifests/harvester-cloud.yaml
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HELM="${HELM:-$("$ROOT/scripts/install-helm.sh")}"
+CHART="$ROOT/deploy/chart/harvester-cloud"
+MANIFEST="$ROOT/deploy/manifests/harvester-cloud.yaml"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+
+render_plain() {
+  cat <<'HEADER'
+# harvester-cloud for `kubectl apply -f`, rendered from deploy/chart/harvester-cloud with its default
+# values (scripts/check-manifests.sh --update), into the namespace harvester-system.
+#
+# It expects a TLS Secret `harvester-cloud-tls` (tls.crt, tls.key) for the Service's DNS names
+# (harvester-cloud.harvester-system.svc), and the webhook configurations need that certificate's CA
+# as caBundle. The README's "Install" section shows the commands. The Helm chart does both itself.
+# Harvester's ClusterRoles harvesterhci.io:cloudprovider and harvesterhci.io:csi-driver are not in
+# here: a Harvester cluster has them (the chart can create them where they are missing).
+HEADER
+  "$HELM" template harvester-cloud "$CHART" --namespace harvester-system --include-crds \
+    --set tls.existingSecret=harvester-cloud-tls --set harvesterClusterRoles.create=false
+}
+
+if [[ "${1:-}" == "--update" ]]; then
+  render_plain > "$MANIFEST"
+  echo "wrote $MANIFEST"
+fi
+
+echo "helm lint"
+"$HELM" lint --strict "$CHART" >/dev/null
+
+echo "deploy/manifests is the rendered chart"
+render_plain > "$WORK/plain.yaml"
+diff -u "$MANIFEST" "$WORK/plain.yaml" || { echo "deploy/manifests/harvester-cloud.yaml is stale: run scripts/check-manifests.sh --update" >&2; exit 1; }
+
+echo "the chart's CRDs are deploy/crds"
+for f in "$ROOT"/deploy/crds/*.yaml; do
+  cmp "$f" "$CHART/crds/$(basename "$f")" || { echo "$CHART/crds/$(basename "$f") differs from deploy/crds" >&2; exit 1; }
+done
+[[ "$(ls "$CHART/crds" | wc -l)" == "$(ls "$ROOT/deploy/crds" | wc -l)" ]] || { echo "the chart's crds/ has extra files" >&2; exit 1; }
+
+echo "renderings with other values"
+"$HELM" template hc "$CHART" --namespace harvester-system > "$WORK/generated-tls.yaml"
+grep -q "kind: Secret" "$WORK/generated-tls.yaml" || { echo "the chart did not generate its TLS Secret" >&2; exit 1; }
+grep -q "caBundle: " "$WORK/generated-tls.yaml" || { echo "the webhooks lack the generated caBundle" >&2; exit 1; }
+"$HELM" template other "$CHART" --namespace tools \
+  --set replicaCount=3,leaderElection=false,allowRestrictedAdmin=true,webhook.enabled=false \
+  --set podDisruptionBudget.enabled=false,harvesterClusterRoles.create=false,tls.existingSecret=my-tls \
+  --set tls.caBundle=Zm9v,image.tag=dev > "$WORK/custom.yaml"
+if grep -q "MutatingWebhookConfiguration\|harvesterhci.io:csi-driver\"$" "$WORK/custom.yaml"; then
+  echo "disabled parts were rendered" >&2; exit 1
+fi
+
+echo "kubernetes-validate"
+kubernetes-validate --strict --quiet \
+  "$MANIFEST" "$WORK/generated-tls.yaml" "$WORK/custom.yaml" "$ROOT"/deploy/crds/*.yaml
+# HelmChart is helm.cattle.io's custom resource, unknown to the Kubernetes schemas: check its shape.
+python3 - "$ROOT/deploy/helmchart.yaml" <<'PY'
+import sys, yaml
+doc = yaml.safe_load(open(sys.argv[1]))
+assert doc["apiVersion"] == "helm.cattle.io/v1" and doc["kind"] == "HelmChart", doc
+spec = doc["spec"]
+for key in ("chart", "repo", "version", "targetNamespace", "valuesContent"):
+    assert isinstance(spec.get(key), str) and spec[key], f"spec.{key} missing"
+yaml.safe_load(spec["valuesContent"])
+PY
+echo "manifests: ok"
