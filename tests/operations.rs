@@ -313,6 +313,57 @@ async fn metrics_on_their_own_port() {
     let spec: Value = spec.json().await.unwrap();
     assert!(spec["paths"][KUBECONFIG]["post"].is_object());
 
+    // A pool with one load balancer: the reconciler reports the pool's counters and its reconciles.
+    let pool = serde_json::json!({
+        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
+        "metadata": {"name": "metrics-pool"},
+        "spec": {
+            "ranges": [{"subnet": "192.168.100.0/24", "rangeStart": "192.168.100.10", "rangeEnd": "192.168.100.19"}],
+            "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}
+        }
+    });
+    let created = http
+        .post(api("/v1/harvester/loadbalancer.harvesterhci.io.ippools"))
+        .bearer_auth(&token)
+        .json(&pool)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201, "{}", created.text().await.unwrap());
+    let lb = serde_json::json!({
+        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+        "metadata": {"name": "metrics-lb", "namespace": "default"},
+        "spec": {"ipam": "pool", "listeners": [{"name": "http", "port": 80, "protocol": "TCP", "backendPort": 8080}]}
+    });
+    let created = http
+        .post(api(
+            "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers",
+        ))
+        .bearer_auth(&token)
+        .json(&lb)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201, "{}", created.text().await.unwrap());
+    let allocated_key = r#"harvester_cloud_ippool_allocated_addresses{pool="metrics-pool"}"#;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let text = reqwest::get(&server.metrics_url)
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if harvester_cloud::metrics::sample(&text, allocated_key) == Some(1.0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pool gauges never showed the allocation:\n{text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
     let scrape = reqwest::get(&server.metrics_url).await.unwrap();
     assert_eq!(scrape.status(), 200);
     assert_eq!(
@@ -365,9 +416,25 @@ async fn metrics_on_their_own_port() {
             r#"harvester_cloud_auth_failures_total{reason="missing"}"#,
             1.0,
         ),
-        ("harvester_cloud_leader", 0.0),
+        // The embedded backend always leads.
+        ("harvester_cloud_leader", 1.0),
+        (
+            r#"harvester_cloud_ippool_total_addresses{pool="metrics-pool"}"#,
+            10.0,
+        ),
+        (
+            r#"harvester_cloud_ippool_available_addresses{pool="metrics-pool"}"#,
+            9.0,
+        ),
+        (allocated_key, 1.0),
     ] {
         assert_eq!(value(key), want, "{key}");
+    }
+    for controller in ["loadbalancer", "ippool"] {
+        let key = format!(
+            r#"harvester_cloud_reconcile_duration_seconds_count{{controller="{controller}"}}"#
+        );
+        assert!(value(&key) >= 1.0, "{key}");
     }
     // Raw paths never become labels.
     assert!(!text.contains("made-up"), "{text}");

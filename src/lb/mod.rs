@@ -172,6 +172,7 @@ pub async fn run(
             return;
         };
         info!(identity = %settings.identity, "leading: starting the load balancer reconcilers");
+        crate::metrics::set_leader(true);
         let stop = CancellationToken::new();
         let watcher_task = {
             let (stop, lost, shutdown) = (stop.clone(), leadership.lost.clone(), shutdown.clone());
@@ -191,6 +192,7 @@ pub async fn run(
         stop.cancel();
         let _ = watcher_task.await;
         leadership.release().await;
+        crate::metrics::set_leader(false);
         if shutdown.is_cancelled() {
             info!("load balancer reconcilers stopped");
             return;
@@ -259,7 +261,7 @@ pub async fn run_controllers(
     let pools = Controller::for_stream(pool_stream, pool_reader)
         .graceful_shutdown_on(shutdown())
         .run(
-            ippool::reconcile,
+            |pool, ctx| timed("ippool", ippool::reconcile(pool, ctx)),
             |pool, e: &ippool::PoolReconcileError, ctx: Arc<Shared>| {
                 warn!(pool = pool.metadata.name.as_deref().unwrap_or_default(), error = %e, "IP pool reconcile failed");
                 ctx.backoff(
@@ -286,7 +288,7 @@ pub async fn run_controllers(
         ))
         .graceful_shutdown_on(shutdown())
         .run(
-            loadbalancer::reconcile,
+            |lb, ctx| timed("loadbalancer", loadbalancer::reconcile(lb, ctx)),
             |lb, e: &loadbalancer::LbError, ctx: Arc<Shared>| {
                 let key = format!(
                     "{}/{}",
@@ -326,7 +328,7 @@ pub async fn run_controllers(
     let vms = Controller::for_stream(vm_stream, vm_reader)
         .graceful_shutdown_on(shutdown())
         .run(
-            guest::reconcile,
+            |vm, ctx| timed("guestcluster", guest::reconcile(vm, ctx)),
             |vm, e: &guest::GuestCleanupError, ctx: Arc<Shared>| {
                 let key = format!(
                     "vm/{}/{}",
@@ -349,6 +351,41 @@ pub async fn run_controllers(
             .instrument(info_span!("controller", kind = "VirtualMachine")),
     );
     debug!("controllers stopped");
+}
+
+/// A reconcile failure as a metrics label: a lost write race (retried at once) is not a fault.
+trait FailureReason {
+    fn reason(&self) -> &'static str;
+}
+
+macro_rules! failure_reason {
+    ($($t:ty),*) => {$(
+        impl FailureReason for $t {
+            fn reason(&self) -> &'static str {
+                if self.is_conflict() { "conflict" } else { "failed" }
+            }
+        }
+    )*};
+}
+failure_reason!(
+    loadbalancer::LbError,
+    ippool::PoolReconcileError,
+    guest::GuestCleanupError
+);
+
+/// Runs one reconcile and records its duration, and its failure, in the metrics.
+async fn timed<E: FailureReason>(
+    controller: &'static str,
+    reconcile: impl Future<Output = Result<Action, E>>,
+) -> Result<Action, E> {
+    let started = std::time::Instant::now();
+    let result = reconcile.await;
+    crate::metrics::observe_reconcile(
+        controller,
+        started.elapsed(),
+        result.as_ref().err().map(FailureReason::reason),
+    );
+    result
 }
 
 /// Runs a controller until it has shut down. One whose cache never filled (its kind is not served in

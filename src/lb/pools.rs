@@ -239,6 +239,7 @@ impl PoolTask {
             batch.clear();
             if stop_after {
                 debug!("pool is gone; allocator stopped");
+                crate::metrics::remove_pool(&self.name);
                 break;
             }
         }
@@ -380,6 +381,18 @@ impl PoolTask {
     ) {
         for (r, reply) in batch.drain(..).zip(replies) {
             let _ = r.reply.send(reply);
+        }
+        // Counts as durable now: this runs after the status write (or when nothing changed).
+        if let Some(Loaded {
+            allocator: Ok(a), ..
+        }) = &self.loaded
+        {
+            crate::metrics::set_pool_addresses(
+                &self.name,
+                a.total() as f64,
+                a.available() as f64,
+                a.in_use() as f64,
+            );
         }
         if freed && !self.waiters.is_empty() {
             info!(
