@@ -7,11 +7,11 @@
 #   FUZZ_SANITIZER=none scripts/fuzz.sh       (default address)
 #
 # Targets (fuzz/fuzz_targets/): kubeconfig_json (POST bodies), kubeconfig_query (GET queries),
-# kubeconfig_agree (POST and GET parse the same fields alike). Each accepted request must have valid
-# names and read back the same (fuzz_targets/oracle.rs). New inputs go to fuzz/corpus/<target>
+# kubeconfig_agree (POST and GET parse the same fields alike), lb_bodies (IPPool and LoadBalancer
+# bodies through the mutators and admission checks). Each accepted cloud-config request must have
+# valid names and read back the same (fuzz_targets/oracle.rs). New inputs go to fuzz/corpus/<target>
 # (ignored by git; the hand-written seeds are in fuzz/seeds/<target>); a crash is saved under
-# fuzz/artifacts/<target>/ and fails the script. Pool and load balancer bodies get targets when
-# their HTTP API lands (src/http/lb.rs).
+# fuzz/artifacts/<target>/ and fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

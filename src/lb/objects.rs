@@ -69,6 +69,16 @@ const LB_BODY: Expect = Expect {
     ],
 };
 
+/// An IPPool request body, read as the HTTP API reads it (before admission).
+pub fn decode_pool(body: &[u8]) -> Result<IPPool, ObjectError> {
+    decode(&POOL_BODY, body)
+}
+
+/// A LoadBalancer request body, read as the HTTP API reads it (before admission).
+pub fn decode_lb(body: &[u8]) -> Result<LoadBalancer, ObjectError> {
+    decode(&LB_BODY, body)
+}
+
 fn decode<T: serde::de::DeserializeOwned>(expect: &Expect, body: &[u8]) -> Result<T, ObjectError> {
     let kind = expect.kind;
     let invalid = |reason: String| ObjectError::Decode { kind, reason };
