@@ -9,7 +9,10 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, Service},
+    apimachinery::pkg::util::intstr::IntOrString,
+};
 use serde_json::Value;
 
 use super::{
@@ -118,8 +121,6 @@ fn decode(body: &[u8]) -> Result<Service, GuestApiError> {
     let fields = value
         .as_object_mut()
         .ok_or_else(|| invalid("the body must be a JSON object".into()))?;
-    // The status is the reconciler's, as a status subresource's is.
-    fields.remove("status");
     for (field, want) in [("apiVersion", "v1"), ("kind", "Service")] {
         match fields.get(field) {
             None | Some(Value::Null) => {}
@@ -127,12 +128,29 @@ fn decode(body: &[u8]) -> Result<Service, GuestApiError> {
             Some(other) => return Err(invalid(format!("{field} must be {want:?}, not {other}"))),
         }
     }
+    // The status is the reconciler's, as a status subresource's is: ignored, if well formed.
+    match fields.remove("status") {
+        None | Some(Value::Null | Value::Object(_)) => {}
+        Some(other) => return Err(invalid(format!("status must be an object, not {other}"))),
+    }
     if let Some(meta) = fields.get_mut("metadata").and_then(Value::as_object_mut) {
+        for f in ["creationTimestamp", "deletionTimestamp"] {
+            if meta.get(f).is_some_and(|v| !v.is_string() && !v.is_null()) {
+                return Err(invalid(format!("metadata.{f} must be a string")));
+            }
+        }
         for f in SERVER_METADATA {
             meta.remove(*f);
         }
     }
     let svc: Service = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
+    if let Some(t) = svc.spec.as_ref().and_then(|s| s.type_.as_deref())
+        && !["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"].contains(&t)
+    {
+        return Err(invalid(format!(
+            "spec.type: Unsupported value: {t:?}: supported values: \"ClusterIP\", \"ExternalName\", \"LoadBalancer\", \"NodePort\""
+        )));
+    }
     for p in svc
         .spec
         .as_ref()
@@ -144,6 +162,20 @@ fn decode(body: &[u8]) -> Result<Service, GuestApiError> {
             return Err(invalid(format!(
                 "spec.ports.port: Invalid value: {}: must be between 1 and 65535, inclusive",
                 p.port
+            )));
+        }
+        if let Some(IntOrString::Int(t)) = &p.target_port
+            && !(1..=65535).contains(t)
+        {
+            return Err(invalid(format!(
+                "spec.ports.targetPort: Invalid value: {t}: must be between 1 and 65535, inclusive"
+            )));
+        }
+        if let Some(n) = p.node_port
+            && !(0..=65535).contains(&n)
+        {
+            return Err(invalid(format!(
+                "spec.ports.nodePort: Invalid value: {n}: must be between 0 and 65535, inclusive"
             )));
         }
         if let Some(proto) = &p.protocol

@@ -519,9 +519,14 @@ pub async fn delete_cluster(
         })?;
     for lb in listed
         .iter()
-        .filter(|lb| lb.spec.workload_type == "cluster" && lb.metadata.deletion_timestamp.is_none())
+        .filter(|lb| lb.spec.workload_type == "cluster")
     {
         let name = lb.metadata.name.clone().unwrap_or_default();
+        // One already going (its Service's deletion got there first) is counted, not deleted again.
+        if lb.metadata.deletion_timestamp.is_some() {
+            out.load_balancers.push(name);
+            continue;
+        }
         match lbs
             .delete(&key.namespace, &name, &Preconditions::default())
             .await
