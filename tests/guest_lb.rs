@@ -1135,6 +1135,23 @@ mod cases {
             c_ip, a_ip,
             "the released address serves the waiting service"
         );
+
+        // A Service that is no longer of type LoadBalancer releases its address too.
+        let b = env.get("default", "b").await.expect("exists");
+        let mut internal = mk_svc("default", "b", &[("TCP", 80)], &[]);
+        internal["spec"]["type"] = json!("ClusterIP");
+        env.put(internal).await.expect("accepted");
+        lb_gone(&env, &lb_name(&b)).await;
+        let b = eventually("b to lose its address and finalizer", async || {
+            let b = env.get("default", "b").await?;
+            (annotation(&b, "kube-vip.io/loadbalancerIPs").is_none()
+                && b["metadata"]["finalizers"]
+                    .as_array()
+                    .is_none_or(|f| f.is_empty()))
+            .then_some(b)
+        })
+        .await;
+        assert_eq!(ingress(&b), None);
     }
 
     /// A Service recreated with a new UID (its deletion missed) gets a new LoadBalancer, and the old

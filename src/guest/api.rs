@@ -128,10 +128,13 @@ fn decode(body: &[u8]) -> Result<Service, GuestApiError> {
             Some(other) => return Err(invalid(format!("{field} must be {want:?}, not {other}"))),
         }
     }
-    // The status is the reconciler's, as a status subresource's is: ignored, if well formed.
-    match fields.remove("status") {
-        None | Some(Value::Null | Value::Object(_)) => {}
-        Some(other) => return Err(invalid(format!("status must be an object, not {other}"))),
+    // The status is the reconciler's, as a status subresource's is: ignored.
+    fields.remove("status");
+    if fields
+        .get("metadata")
+        .is_some_and(|m| !m.is_object() && !m.is_null())
+    {
+        return Err(invalid("metadata must be an object".into()));
     }
     if let Some(meta) = fields.get_mut("metadata").and_then(Value::as_object_mut) {
         for f in ["creationTimestamp", "deletionTimestamp"] {

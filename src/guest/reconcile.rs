@@ -137,8 +137,12 @@ pub fn service_key(svc: &Service) -> String {
     )
 }
 
+/// A Service this reconciler serves: of type LoadBalancer, and not claimed by another
+/// implementation through `spec.loadBalancerClass` (which Kubernetes' cloud providers leave alone).
 pub fn is_load_balancer(svc: &Service) -> bool {
-    svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some(LOAD_BALANCER)
+    svc.spec.as_ref().is_some_and(|s| {
+        s.type_.as_deref() == Some(LOAD_BALANCER) && s.load_balancer_class.is_none()
+    })
 }
 
 fn has_finalizer(svc: &Service) -> bool {
@@ -1072,6 +1076,7 @@ async fn release(svc: &Service, key: &str, ctx: &Ctx, deleting: bool) -> Result<
     }
     if deleting {
         lock(&ctx.reported).remove(key);
+        lock(&ctx.share_locks).remove(key);
     }
     if let Some((pns, pname)) = primary {
         // A primary waiting for its secondaries to go may go now.
