@@ -170,8 +170,8 @@ pub enum BackendKind {
 /// How to reach the Kubernetes API.
 #[derive(Debug, Args, Clone, Default)]
 pub struct KubeArgs {
-    /// Kubeconfig file for the Kubernetes backend; without it, the in-cluster config, then the
-    /// usual `KUBECONFIG` / `~/.kube/config`.
+    /// Kubeconfig file (`serve`: of the Kubernetes backend; `ccm`: of the guest cluster); without
+    /// it, the in-cluster config, then the usual `KUBECONFIG` / `~/.kube/config`.
     #[arg(long, env = "HARVESTER_CLOUD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Context of `--kubeconfig` to use instead of its current context.

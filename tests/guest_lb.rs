@@ -1042,6 +1042,36 @@ mod cases {
         .await;
     }
 
+    /// A secondary made together with its primary gets the address as soon as the primary has it
+    /// (on Kubernetes it waits, woken by the primary's change; the HTTP API says to come back).
+    pub async fn secondary_made_with_its_primary<E: GuestEnv>(env: E) {
+        create_pool(
+            &env,
+            "p1",
+            ("10.31.0.0/24", "10.31.0.10", "10.31.0.20"),
+            global(),
+        )
+        .await;
+        env.put(mk_svc("default", "primary", &[("TCP", 80)], &[]))
+            .await
+            .expect("accepted");
+        let secondary = mk_svc(
+            "default",
+            "secondary",
+            &[("TCP", 443)],
+            &[("cloudprovider.harvesterhci.io/primary-service", "primary")],
+        );
+        if let Err(message) = env.put(secondary.clone()).await {
+            assert_eq!(message, "primary service default/primary has no ingress IP");
+            address(&env, "default", "primary").await;
+            env.put(secondary)
+                .await
+                .expect("accepted once the primary has its address");
+        }
+        let (_, ip) = address(&env, "default", "primary").await;
+        assert_eq!(address(&env, "default", "secondary").await.1, ip);
+    }
+
     /// The network and the IPAM mode of a Service are fixed once its LoadBalancer exists.
     pub async fn network_and_ipam_changes_are_refused<E: GuestEnv>(env: E) {
         create_pool(
@@ -1566,6 +1596,7 @@ suite!(
         pool_and_dhcp_services_get_addresses,
         network_resolution_order,
         share_ip,
+        secondary_made_with_its_primary,
         network_and_ipam_changes_are_refused,
         service_deletion_releases,
         uid_change_does_not_leak,
@@ -1580,6 +1611,7 @@ suite!(
         pool_and_dhcp_services_get_addresses,
         network_resolution_order,
         share_ip,
+        secondary_made_with_its_primary,
         network_and_ipam_changes_are_refused,
         service_deletion_releases,
         uid_change_does_not_leak,

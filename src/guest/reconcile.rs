@@ -27,7 +27,7 @@
 //!   it is logged once and skipped.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -303,6 +303,55 @@ struct Accepted {
     primary_of: HashMap<String, String>,
 }
 
+/// Which Services name which primary, so that a change of one wakes the others (a primary getting
+/// its address, a secondary going away from a primary whose deletion waits).
+#[derive(Default)]
+struct ShareIndex {
+    /// Primary key → the Services whose annotation names it.
+    named_by: HashMap<String, HashSet<ObjectRef<Service>>>,
+    /// Service → the primary key its annotation names.
+    names: HashMap<ObjectRef<Service>, String>,
+}
+
+impl ShareIndex {
+    /// Records `svc` as it now is (`present`) or as deleted; returns the Services to wake: those
+    /// naming it, and the primary it named before if it no longer does.
+    fn update(&mut self, svc: &Service, present: bool) -> Vec<ObjectRef<Service>> {
+        let me = ObjectRef::from_obj(svc);
+        let now = present
+            .then(|| primary_of(svc).ok().flatten())
+            .flatten()
+            .map(|(ns, name)| format!("{ns}/{name}"));
+        let before = self.names.remove(&me);
+        let mut wake: Vec<ObjectRef<Service>> = self
+            .named_by
+            .get(&service_key(svc))
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        if let Some(before) = before
+            && Some(&before) != now.as_ref()
+        {
+            if let Some(set) = self.named_by.get_mut(&before) {
+                set.remove(&me);
+                if set.is_empty() {
+                    self.named_by.remove(&before);
+                }
+            }
+            if let Some((ns, name)) = before.split_once('/') {
+                wake.push(ObjectRef::new(name).within(ns));
+            }
+        }
+        if let Some(now) = now {
+            self.named_by
+                .entry(now.clone())
+                .or_default()
+                .insert(me.clone());
+            self.names.insert(me, now);
+        }
+        wake
+    }
+}
+
 struct Ctx {
     cluster: GuestContext,
     services: Api<Service>,
@@ -314,6 +363,7 @@ struct Ctx {
     /// The last (reason, message) reported per Service, so each is reported once per change.
     reported: Mutex<HashMap<String, (String, String)>>,
     wake: mpsc::UnboundedSender<ObjectRef<Service>>,
+    share_index: Mutex<ShareIndex>,
     accepted: Mutex<Accepted>,
     /// Share-IP checks of one primary's secondaries run one at a time.
     share_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -452,16 +502,6 @@ impl Ctx {
         }
         found.remove(except);
         found.into_values().collect()
-    }
-
-    /// Wakes the Services whose annotation names primary `(ns, name)`.
-    fn wake_secondaries_of(&self, ns: &str, name: &str) {
-        for s in self.svc_cache.state() {
-            let names = primary_of(&s).ok().flatten();
-            if names.as_ref().map(|(n, m)| (n.as_str(), m.as_str())) == Some((ns, name)) {
-                let _ = self.wake.send(ObjectRef::from_obj(s.as_ref()));
-            }
-        }
     }
 
     /// Applies `change` to the Service (or only its status) and writes it, again on the stored
@@ -844,8 +884,6 @@ async fn primary(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncErro
             reason::ENSURED,
             format!("Ensured load balancer {lb_key} with address {ip}"),
         );
-        let (ns, name) = key.split_once('/').unwrap_or_default();
-        ctx.wake_secondaries_of(ns, name);
     }
     Ok(Action::await_change())
 }
@@ -1200,6 +1238,7 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
         ),
         reported: Mutex::new(HashMap::new()),
         wake: wake_tx.clone(),
+        share_index: Mutex::new(ShareIndex::default()),
         accepted: Mutex::new(Accepted::default()),
         share_locks: Mutex::new(HashMap::new()),
         status_forbidden: AtomicBool::new(false),
@@ -1210,17 +1249,34 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
     // Services: the cache, the controller's trigger, and the LoadBalancer of one deleted behind the
     // reconciler's back (no finalizer) to garbage-collect.
     let services = {
-        let (gc, name) = (gc_tx.clone(), cluster.cluster.clone());
+        let (gc, name, index) = (gc_tx.clone(), cluster.cluster.clone(), ctx.clone());
         reflector::reflector(
             svc_writer,
             watcher::<Service>(ports.guest.clone(), Kind::of::<Service>(), None),
         )
         .take_until(stop.clone().cancelled_owned())
         .inspect(move |e| {
-            if let Ok(WatchEvent::Delete(svc)) = e
-                && let Some(lb) = lb_name_of(&name, svc)
-            {
-                let _ = gc.send(lb);
+            let woken = match e {
+                Ok(WatchEvent::Init) => {
+                    *lock(&index.share_index) = ShareIndex::default();
+                    Vec::new()
+                }
+                // The first list reconciles every Service anyway.
+                Ok(WatchEvent::InitApply(svc)) => {
+                    lock(&index.share_index).update(svc, true);
+                    Vec::new()
+                }
+                Ok(WatchEvent::Apply(svc)) => lock(&index.share_index).update(svc, true),
+                Ok(WatchEvent::Delete(svc)) => {
+                    if let Some(lb) = lb_name_of(&name, svc) {
+                        let _ = gc.send(lb);
+                    }
+                    lock(&index.share_index).update(svc, false)
+                }
+                _ => Vec::new(),
+            };
+            for svc in woken {
+                let _ = index.wake.send(svc);
             }
         })
         .applied_objects()
@@ -1480,6 +1536,27 @@ mod tests {
                 .to_string(),
             "network annotation of service default/s is not same as the primary service default/p, service: 'default/vlan2', primary: 'default/vlan1'"
         );
+    }
+
+    #[test]
+    fn the_share_index_wakes_who_depends_on_a_change() {
+        let mut index = ShareIndex::default();
+        let primary = mk_svc("default", "p", UID, &[]);
+        let secondary = mk_svc("default", "s", "u2", &[(keys::SVC_PRIMARY, "p")]);
+        assert!(index.update(&primary, true).is_empty());
+        assert!(index.update(&secondary, true).is_empty());
+        // The primary changes: its secondary wakes.
+        assert_eq!(
+            index.update(&primary, true),
+            [ObjectRef::new("s").within("default")]
+        );
+        // The secondary goes: the primary (whose deletion may wait for it) wakes.
+        assert_eq!(
+            index.update(&secondary, false),
+            [ObjectRef::new("p").within("default")]
+        );
+        assert!(index.update(&primary, true).is_empty());
+        assert!(index.named_by.is_empty() && index.names.is_empty());
     }
 
     #[test]
