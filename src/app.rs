@@ -62,6 +62,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Kubeconfig { command } => kubeconfig_command(command).await,
+        Command::Ccm(args) => {
+            let shutdown = CancellationToken::new();
+            let signal = shutdown.clone();
+            tokio::spawn(
+                async move {
+                    shutdown_signal().await;
+                    info!("shutdown signal received");
+                    signal.cancel();
+                }
+                .instrument(info_span!("signals")),
+            );
+            crate::guest::ccm::run(&args, shutdown).await?;
+            info!("stopped");
+            Ok(())
+        }
     }
 }
 
@@ -210,6 +225,8 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Kube> {
         )),
         // Pools' networks must name existing NetworkAttachmentDefinitions, as upstream's mutator wants.
         objects: Objects::new(Admission::new(dyn_store.clone(), NetworkCheck::Require)),
+        // Guest clusters run `harvester-cloud ccm` themselves.
+        guests: None,
         store: dyn_store,
         issuer: None,
     };
@@ -306,11 +323,18 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
             token_timeout: args.token_timeout,
         },
     ));
+    // The embedded backend has no VM networks to look pools' networks up in.
+    let admission = Admission::new(dyn_store.clone(), NetworkCheck::Skip);
+    // Guest clusters' LoadBalancers go through the same admission as the API's.
+    let guests = crate::guest::api::GuestClusters::new(
+        dyn_store.clone(),
+        Arc::new(crate::lb::admitted::AdmittedStore::new(admission.clone())),
+    );
     let state = AppState {
         cloud_config,
         authenticator: Arc::new(EmbeddedAuthenticator::new(store.pool().clone())),
-        // The embedded backend has no VM networks to look pools' networks up in.
-        objects: Objects::new(Admission::new(dyn_store.clone(), NetworkCheck::Skip)),
+        objects: Objects::new(admission),
+        guests: Some(guests),
         store: dyn_store,
         issuer: Some(issuer),
     };
@@ -547,6 +571,36 @@ pub async fn serve_on(
         )),
         _ => Arc::new(crate::lb::leader::AlwaysLeader),
     };
+    // Guest clusters kept here get their reconcilers next to the load balancer's, under the same
+    // leadership.
+    let guests = app.state().guests.clone().map(|guests| {
+        let (elector, shutdown, identity) =
+            (elector.clone(), shutdown.clone(), settings.identity.clone());
+        let guest_settings = crate::guest::reconcile::Settings {
+            identity: identity.clone(),
+            ..Default::default()
+        };
+        tokio::spawn(
+            async move {
+                crate::lb::leader::lead(
+                    elector.as_ref(),
+                    &shutdown,
+                    "guest cluster reconcilers",
+                    &identity,
+                    |stop| {
+                        crate::guest::clusters::run(
+                            guests.store().clone(),
+                            guests.harvester().clone(),
+                            guest_settings.clone(),
+                            stop,
+                        )
+                    },
+                )
+                .await
+            }
+            .instrument(info_span!("guest")),
+        )
+    });
     let reconcilers = tokio::spawn(
         crate::lb::run(store, settings, elector, shutdown.clone()).instrument(info_span!("lb")),
     );
@@ -587,7 +641,13 @@ pub async fn serve_on(
     };
     // A server that failed stops the reconcilers too; they finish their in-flight reconciles.
     shutdown.cancel();
-    if tokio::time::timeout(args.shutdown_timeout, reconcilers)
+    let stopped = async {
+        let _ = reconcilers.await;
+        if let Some(guests) = guests {
+            let _ = guests.await;
+        }
+    };
+    if tokio::time::timeout(args.shutdown_timeout, stopped)
         .await
         .is_err()
     {

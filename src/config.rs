@@ -68,6 +68,54 @@ pub enum Command {
         #[command(subcommand)]
         command: KubeconfigCommand,
     },
+    /// Run in a guest cluster: map its Services of type LoadBalancer to Harvester LoadBalancers
+    /// (the Harvester Cloud Provider's load balancing).
+    Ccm(CcmArgs),
+}
+
+/// `harvester-cloud ccm`.
+#[derive(Debug, Args, Clone)]
+pub struct CcmArgs {
+    /// The cloud-config: the kubeconfig the cloud-config API issued for this guest cluster. Its
+    /// current context's namespace is where the LoadBalancers go (`default` if it names none).
+    #[arg(long, env = "HARVESTER_CLOUD_CLOUD_CONFIG")]
+    pub cloud_config: PathBuf,
+    /// This guest cluster's name, unique among the guest clusters of the Harvester namespace
+    /// (LoadBalancer names and labels carry it).
+    #[arg(
+        long,
+        env = "HARVESTER_CLOUD_CLUSTER_NAME",
+        default_value = "kubernetes"
+    )]
+    pub cluster_name: String,
+    /// How to reach the guest cluster's own API (in-cluster by default).
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    /// Harvester network (`namespace/name`, or a name in `default`) recorded on every LoadBalancer
+    /// as its management network.
+    #[arg(long, env = "HARVESTER_CLOUD_MANAGEMENT_NETWORK")]
+    pub management_network: Option<String>,
+    /// How many Services are reconciled at once.
+    #[arg(long, env = "HARVESTER_CLOUD_CCM_CONCURRENCY", default_value_t = 256)]
+    pub concurrency: u16,
+    /// Reconcile only while holding a Lease in the guest cluster, so that several replicas are
+    /// safe (`--leader-elect=false` for a single one).
+    #[arg(long, env = "HARVESTER_CLOUD_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Namespace of the guest cluster's leader Lease.
+    #[arg(
+        long,
+        env = "HARVESTER_CLOUD_LEASE_NAMESPACE",
+        default_value = "kube-system"
+    )]
+    pub lease_namespace: String,
+    /// Name of the guest cluster's leader Lease.
+    #[arg(
+        long,
+        env = "HARVESTER_CLOUD_LEASE_NAME",
+        default_value = "harvester-cloud-ccm"
+    )]
+    pub lease_name: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -122,8 +170,8 @@ pub enum BackendKind {
 /// How to reach the Kubernetes API.
 #[derive(Debug, Args, Clone, Default)]
 pub struct KubeArgs {
-    /// Kubeconfig file for the Kubernetes backend; without it, the in-cluster config, then the
-    /// usual `KUBECONFIG` / `~/.kube/config`.
+    /// Kubeconfig file (`serve`: of the Kubernetes backend; `ccm`: of the guest cluster); without
+    /// it, the in-cluster config, then the usual `KUBECONFIG` / `~/.kube/config`.
     #[arg(long, env = "HARVESTER_CLOUD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Context of `--kubeconfig` to use instead of its current context.

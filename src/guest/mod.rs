@@ -2,12 +2,20 @@
 //! LoadBalancer maps to a Harvester LoadBalancer (naming, annotations, labels, IPAM mode, network),
 //! how a secondary service shares a primary's address, and what is written back to the Service.
 //!
-//! Pure domain code: callers bring the objects (as plain views) and apply the plans.
+//! `keys`, `mapping`, `naming`, `network` and `share` are pure domain code: callers bring the
+//! objects (as plain views) and apply the plans. [`reconcile`] is the reconciler that applies them
+//! between a guest cluster's store port and Harvester's; [`clusters`] keeps the guest clusters of the
+//! embedded backend (and shows each as its own store port); [`ccm`] runs the reconciler inside a
+//! guest cluster (`harvester-cloud ccm`).
 
+pub mod api;
+pub mod ccm;
+pub mod clusters;
 pub mod keys;
 pub mod mapping;
 pub mod naming;
 pub mod network;
+pub mod reconcile;
 pub mod share;
 
 /// Why a guest Service cannot be served. Messages keep the upstream cloud provider's wording.
@@ -41,6 +49,17 @@ pub enum GuestError {
     NotPrimary(String),
     #[error("primary service {0} has no ingress IP")]
     PrimaryWithoutIp(String),
+    #[error("primary service {0} not found")]
+    PrimaryNotFound(String),
+    #[error(
+        "network annotation of service {secondary} is not same as the primary service {primary}, service: '{secondary_network}', primary: '{primary_network}'"
+    )]
+    SharedNetworkMismatch {
+        secondary: String,
+        primary: String,
+        secondary_network: String,
+        primary_network: String,
+    },
     #[error(
         "check port overlap failed, primary service: {primary}, secondary service: {secondary}, error: port {port} has been used in service {used_by}"
     )]

@@ -82,6 +82,29 @@ pub fn check(
     Ok(ip)
 }
 
+/// A secondary that names a network must name its primary's (the check is skipped while it names
+/// none: it gets the primary's).
+pub fn check_network(primary: &Service, secondary: &Service) -> Result<(), GuestError> {
+    let network = |s: &Service| {
+        s.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(keys::SVC_NETWORK))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (mine, theirs) = (network(secondary), network(primary));
+    if mine.is_empty() || mine == theirs {
+        return Ok(());
+    }
+    Err(GuestError::SharedNetworkMismatch {
+        secondary: reference(secondary),
+        primary: reference(primary),
+        secondary_network: mine,
+        primary_network: theirs,
+    })
+}
+
 /// Refuses to delete a primary while secondaries use it.
 pub fn check_primary_deletion(
     primary: &Service,
@@ -169,6 +192,16 @@ mod tests {
         assert_eq!(
             check(&no_ip, &web, &[]).unwrap_err().to_string(),
             "primary service d/p has no ingress IP"
+        );
+        assert!(check_network(&primary, &web).is_ok(), "no network: skipped");
+        let mut vlan = web.clone();
+        vlan.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(keys::SVC_NETWORK.into(), "default/vlan1".into());
+        assert_eq!(
+            check_network(&primary, &vlan).unwrap_err().to_string(),
+            "network annotation of service d/web is not same as the primary service d/dns, service: 'default/vlan1', primary: ''"
         );
         assert!(check_primary_deletion(&primary, &[]).is_ok());
         assert_eq!(

@@ -12,6 +12,7 @@ use tracing::{error, warn};
 
 use crate::{
     auth::AuthError,
+    guest::api::GuestApiError,
     kubeconfig::{CloudConfigError, RequestError},
     lb::objects::ObjectError,
     store::StoreError,
@@ -47,6 +48,18 @@ pub enum ApiError {
     Encode { what: &'static str, reason: String },
     #[error("fail to decode the admission review: {reason}")]
     BadReview { reason: String },
+    #[error(
+        "guest clusters are kept on the embedded backend only; on Kubernetes, run `harvester-cloud ccm` in the guest cluster"
+    )]
+    NoGuestClusters,
+    #[error(transparent)]
+    Guest(Box<GuestApiError>),
+}
+
+impl From<GuestApiError> for ApiError {
+    fn from(e: GuestApiError) -> Self {
+        ApiError::Guest(Box::new(e))
+    }
 }
 
 impl From<ObjectError> for ApiError {
@@ -139,6 +152,24 @@ impl ApiError {
             },
             ApiError::Encode { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
             ApiError::BadReview { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
+            ApiError::NoGuestClusters => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::Guest(e) => match e.as_ref() {
+                GuestApiError::Name(_)
+                | GuestApiError::ServiceName { .. }
+                | GuestApiError::Decode { .. }
+                | GuestApiError::Mismatch { .. }
+                | GuestApiError::Refused(_) => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
+                }
+                GuestApiError::NotFound { .. } | GuestApiError::ClusterNotFound(_) => {
+                    (StatusCode::NOT_FOUND, "NotFound")
+                }
+                GuestApiError::Conflict { .. } => (StatusCode::CONFLICT, "Conflict"),
+                GuestApiError::Store { .. } | GuestApiError::DeleteCluster(_) => e
+                    .store_error()
+                    .map(store_status)
+                    .unwrap_or((StatusCode::INTERNAL_SERVER_ERROR, "ServerError")),
+            },
         }
     }
 
@@ -171,6 +202,16 @@ impl ApiError {
                 other => other.to_string(),
             },
             ApiError::Encode { .. } => "internal error, see the server log".into(),
+            ApiError::Guest(e)
+                if e.store_error()
+                    .is_some_and(|s| store_status(s).0.is_server_error()) =>
+            {
+                "guest cluster request failed: internal error, see the server log".into()
+            }
+            ApiError::Guest(e) => match e.store_error() {
+                Some(source) => source.to_string(),
+                None => e.to_string(),
+            },
             other => other.to_string(),
         }
     }

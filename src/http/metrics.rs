@@ -75,7 +75,9 @@ fn failure_reason(e: &ApiError) -> &'static str {
         | ApiError::Unavailable { .. }
         | ApiError::Objects(_)
         | ApiError::Encode { .. }
-        | ApiError::BadReview { .. } => "other",
+        | ApiError::BadReview { .. }
+        | ApiError::NoGuestClusters
+        | ApiError::Guest(_) => "other",
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod drain;
 pub mod error;
+pub mod guest;
 pub mod lb;
 pub mod metrics;
 pub mod openapi;
@@ -51,6 +52,8 @@ pub struct AppState {
     pub issuer: Option<Arc<Issuer>>,
     /// IPPools and LoadBalancers through admission (also serves the admission webhooks).
     pub objects: crate::lb::objects::Objects,
+    /// Guest clusters' Services, when this backend keeps them (embedded).
+    pub guests: Option<crate::guest::api::GuestClusters>,
 }
 
 /// A route as declared: its path and the methods it serves.
@@ -136,6 +139,19 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         lb::LB_PATH,
         &["GET", "PUT", "DELETE"],
         get(lb::get_lb).put(lb::update_lb).delete(lb::delete_lb),
+    )
+    .add(guest::SERVICES_PATH, &["GET"], get(guest::list_services))
+    .add(
+        guest::SERVICE_PATH,
+        &["GET", "PUT", "DELETE"],
+        get(guest::get_service)
+            .put(guest::put_service)
+            .delete(guest::delete_service),
+    )
+    .add(
+        guest::CLUSTER_PATH,
+        &["DELETE"],
+        axum::routing::delete(guest::delete_cluster),
     )
     .add(lb::VALIDATION_PATH, &["POST"], post(lb::validation))
     .add(lb::MUTATION_PATH, &["POST"], post(lb::mutation))

@@ -17,14 +17,12 @@ use std::{collections::HashMap, sync::Arc};
 use k8s_openapi::api::core::v1::Namespace;
 
 use super::kinds::{
-    LABEL_CREATOR, LABEL_GUEST_CLUSTER_NAME, NODE_DRIVER, NetworkAttachmentDefinition,
-    VirtualMachine, VirtualMachineInstance,
+    LABEL_CREATOR, NODE_DRIVER, NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance,
 };
 use crate::{
     crd::{
-        ANNOTATION_CLUSTER, ANNOTATION_MANAGEMENT_NETWORK, ANNOTATION_NAMESPACE,
-        ANNOTATION_NETWORK, ANNOTATION_PROJECT, IPPool, LABEL_GLOBAL_POOL, LABEL_GUEST_CLUSTER,
-        LABEL_VID, LoadBalancer, pool_api,
+        ANNOTATION_NAMESPACE, ANNOTATION_NETWORK, ANNOTATION_PROJECT, IPPool, LABEL_GLOBAL_POOL,
+        LABEL_GUEST_CLUSTER, LABEL_VID, LoadBalancer, pool_api,
     },
     ipam::{self, PoolEntry},
     store::{Api, LabelSelector, ObjectStore, StoreError},
@@ -362,46 +360,37 @@ pub fn validate_lb_update(old: &LoadBalancer, new: &LoadBalancer) -> Result<(), 
     Ok(())
 }
 
-/// Upstream's findNetwork (v1.9): the LoadBalancer's network annotation, else the guest cluster's
-/// management network, else the first Multus network of a VMI of its guest cluster (by label, then the
-/// legacy name prefix). `vmis` are the VMIs of the load balancer's namespace.
+/// Upstream's findNetwork (v1.9), as [`crate::guest::network::find_network`] decides it: the
+/// LoadBalancer's network annotation, else the guest cluster's management network, else the first
+/// Multus network of a VMI of its guest cluster (by label, then the legacy name prefix). `vmis` are
+/// the VMIs of the load balancer's namespace.
 pub fn find_network(lb: &LoadBalancer, vmis: &[VirtualMachineInstance]) -> String {
-    let annotation = |k: &str| {
-        lb.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(k))
-            .cloned()
-            .unwrap_or_default()
-    };
-    let network = annotation(ANNOTATION_NETWORK);
-    if !network.is_empty() {
-        return network;
-    }
-    let management = annotation(ANNOTATION_MANAGEMENT_NETWORK);
-    if !management.is_empty() {
-        return management;
-    }
-    let cluster = annotation(ANNOTATION_CLUSTER);
-    if cluster.is_empty() {
-        return String::new();
-    }
-    let by_label = vmis
+    let annotations: std::collections::BTreeMap<String, String> = lb
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let views: Vec<crate::guest::network::VmiView> = vmis
         .iter()
-        .filter(|v| v.label(LABEL_GUEST_CLUSTER_NAME) == Some(cluster.as_str()))
-        .find_map(|v| v.first_multus_network());
-    let legacy = || {
-        vmis.iter()
-            .filter(|v| {
-                v.label(LABEL_CREATOR) == Some(NODE_DRIVER)
-                    && v.metadata
-                        .name
-                        .as_deref()
-                        .is_some_and(|n| n.starts_with(&cluster))
-            })
-            .find_map(|v| v.first_multus_network())
-    };
-    by_label.or_else(legacy).unwrap_or_default().to_string()
+        .map(|v| crate::guest::network::VmiView {
+            name: v.metadata.name.clone().unwrap_or_default(),
+            labels: v
+                .metadata
+                .labels
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect(),
+            multus_networks: v
+                .first_multus_network()
+                .map(String::from)
+                .into_iter()
+                .collect(),
+        })
+        .collect();
+    crate::guest::network::find_network(&annotations, &views)
 }
 
 /// Upstream's mutator: VM type records its namespace; cluster type also gets its project (from the
@@ -640,6 +629,10 @@ fn entries(specs: &[(String, ipam::PoolSpec, bool)]) -> Vec<PoolEntry<'_>> {
 mod tests {
     use super::*;
     use crate::crd::{HealthCheck, Listener, LoadBalancerSpec};
+    use crate::{
+        crd::{ANNOTATION_CLUSTER, ANNOTATION_MANAGEMENT_NETWORK},
+        lb::kinds::LABEL_GUEST_CLUSTER_NAME,
+    };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn mk_listener(name: &str, port: i32, protocol: &str, backend: i32) -> Listener {

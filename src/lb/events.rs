@@ -70,6 +70,7 @@ impl EventType {
 #[derive(Clone)]
 pub struct Recorder {
     tx: mpsc::Sender<Event>,
+    component: Arc<str>,
     instance: Arc<str>,
     sequence: Arc<AtomicU64>,
 }
@@ -78,10 +79,23 @@ impl Recorder {
     /// Starts the writer; it stops when `stop` is cancelled (Events still queued then are dropped, as a
     /// process that exits drops them).
     pub fn start(store: Arc<dyn ObjectStore>, instance: &str, stop: CancellationToken) -> Self {
+        Self::start_as(store, COMPONENT, instance, stop)
+    }
+
+    /// [`Recorder::start`] for another component (the name Events give as their source).
+    pub fn start_as(
+        store: Arc<dyn ObjectStore>,
+        component: &str,
+        instance: &str,
+        stop: CancellationToken,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(write_events(store, rx, stop).instrument(info_span!("event_writer")));
+        tokio::spawn(
+            write_events(store, rx, stop).instrument(info_span!("event_writer", component)),
+        );
         Recorder {
             tx,
+            component: component.into(),
             instance: instance.into(),
             sequence: Arc::new(AtomicU64::new(0)),
         }
@@ -120,10 +134,10 @@ impl Recorder {
             first_timestamp: Some(Time(now)),
             last_timestamp: Some(Time(now)),
             source: Some(EventSource {
-                component: Some(COMPONENT.into()),
+                component: Some(self.component.to_string()),
                 host: None,
             }),
-            reporting_component: Some(COMPONENT.into()),
+            reporting_component: Some(self.component.to_string()),
             reporting_instance: Some(self.instance.to_string()),
             ..Default::default()
         };

@@ -85,6 +85,51 @@ impl LeaderElector for AlwaysLeader {
     }
 }
 
+/// Runs `work` whenever this replica leads, until `shutdown`. Each run gets a token that is
+/// cancelled when leadership is lost or at shutdown; leadership is given up once the run returns, and
+/// then awaited again (unless shutting down). `what` names the work in the log.
+pub async fn lead<F, Fut>(
+    elector: &dyn LeaderElector,
+    shutdown: &CancellationToken,
+    what: &str,
+    identity: &str,
+    mut work: F,
+) where
+    F: FnMut(CancellationToken) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    loop {
+        let Some(leadership) = elector.acquire(shutdown).await else {
+            return;
+        };
+        info!(%identity, "leading: starting the {what}");
+        let stop = CancellationToken::new();
+        let watcher_task = {
+            let (stop, lost, shutdown) = (stop.clone(), leadership.lost.clone(), shutdown.clone());
+            tokio::spawn(
+                async move {
+                    tokio::select! {
+                        _ = lost.cancelled() => {},
+                        _ = shutdown.cancelled() => {},
+                        _ = stop.cancelled() => {},
+                    }
+                    stop.cancel();
+                }
+                .instrument(info_span!("leadership")),
+            )
+        };
+        work(stop.clone()).await;
+        stop.cancel();
+        let _ = watcher_task.await;
+        leadership.release().await;
+        if shutdown.is_cancelled() {
+            info!("{what} stopped");
+            return;
+        }
+        warn!("lost leadership: {what} stopped; waiting to lead again");
+    }
+}
+
 /// Timing of [`LeaseElector`] (client-go's defaults: 15 s, 10 s, 2 s).
 #[derive(Clone, Debug)]
 pub struct LeaseTiming {

@@ -10,6 +10,7 @@
 //! the shutdown token is cancelled, and starts over.
 
 pub mod admission;
+pub mod admitted;
 pub mod events;
 pub mod guest;
 pub mod ippool;
@@ -34,7 +35,7 @@ use kube::runtime::{
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, info_span, warn};
 
 use self::{
     events::Recorder,
@@ -167,38 +168,21 @@ pub async fn run(
     elector: Arc<dyn LeaderElector>,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let Some(leadership) = elector.acquire(&shutdown).await else {
-            return;
-        };
-        info!(identity = %settings.identity, "leading: starting the load balancer reconcilers");
-        crate::metrics::set_leader(true);
-        let stop = CancellationToken::new();
-        let watcher_task = {
-            let (stop, lost, shutdown) = (stop.clone(), leadership.lost.clone(), shutdown.clone());
-            tokio::spawn(
-                async move {
-                    tokio::select! {
-                        _ = lost.cancelled() => {},
-                        _ = shutdown.cancelled() => {},
-                        _ = stop.cancelled() => {},
-                    }
-                    stop.cancel();
-                }
-                .instrument(info_span!("leadership")),
-            )
-        };
-        run_controllers(store.clone(), &settings, stop.clone()).await;
-        stop.cancel();
-        let _ = watcher_task.await;
-        leadership.release().await;
-        crate::metrics::set_leader(false);
-        if shutdown.is_cancelled() {
-            info!("load balancer reconcilers stopped");
-            return;
-        }
-        warn!("lost leadership: reconcilers stopped; waiting to lead again");
-    }
+    leader::lead(
+        elector.as_ref(),
+        &shutdown,
+        "load balancer reconcilers",
+        &settings.identity,
+        |stop| {
+            let controllers = run_controllers(store.clone(), &settings, stop);
+            async move {
+                crate::metrics::set_leader(true);
+                controllers.await;
+                crate::metrics::set_leader(false);
+            }
+        },
+    )
+    .await;
 }
 
 /// What a LoadBalancer reconcile depends on: everything but `status` and the resourceVersion.

@@ -394,6 +394,60 @@ pub mod kube_env {
         }
     }
 
+    /// Registers what a Harvester cluster has beyond the shared seed: our LoadBalancer and IPPool
+    /// CRDs (replacing the seed's bare LoadBalancer one) and KubeVirt's and Multus's kinds
+    /// (schemaless), and waits until they are established.
+    pub async fn harvester_crds(client: &Client) {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        use kube::runtime::wait::{await_condition, conditions};
+        let foreign = |group: &str, kind: &str, plural: &str| -> CustomResourceDefinition {
+            serde_json::from_value(json!({
+                "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": format!("{plural}.{group}")},
+                "spec": {"group": group, "scope": "Namespaced",
+                    "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase()},
+                    "versions": [{"name": "v1", "served": true, "storage": true,
+                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+            }))
+            .expect("crd")
+        };
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let all = harvester_cloud::crd::crds().into_iter().chain([
+            foreign("kubevirt.io", "VirtualMachine", "virtualmachines"),
+            foreign(
+                "kubevirt.io",
+                "VirtualMachineInstance",
+                "virtualmachineinstances",
+            ),
+            foreign(
+                "k8s.cni.cncf.io",
+                "NetworkAttachmentDefinition",
+                "network-attachment-definitions",
+            ),
+        ]);
+        for crd in all {
+            let name = crd.metadata.name.clone().expect("named");
+            match crds.create(&PostParams::default(), &crd).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    let mut current = crds.get(&name).await.expect("reads the CRD");
+                    current.spec = crd.spec.clone();
+                    crds.replace(&name, &PostParams::default(), &current)
+                        .await
+                        .unwrap_or_else(|e| panic!("cannot replace {name}: {e}"));
+                }
+                Err(e) => panic!("cannot register {name}: {e}"),
+            }
+            tokio::time::timeout(
+                std::time::Duration::from_secs(60),
+                await_condition(crds.clone(), &name, conditions::is_crd_established()),
+            )
+            .await
+            .expect("established in time")
+            .expect("established");
+        }
+    }
+
     /// How a Rancher token is stored.
     #[derive(Clone, Debug, Default)]
     pub struct TokenOpts {

@@ -1,0 +1,183 @@
+//! `harvester-cloud ccm`: the guest-Service reconciler ([`super::reconcile`]) inside a guest
+//! cluster, as the Harvester Cloud Provider's load balancing runs there. Guest Services come from the
+//! guest cluster's API (in cluster, or `--kubeconfig`); LoadBalancers go to Harvester through the
+//! cloud-config kubeconfig that Harvester's (or this service's) cloud-config API issued, in the
+//! namespace of its current context.
+//!
+//! With `--leader-elect` (the default) only the holder of a Lease in the guest cluster reconciles,
+//! so a Deployment with several replicas is safe; SIGTERM stops the reconciler cleanly and gives the
+//! Lease up.
+
+use std::{path::Path, sync::Arc};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::{
+    mapping::{GuestContext, normalize_management_network},
+    naming::load_balancer_namespace,
+    reconcile::{self, Ports},
+};
+use crate::{
+    config::{CcmArgs, KubeArgs},
+    lb::leader::{AlwaysLeader, LeaderElector, LeaseElector, LeaseTiming, lead},
+    store::{ObjectStore, kubernetes::KubeStore},
+};
+
+/// Upstream's warning for a cluster name that is not unique.
+pub const CLUSTER_NAME_WARNING: &str = "The --cluster-name is empty or default; please ensure a unique name is set to avoid resource conflicts.";
+
+/// Why the ccm could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CcmError {
+    #[error("cannot read --cloud-config {path}: {source}")]
+    ReadCloudConfig {
+        path: String,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("cannot read --kubeconfig {path}: {source}")]
+    ReadKubeconfig {
+        path: String,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("cannot find the guest cluster's API (in cluster, or KUBECONFIG): {0}")]
+    InferConfig(#[from] kube::config::InferConfigError),
+    #[error("cannot build a Kubernetes client for {what}: {source}")]
+    Client {
+        what: &'static str,
+        source: kube::Error,
+    },
+    #[error("cannot reach {what}: {source}")]
+    Unreachable {
+        what: &'static str,
+        source: crate::store::StoreError,
+    },
+}
+
+/// Whether upstream warns about this cluster name.
+pub fn cluster_name_is_default(name: &str) -> bool {
+    name.is_empty() || name == "kubernetes"
+}
+
+/// The cloud-config: a client for Harvester and the LoadBalancer namespace (its current context's
+/// namespace, `default` if none).
+pub async fn cloud_config(path: &Path) -> Result<(kube::Config, String), CcmError> {
+    let read = |source| CcmError::ReadCloudConfig {
+        path: path.display().to_string(),
+        source,
+    };
+    let kubeconfig = Kubeconfig::read_from(path).map_err(read)?;
+    let namespace = kubeconfig
+        .current_context
+        .as_deref()
+        .and_then(|current| kubeconfig.contexts.iter().find(|c| c.name == current))
+        .and_then(|c| c.context.as_ref())
+        .and_then(|c| c.namespace.clone());
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(read)?;
+    Ok((config, load_balancer_namespace(namespace.as_deref())))
+}
+
+/// The guest cluster's API: `--kubeconfig` (and `--context`), else in cluster or the usual files.
+async fn guest_config(args: &KubeArgs) -> Result<kube::Config, CcmError> {
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    let read = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| CcmError::ReadKubeconfig { path, source }
+    };
+    match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path).map_err(read(path))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(read(path))
+        }
+        None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(read(Path::new("$KUBECONFIG"))),
+        None => Ok(kube::Config::infer().await?),
+    }
+}
+
+async fn store(config: kube::Config, what: &'static str) -> Result<Arc<KubeStore>, CcmError> {
+    let client =
+        kube::Client::try_from(config).map_err(|source| CcmError::Client { what, source })?;
+    let store = Arc::new(KubeStore::new(client));
+    store
+        .ping()
+        .await
+        .map_err(|source| CcmError::Unreachable { what, source })?;
+    Ok(store)
+}
+
+/// Runs until `shutdown`.
+pub async fn run(args: &CcmArgs, shutdown: CancellationToken) -> Result<(), CcmError> {
+    if cluster_name_is_default(&args.cluster_name) {
+        warn!(cluster = %args.cluster_name, "{CLUSTER_NAME_WARNING}");
+    }
+    let (harvester_config, lb_namespace) = cloud_config(&args.cloud_config).await?;
+    let harvester_url = harvester_config.cluster_url.to_string();
+    let harvester: Arc<dyn ObjectStore> = store(harvester_config, "Harvester").await?;
+    let guest: Arc<dyn ObjectStore> =
+        store(guest_config(&args.kube).await?, "the guest cluster").await?;
+    let context = GuestContext {
+        cluster: args.cluster_name.clone(),
+        lb_namespace,
+        management_network: normalize_management_network(args.management_network.as_deref()),
+    };
+    info!(cluster = %context.cluster, harvester = %harvester_url, lb_namespace = %context.lb_namespace, management_network = context.management_network.as_deref().unwrap_or_default(), "guest cluster load balancing");
+    let settings = reconcile::Settings {
+        concurrency: args.concurrency.max(1),
+        ..Default::default()
+    };
+    let elector: Arc<dyn LeaderElector> = if args.leader_elect {
+        Arc::new(LeaseElector::new(
+            guest.clone(),
+            &args.lease_namespace,
+            &args.lease_name,
+            &settings.identity,
+            LeaseTiming::default(),
+        ))
+    } else {
+        Arc::new(AlwaysLeader)
+    };
+    let ports = Ports { guest, harvester };
+    lead(
+        elector.as_ref(),
+        &shutdown,
+        "guest service reconciler",
+        &settings.identity.clone(),
+        |stop| reconcile::run(ports.clone(), context.clone(), settings.clone(), stop),
+    )
+    .await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_cloud_config_names_the_namespace() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cloud-config");
+        let kubeconfig = |namespace: &str| {
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: default\n  cluster:\n    server: https://10.0.0.1:6443\n    insecure-skip-tls-verify: true\nusers:\n- name: default\n  user:\n    token: abc\ncontexts:\n- name: default\n  context:\n    cluster: default\n    user: default\n{namespace}current-context: default\n"
+            )
+        };
+        std::fs::write(&path, kubeconfig("    namespace: gc-ns\n")).expect("writes");
+        let (config, namespace) = cloud_config(&path).await.expect("reads");
+        assert_eq!(namespace, "gc-ns");
+        assert_eq!(config.cluster_url.to_string(), "https://10.0.0.1:6443/");
+        std::fs::write(&path, kubeconfig("")).expect("writes");
+        assert_eq!(cloud_config(&path).await.expect("reads").1, "default");
+        assert!(cluster_name_is_default("kubernetes") && cluster_name_is_default(""));
+        assert!(!cluster_name_is_default("gc1"));
+    }
+}

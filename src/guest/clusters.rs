@@ -1,0 +1,780 @@
+//! The guest clusters of the embedded backend: their objects (Services, and the ConfigMaps and
+//! Events the reconciler reads and writes) kept in the embedded store, and [`ClusterStore`], the store
+//! port that shows one guest cluster as if it were that cluster's own API server.
+//!
+//! A guest object is stored under an internal kind of our own group ([`GROUP`], so it can never be
+//! mistaken for a real Service), in the Harvester namespace of its cluster, named
+//! `<cluster>.<namespace>.<name>`, with its cluster, namespace and name in a `guestCluster` field.
+//! Cluster and namespace are RFC 1123 labels (no dots), so the name is unambiguous and two guest
+//! clusters can never collide. Everything else (uid, resourceVersion, finalizers, deletion, the
+//! status subresource) is the embedded store's own Kubernetes semantics, unchanged.
+//!
+//! [`run`] runs one reconciler ([`super::reconcile::run`]) per guest cluster: for every cluster that
+//! has a Service here, or a LoadBalancer its reconciler made (so that one left behind is still
+//! garbage-collected after a restart).
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use futures::{StreamExt, stream};
+use k8s_openapi::{
+    NamespaceResourceScope,
+    api::core::v1::{ConfigMap, Event, Service},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span};
+
+use super::{keys, mapping::GuestContext, reconcile};
+use crate::{
+    crd::{LoadBalancer, lb_api, lb_kind},
+    store::{
+        Change, ChangeStream, Deleted, Kind, LabelSelector, NameRule, ObjectList, ObjectStore,
+        Preconditions, StoreError, watcher::watcher,
+    },
+};
+
+/// The group of the internal kinds that hold guest objects.
+pub const GROUP: &str = "guest.harvester-cloud.io";
+const VERSION: &str = "v1";
+/// The field of a stored guest object that says whose it is.
+const OWNER_FIELD: &str = "guestCluster";
+
+/// The internal kind under which the embedded store keeps guest objects of `kind`.
+pub fn internal_kind(kind: &Kind) -> Kind {
+    Kind {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: format!("{GROUP}/{VERSION}").into(),
+        kind: kind.kind.clone(),
+        plural: kind.plural.clone(),
+        namespaced: true,
+        status_subresource: kind.status_subresource,
+        names: NameRule::Subdomain,
+    }
+}
+
+/// The guest kinds kept here (what the reconciler and the HTTP API use).
+fn guest_kinds() -> [Kind; 3] {
+    [
+        Kind::of::<Service>(),
+        Kind::of::<ConfigMap>(),
+        Kind::of::<Event>(),
+    ]
+}
+
+/// A guest cluster: the Harvester namespace of its cloud-config and its name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClusterKey {
+    pub namespace: String,
+    pub cluster: String,
+}
+
+/// Why a guest cluster or object name is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterNameError {
+    #[error("invalid namespace {value:?}: {reason}")]
+    Namespace { value: String, reason: String },
+    #[error("invalid guest cluster name {value:?}: {reason}")]
+    Cluster { value: String, reason: String },
+}
+
+impl ClusterKey {
+    /// Both names must be RFC 1123 labels.
+    pub fn new(namespace: &str, cluster: &str) -> Result<Self, ClusterNameError> {
+        crate::validation::dns1123_label(namespace).map_err(|reason| {
+            ClusterNameError::Namespace {
+                value: namespace.into(),
+                reason,
+            }
+        })?;
+        crate::validation::dns1123_label(cluster).map_err(|reason| ClusterNameError::Cluster {
+            value: cluster.into(),
+            reason,
+        })?;
+        Ok(ClusterKey {
+            namespace: namespace.into(),
+            cluster: cluster.into(),
+        })
+    }
+
+    /// The reconciler's view of this cluster. The embedded backend has no `--management-network`.
+    pub fn context(&self) -> GuestContext {
+        GuestContext {
+            cluster: self.cluster.clone(),
+            lb_namespace: self.namespace.clone(),
+            management_network: None,
+        }
+    }
+}
+
+impl std::fmt::Display for ClusterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.cluster)
+    }
+}
+
+/// Whose a stored guest object is.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Owner {
+    cluster: String,
+    namespace: String,
+    name: String,
+}
+
+/// One guest cluster of the embedded store as a store port of its own (namespaced kinds only).
+pub struct ClusterStore {
+    inner: Arc<dyn ObjectStore>,
+    key: ClusterKey,
+}
+
+impl ClusterStore {
+    pub fn new(inner: Arc<dyn ObjectStore>, key: ClusterKey) -> Self {
+        ClusterStore { inner, key }
+    }
+
+    pub fn key(&self) -> &ClusterKey {
+        &self.key
+    }
+
+    fn record_name(&self, namespace: &str, name: &str) -> String {
+        format!("{}.{namespace}.{name}", self.key.cluster)
+    }
+
+    fn check_kind(kind: &Kind) -> Result<Kind, StoreError> {
+        if !kind.namespaced {
+            return Err(StoreError::Invalid {
+                kind: kind.singular(),
+                name: String::new(),
+                reason: "guest clusters keep namespaced objects only".into(),
+            });
+        }
+        Ok(internal_kind(kind))
+    }
+
+    /// The stored form of a guest object.
+    fn stored_object(&self, kind: &Kind, mut object: Value) -> Result<(Value, Owner), StoreError> {
+        let invalid = |name: &str, reason: String| StoreError::Invalid {
+            kind: kind.singular(),
+            name: name.to_string(),
+            reason,
+        };
+        let meta = object
+            .get_mut("metadata")
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| invalid("", "metadata: Required value".into()))?;
+        let field = |f: &str| {
+            meta.get(f)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (namespace, name) = (field("namespace"), field("name"));
+        if name.is_empty() {
+            return Err(invalid("", "metadata.name: Required value".into()));
+        }
+        kind.names.check(&name).map_err(|e| {
+            invalid(
+                &name,
+                format!("metadata.name: Invalid value: {name:?}: {e}"),
+            )
+        })?;
+        if namespace.is_empty() {
+            return Err(invalid(&name, "metadata.namespace: Required value".into()));
+        }
+        crate::validation::dns1123_label(&namespace).map_err(|e| {
+            invalid(
+                &name,
+                format!("metadata.namespace: Invalid value: {namespace:?}: {e}"),
+            )
+        })?;
+        let record_name = self.record_name(&namespace, &name);
+        if record_name.len() > crate::validation::DNS1123_SUBDOMAIN_MAX {
+            return Err(invalid(
+                &name,
+                "metadata.name: Invalid value: too long for a guest cluster object".into(),
+            ));
+        }
+        meta.insert("namespace".into(), Value::from(self.key.namespace.clone()));
+        meta.insert("name".into(), Value::from(record_name));
+        let owner = Owner {
+            cluster: self.key.cluster.clone(),
+            namespace,
+            name,
+        };
+        if let Some(fields) = object.as_object_mut() {
+            fields.insert(
+                OWNER_FIELD.into(),
+                serde_json::to_value(&owner).map_err(StoreError::backend)?,
+            );
+        }
+        Ok((object, owner))
+    }
+
+    /// The guest object of a stored one, if it is this cluster's.
+    fn guest_object(&self, kind: &Kind, mut record: Value) -> Option<Value> {
+        let owner: Owner = record
+            .as_object_mut()?
+            .remove(OWNER_FIELD)
+            .and_then(|o| serde_json::from_value(o).ok())?;
+        if owner.cluster != self.key.cluster {
+            return None;
+        }
+        let fields = record.as_object_mut()?;
+        fields.insert("apiVersion".into(), Value::from(kind.api_version.as_ref()));
+        fields.insert("kind".into(), Value::from(kind.kind.as_ref()));
+        let meta = fields.get_mut("metadata")?.as_object_mut()?;
+        meta.insert("namespace".into(), Value::from(owner.namespace));
+        meta.insert("name".into(), Value::from(owner.name));
+        Some(record)
+    }
+
+    fn decoded(&self, kind: &Kind, record: Value) -> Result<Value, StoreError> {
+        let (_, name) = crate::store::object_key(&record);
+        self.guest_object(kind, record)
+            .ok_or_else(|| StoreError::NotFound {
+                kind: kind.singular(),
+                name,
+            })
+    }
+}
+
+/// The same error with the guest object's name instead of the stored one.
+fn guest_error(e: StoreError, name: &str) -> StoreError {
+    let name = name.to_string();
+    match e {
+        StoreError::NotFound { kind, .. } => StoreError::NotFound { kind, name },
+        StoreError::AlreadyExists { kind, .. } => StoreError::AlreadyExists { kind, name },
+        StoreError::Conflict { kind, .. } => StoreError::Conflict { kind, name },
+        StoreError::Invalid { kind, reason, .. } => StoreError::Invalid { kind, name, reason },
+        other => other,
+    }
+}
+
+#[async_trait]
+impl ObjectStore for ClusterStore {
+    async fn get(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, StoreError> {
+        let ik = Self::check_kind(kind)?;
+        let found = self
+            .inner
+            .get(&ik, &self.key.namespace, &self.record_name(namespace, name))
+            .await
+            .map_err(|e| guest_error(e, name))?;
+        Ok(found.and_then(|r| self.guest_object(kind, r)))
+    }
+
+    async fn list(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+    ) -> Result<ObjectList, StoreError> {
+        let ik = Self::check_kind(kind)?;
+        let list = self
+            .inner
+            .list(&ik, Some(&self.key.namespace), selector)
+            .await?;
+        let items = list
+            .items
+            .into_iter()
+            .filter_map(|r| self.guest_object(kind, r))
+            .filter(|v| namespace.is_none_or(|ns| crate::store::object_key(v).0 == ns))
+            .collect();
+        Ok(ObjectList {
+            items,
+            resource_version: list.resource_version,
+        })
+    }
+
+    async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        let ik = Self::check_kind(kind)?;
+        let (record, owner) = self.stored_object(kind, object)?;
+        let created = self
+            .inner
+            .create(&ik, record)
+            .await
+            .map_err(|e| guest_error(e, &owner.name))?;
+        self.decoded(kind, created)
+    }
+
+    async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        let ik = Self::check_kind(kind)?;
+        let (record, owner) = self.stored_object(kind, object)?;
+        let replaced = self
+            .inner
+            .replace(&ik, record)
+            .await
+            .map_err(|e| guest_error(e, &owner.name))?;
+        self.decoded(kind, replaced)
+    }
+
+    async fn replace_status(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        let ik = Self::check_kind(kind)?;
+        let (record, owner) = self.stored_object(kind, object)?;
+        let replaced = self
+            .inner
+            .replace_status(&ik, record)
+            .await
+            .map_err(|e| guest_error(e, &owner.name))?;
+        self.decoded(kind, replaced)
+    }
+
+    async fn delete(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        preconditions: &Preconditions,
+    ) -> Result<Deleted, StoreError> {
+        let ik = Self::check_kind(kind)?;
+        let deleted = self
+            .inner
+            .delete(
+                &ik,
+                &self.key.namespace,
+                &self.record_name(namespace, name),
+                preconditions,
+            )
+            .await
+            .map_err(|e| guest_error(e, name))?;
+        Ok(match deleted {
+            Deleted::Gone(v) => Deleted::Gone(self.decoded(kind, v)?),
+            Deleted::Pending(v) => Deleted::Pending(self.decoded(kind, v)?),
+        })
+    }
+
+    async fn watch(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        resource_version: &str,
+    ) -> Result<ChangeStream, StoreError> {
+        let ik = Self::check_kind(kind)?;
+        let changes = self
+            .inner
+            .watch(&ik, Some(&self.key.namespace), resource_version)
+            .await?;
+        let view = ClusterStore {
+            inner: self.inner.clone(),
+            key: self.key.clone(),
+        };
+        let kind = kind.clone();
+        let namespace = namespace.map(str::to_string);
+        Ok(changes
+            .filter_map(move |c| {
+                let out = match c {
+                    Ok(c) => view
+                        .guest_object(&kind, (*c.object).clone())
+                        .filter(|v| {
+                            namespace
+                                .as_deref()
+                                .is_none_or(|ns| crate::store::object_key(v).0 == ns)
+                        })
+                        .map(|object| {
+                            Ok(Change {
+                                change: c.change,
+                                api_version: kind.api_version.to_string(),
+                                kind: kind.kind.to_string(),
+                                object: Arc::new(object),
+                                resource_version: c.resource_version,
+                            })
+                        }),
+                    Err(e) => Some(Err(e)),
+                };
+                std::future::ready(out)
+            })
+            .boxed())
+    }
+
+    async fn wait_for_token(
+        &self,
+        _namespace: &str,
+        _secret_name: &str,
+        _timeout: Duration,
+    ) -> Result<Value, StoreError> {
+        Err(StoreError::Forbidden {
+            message: "guest clusters of the embedded store keep no service-account tokens".into(),
+        })
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+}
+
+/// What deleting a guest cluster removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterDeletion {
+    pub namespace: String,
+    pub cluster: String,
+    /// `namespace/name` of each Service deleted.
+    pub services: Vec<String>,
+    /// Names of the LoadBalancers deleted (in `namespace`); their finalizers release the addresses.
+    pub load_balancers: Vec<String>,
+}
+
+impl ClusterDeletion {
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.load_balancers.is_empty()
+    }
+}
+
+/// A failed step of deleting a guest cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteClusterError {
+    #[error("cannot list the {kind}s of guest cluster {cluster}: {source}")]
+    List {
+        cluster: String,
+        kind: String,
+        source: StoreError,
+    },
+    #[error("cannot delete {kind} {name} of guest cluster {cluster}: {source}")]
+    Delete {
+        cluster: String,
+        kind: String,
+        name: String,
+        source: StoreError,
+    },
+}
+
+/// Deletes a whole guest cluster: its objects go at once (finalizers and all: the cluster no longer
+/// exists, so nothing in it waits for anything), then its `workloadType: cluster` LoadBalancers,
+/// whose own finalizers release their addresses. The objects go first so that a reconcile in
+/// flight cannot make a LoadBalancer again after they are deleted (one that it still makes is
+/// garbage-collected, since its Service is gone).
+pub async fn delete_cluster(
+    store: &Arc<dyn ObjectStore>,
+    harvester: &Arc<dyn ObjectStore>,
+    key: &ClusterKey,
+) -> Result<ClusterDeletion, DeleteClusterError> {
+    let view = ClusterStore::new(store.clone(), key.clone());
+    let mut out = ClusterDeletion {
+        namespace: key.namespace.clone(),
+        cluster: key.cluster.clone(),
+        ..Default::default()
+    };
+    for kind in guest_kinds() {
+        let listed = view
+            .list(&kind, None, &LabelSelector::everything())
+            .await
+            .map_err(|source| DeleteClusterError::List {
+                cluster: key.to_string(),
+                kind: kind.singular(),
+                source,
+            })?;
+        for mut object in listed.items {
+            let (namespace, name) = crate::store::object_key(&object);
+            let failed = |source| DeleteClusterError::Delete {
+                cluster: key.to_string(),
+                kind: kind.singular(),
+                name: format!("{namespace}/{name}"),
+                source,
+            };
+            let has_finalizers = object
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .is_some_and(|f| !f.is_empty());
+            if has_finalizers {
+                if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+                    meta.remove("finalizers");
+                }
+                match view.replace(&kind, object).await {
+                    Ok(_) => {}
+                    Err(e) if e.is_not_found() => continue,
+                    Err(e) => return Err(failed(e)),
+                }
+            }
+            match view
+                .delete(&kind, &namespace, &name, &Preconditions::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(failed(e)),
+            }
+            if kind.kind == "Service" {
+                out.services.push(format!("{namespace}/{name}"));
+            }
+        }
+    }
+    let lbs = lb_api(harvester.clone());
+    let listed = lbs
+        .list(
+            Some(&key.namespace),
+            &LabelSelector::from_labels([(keys::LABEL_CLUSTER, key.cluster.as_str())]),
+        )
+        .await
+        .map_err(|source| DeleteClusterError::List {
+            cluster: key.to_string(),
+            kind: "loadbalancer".into(),
+            source,
+        })?;
+    for lb in listed
+        .iter()
+        .filter(|lb| lb.spec.workload_type == "cluster")
+    {
+        let name = lb.metadata.name.clone().unwrap_or_default();
+        // One already going (its Service's deletion got there first) is counted, not deleted again.
+        if lb.metadata.deletion_timestamp.is_some() {
+            out.load_balancers.push(name);
+            continue;
+        }
+        match lbs
+            .delete(&key.namespace, &name, &Preconditions::default())
+            .await
+        {
+            Ok(_) => out.load_balancers.push(name),
+            Err(e) if e.is_not_found() => {}
+            Err(source) => {
+                return Err(DeleteClusterError::Delete {
+                    cluster: key.to_string(),
+                    kind: "loadbalancer".into(),
+                    name,
+                    source,
+                });
+            }
+        }
+    }
+    if !out.is_empty() {
+        info!(cluster = %key, services = out.services.len(), load_balancers = out.load_balancers.len(), "deleted guest cluster");
+    }
+    Ok(out)
+}
+
+/// Just enough of a stored guest Service to know its cluster.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct ServiceRecord {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(rename = "guestCluster", default)]
+    owner: Option<Owner>,
+}
+
+impl kube::Resource for ServiceRecord {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "Service".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        GROUP.into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        VERSION.into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "services".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// The guest cluster a LoadBalancer was made for by a reconciler (its three labels), if any.
+fn cluster_of_lb(lb: &LoadBalancer) -> Option<ClusterKey> {
+    let labels = lb.metadata.labels.as_ref()?;
+    let ours = labels.contains_key(keys::LABEL_SERVICE_NAMESPACE)
+        && labels.contains_key(keys::LABEL_SERVICE_NAME)
+        && lb.spec.workload_type == "cluster";
+    if !ours {
+        return None;
+    }
+    let cluster = labels.get(keys::LABEL_CLUSTER)?;
+    ClusterKey::new(lb.metadata.namespace.as_deref()?, cluster).ok()
+}
+
+/// Runs a reconciler for every guest cluster of the embedded store until `stop`. `harvester` is the
+/// store port of LoadBalancers (the embedded store behind admission).
+pub async fn run(
+    store: Arc<dyn ObjectStore>,
+    harvester: Arc<dyn ObjectStore>,
+    settings: reconcile::Settings,
+    stop: CancellationToken,
+) {
+    let services =
+        watcher::<ServiceRecord>(store.clone(), internal_kind(&Kind::of::<Service>()), None)
+            .filter_map(|e| {
+                let keys: Vec<ClusterKey> = match e {
+                    Ok(
+                        kube::runtime::watcher::Event::Apply(r)
+                        | kube::runtime::watcher::Event::InitApply(r),
+                    ) => r
+                        .owner
+                        .and_then(|o| {
+                            ClusterKey::new(r.metadata.namespace.as_deref()?, &o.cluster).ok()
+                        })
+                        .into_iter()
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                std::future::ready((!keys.is_empty()).then_some(keys))
+            });
+    let lbs = watcher::<LoadBalancer>(store.clone(), lb_kind(), None).filter_map(|e| {
+        let keys: Vec<ClusterKey> = match e {
+            Ok(
+                kube::runtime::watcher::Event::Apply(lb)
+                | kube::runtime::watcher::Event::InitApply(lb),
+            ) => cluster_of_lb(&lb).into_iter().collect(),
+            _ => Vec::new(),
+        };
+        std::future::ready((!keys.is_empty()).then_some(keys))
+    });
+    let mut clusters =
+        std::pin::pin!(stream::select(services, lbs).take_until(stop.clone().cancelled_owned()));
+    let mut running: HashMap<ClusterKey, tokio::task::JoinHandle<()>> = HashMap::new();
+    while let Some(keys) = clusters.next().await {
+        for key in keys {
+            if running.contains_key(&key) {
+                continue;
+            }
+            info!(cluster = %key, "starting the reconciler of guest cluster");
+            let ports = reconcile::Ports {
+                guest: Arc::new(ClusterStore::new(store.clone(), key.clone())),
+                harvester: harvester.clone(),
+            };
+            let task = tokio::spawn(
+                reconcile::run(ports, key.context(), settings.clone(), stop.clone()).instrument(
+                    info_span!("guest_cluster", namespace = %key.namespace, cluster = %key.cluster),
+                ),
+            );
+            running.insert(key, task);
+        }
+    }
+    for (key, task) in running {
+        if task.await.is_err() {
+            debug!(cluster = %key, "guest cluster reconciler ended abnormally");
+        }
+    }
+    debug!("guest cluster reconcilers stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{
+        Api,
+        embedded::{Durability, EmbeddedStore},
+    };
+
+    fn mk_service(ns: &str, name: &str) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": ns, "name": name, "labels": {"app": "web"}},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]},
+        }))
+        .expect("service")
+    }
+
+    #[tokio::test]
+    async fn clusters_are_apart_and_look_like_api_servers() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .expect("opens");
+        let a = Api::<Service>::new(Arc::new(ClusterStore::new(
+            store.clone(),
+            ClusterKey::new("default", "a").expect("valid"),
+        )));
+        let b = Api::<Service>::new(Arc::new(ClusterStore::new(
+            store.clone(),
+            ClusterKey::new("default", "b").expect("valid"),
+        )));
+        let created = a.create(&mk_service("web", "svc")).await.expect("creates");
+        assert_eq!(created.metadata.namespace.as_deref(), Some("web"));
+        assert_eq!(created.metadata.name.as_deref(), Some("svc"));
+        assert!(created.metadata.uid.is_some(), "the store assigns a uid");
+        // The same namespace and name in another cluster is another object.
+        let other = b.create(&mk_service("web", "svc")).await.expect("creates");
+        assert_ne!(other.metadata.uid, created.metadata.uid);
+        assert!(
+            a.create(&mk_service("web", "svc"))
+                .await
+                .expect_err("taken")
+                .to_string()
+                .contains("\"svc\" already exists")
+        );
+        let listed = a
+            .list(None, &LabelSelector::from_labels([("app", "web")]))
+            .await
+            .expect("lists");
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].metadata.uid, created.metadata.uid);
+        // Stale writes conflict, as on Kubernetes.
+        let mut stale = created.clone();
+        a.replace(&created).await.expect("no-op replace");
+        let mut changed = created.clone();
+        changed
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("x".into(), "1".into());
+        a.replace(&changed).await.expect("replaces");
+        stale.metadata.annotations = Some([("y".to_string(), "2".to_string())].into());
+        assert!(matches!(
+            a.replace(&stale).await,
+            Err(StoreError::Conflict { name, .. }) if name == "svc"
+        ));
+        assert!(a.get("web", "nope").await.expect("reads").is_none());
+        a.delete("web", "svc", &Preconditions::default())
+            .await
+            .expect("deletes");
+        assert!(a.get("web", "svc").await.expect("reads").is_none());
+        assert!(b.get("web", "svc").await.expect("reads").is_some());
+    }
+
+    #[tokio::test]
+    async fn watch_shows_only_the_cluster() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .expect("opens");
+        let a_store: Arc<dyn ObjectStore> = Arc::new(ClusterStore::new(
+            store.clone(),
+            ClusterKey::new("default", "a").expect("valid"),
+        ));
+        let b = Api::<Service>::new(Arc::new(ClusterStore::new(
+            store.clone(),
+            ClusterKey::new("default", "b").expect("valid"),
+        )));
+        let a = Api::<Service>::new(a_store.clone());
+        let events = watcher::<Service>(a_store, Kind::of::<Service>(), None);
+        tokio::pin!(events);
+        // Init, InitDone.
+        for _ in 0..2 {
+            events.next().await.expect("event").expect("ok");
+        }
+        b.create(&mk_service("web", "other"))
+            .await
+            .expect("creates");
+        a.create(&mk_service("web", "mine")).await.expect("creates");
+        match events.next().await.expect("event").expect("ok") {
+            kube::runtime::watcher::Event::Apply(s) => {
+                assert_eq!(s.metadata.name.as_deref(), Some("mine"));
+                assert_eq!(s.metadata.namespace.as_deref(), Some("web"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn names() {
+        assert!(ClusterKey::new("default", "gc1").is_ok());
+        assert!(ClusterKey::new("default", "a.b").is_err());
+        assert!(ClusterKey::new("Default", "gc1").is_err());
+        assert_eq!(
+            ClusterKey::new("ns", "x.y").expect_err("dots").to_string(),
+            "invalid guest cluster name \"x.y\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+        );
+    }
+}

@@ -1,0 +1,110 @@
+//! Guest clusters' Services (embedded backend): core/v1 Services of a guest cluster, created or
+//! replaced with PUT, read, deleted, listed as a ServiceList; and deleting a whole guest cluster.
+//! The reconciler gives each Service of type LoadBalancer its address; GET shows it (annotation
+//! `kube-vip.io/loadbalancerIPs`, `status.loadBalancer.ingress`).
+
+use axum::{
+    Json,
+    body::Bytes,
+    extract::{Path, State, rejection::BytesRejection},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+use k8s_openapi::api::core::v1::Service;
+use serde_json::Value;
+
+use super::{Admin, ApiError, AppState, body_bytes};
+use crate::guest::{api::GuestClusters, clusters::ClusterDeletion};
+
+pub const CLUSTER_PATH: &str = "/v1/harvester/guestclusters/{namespace}/{cluster}";
+pub const SERVICES_PATH: &str = "/v1/harvester/guestclusters/{namespace}/{cluster}/services";
+pub const SERVICE_PATH: &str =
+    "/v1/harvester/guestclusters/{namespace}/{cluster}/services/{svcNamespace}/{svcName}";
+
+fn guests(state: &AppState) -> Result<&GuestClusters, ApiError> {
+    state.guests.as_ref().ok_or(ApiError::NoGuestClusters)
+}
+
+/// A Service as a Kubernetes client reads it (`apiVersion` and `kind` included).
+fn service(svc: &Service) -> Result<Value, ApiError> {
+    let mut value = serde_json::to_value(svc).map_err(|e| ApiError::Encode {
+        what: "service",
+        reason: e.to_string(),
+    })?;
+    if let Some(fields) = value.as_object_mut() {
+        fields.insert("apiVersion".into(), Value::from("v1"));
+        fields.insert("kind".into(), Value::from("Service"));
+    }
+    Ok(value)
+}
+
+pub async fn list_services(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path((namespace, cluster)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let (items, revision) = guests(&state)?.list_services(&namespace, &cluster).await?;
+    let items = items.iter().map(service).collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ServiceList",
+        "metadata": {"resourceVersion": revision},
+        "items": items,
+    })))
+}
+
+pub async fn get_service(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path((namespace, cluster, svc_namespace, name)): Path<(String, String, String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let svc = guests(&state)?
+        .get_service(&namespace, &cluster, &svc_namespace, &name)
+        .await?;
+    Ok(Json(service(&svc)?))
+}
+
+pub async fn put_service(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path((namespace, cluster, svc_namespace, name)): Path<(String, String, String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_bytes(body)?;
+    let put = guests(&state)?
+        .put_service(&namespace, &cluster, &svc_namespace, &name, &body)
+        .await?;
+    let status = if put.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(service(&put.service)?)).into_response())
+}
+
+pub async fn delete_service(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path((namespace, cluster, svc_namespace, name)): Path<(String, String, String, String)>,
+) -> Result<Response, ApiError> {
+    let deleted = guests(&state)?
+        .delete_service(&namespace, &cluster, &svc_namespace, &name)
+        .await?;
+    // Gone at once (200), or marked for deletion until its load balancer is released (202).
+    let status = if deleted.gone {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(service(&deleted.service)?)).into_response())
+}
+
+pub async fn delete_cluster(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path((namespace, cluster)): Path<(String, String)>,
+) -> Result<Json<ClusterDeletion>, ApiError> {
+    Ok(Json(
+        guests(&state)?.delete_cluster(&namespace, &cluster).await?,
+    ))
+}

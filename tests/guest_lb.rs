@@ -1,0 +1,1620 @@
+//! Guest clusters' Services of type LoadBalancer, end to end, with Harvester's load balancer
+//! reconciler running (it allocates the addresses). The `cases` run on two environments through
+//! [`GuestEnv`]:
+//!
+//! - embedded: guest Services over the HTTP API (`/v1/harvester/guestclusters/...`), the guest
+//!   reconcilers running on the embedded store as `serve` runs them;
+//! - kube: two Kubernetes API fakes, a guest cluster and a Harvester cluster; the `ccm` command's
+//!   code path runs with a cloud-config kubeconfig issued by the cloud-config API (POST
+//!   /v1/harvester/kubeconfig against the Harvester fake), so it has exactly the rights of
+//!   Harvester's `harvesterhci.io:cloudprovider` role.
+//!
+//! Where the two differ by design the cases say so: the HTTP API refuses synchronously what the
+//! reconciler would refuse, where a Kubernetes user learns it from an Event; and Kubernetes has no
+//! Harvester webhook in the fake, so findNetwork's VMI lookup is checked on the embedded store.
+
+mod support;
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use ::kube::api::{DeleteParams, PostParams};
+use axum::{
+    body::Body,
+    http::{Method, StatusCode},
+};
+use clap::Parser;
+use harvester_cloud::{
+    config::{Cli, Command},
+    guest::{
+        self,
+        clusters::{ClusterKey, ClusterStore},
+        naming::load_balancer_name,
+        reconcile,
+    },
+    lb::{
+        self,
+        kinds::{NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance},
+        leader::AlwaysLeader,
+    },
+    store::{Api, LabelSelector, ObjectStore, Preconditions},
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Service};
+use serde_json::{Value, json};
+use support::{Backend, EmbeddedBackend, KubeBackend, Reply};
+use tokio_util::sync::CancellationToken;
+
+const POOLS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
+const LBS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers";
+/// The Harvester namespace of the guest cluster's cloud-config, and the guest cluster.
+const NS: &str = "gc-test";
+const CLUSTER: &str = "gc1";
+/// How long a case waits before it declares the reconcilers stuck. Not a performance bound:
+/// convergence normally takes milliseconds.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn init_logging() {
+    // `TEST_LOG=harvester_cloud=debug` shows what the reconcilers do.
+    let filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "off".into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+}
+
+/// A background task stopped by its token (also when dropped).
+struct Task {
+    stop: CancellationToken,
+    handle: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Task {
+    fn spawn<F: Future<Output = ()> + Send + 'static>(
+        f: impl FnOnce(CancellationToken) -> F,
+    ) -> Self {
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn(f(stop.clone()));
+        Task {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(h) = self.handle.take() {
+            h.await.expect("stops cleanly");
+        }
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Harvester's load balancer reconcilers on a store.
+fn lb_reconcilers(store: Arc<dyn ObjectStore>) -> Task {
+    Task::spawn(|stop| {
+        lb::run(
+            store,
+            lb::Settings {
+                concurrency: 64,
+                identity: "test".into(),
+            },
+            Arc::new(AlwaysLeader),
+            stop,
+        )
+    })
+}
+
+/// A guest cluster and the Harvester it gets its load balancers from.
+trait GuestEnv {
+    type Harvester: Backend;
+    fn harvester(&self) -> &Self::Harvester;
+    /// Creates or replaces a Service; `Err(message)` when the API refused it there and then.
+    async fn put(&self, svc: Value) -> Result<Value, String>;
+    async fn get(&self, ns: &str, name: &str) -> Option<Value>;
+    async fn delete(&self, ns: &str, name: &str);
+    /// `(reason, message)` of the Events about a Service.
+    async fn events(&self, ns: &str, name: &str) -> Vec<(String, String)>;
+    async fn set_nad_mapping(&self, mapping: &str);
+    /// Deletes a Service behind the reconciler's back (its finalizer stripped), as a crash or a
+    /// forced deletion would.
+    async fn force_delete(&self, ns: &str, name: &str);
+    /// Deletes the whole guest cluster the way this environment does.
+    async fn delete_cluster(&mut self);
+    /// Whether Harvester's LoadBalancer webhook (findNetwork) sees the guest's LoadBalancers.
+    fn harvester_admission(&self) -> bool;
+}
+
+// --- Embedded: guest Services over HTTP ------------------------------------------------------------
+
+struct EmbeddedEnv {
+    b: EmbeddedBackend,
+    _lb: Task,
+    _guests: Task,
+}
+
+fn services_path(ns: &str, name: &str) -> String {
+    format!("/v1/harvester/guestclusters/{NS}/{CLUSTER}/services/{ns}/{name}")
+}
+
+impl EmbeddedEnv {
+    async fn start() -> Self {
+        init_logging();
+        let b = EmbeddedBackend::start().await;
+        let lb = lb_reconcilers(b.store());
+        let guests = b
+            .app
+            .state
+            .guests
+            .clone()
+            .expect("embedded keeps guest clusters");
+        let guests = Task::spawn(|stop| {
+            guest::clusters::run(
+                guests.store().clone(),
+                guests.harvester().clone(),
+                reconcile::Settings {
+                    concurrency: 64,
+                    identity: "test".into(),
+                },
+                stop,
+            )
+        });
+        EmbeddedEnv {
+            b,
+            _lb: lb,
+            _guests: guests,
+        }
+    }
+
+    fn cluster_store(&self) -> Arc<dyn ObjectStore> {
+        Arc::new(ClusterStore::new(
+            self.b.store(),
+            ClusterKey::new(NS, CLUSTER).expect("valid"),
+        ))
+    }
+}
+
+impl GuestEnv for EmbeddedEnv {
+    type Harvester = EmbeddedBackend;
+
+    fn harvester(&self) -> &EmbeddedBackend {
+        &self.b
+    }
+
+    async fn put(&self, svc: Value) -> Result<Value, String> {
+        let (ns, name) = (
+            svc["metadata"]["namespace"]
+                .as_str()
+                .expect("namespace")
+                .to_string(),
+            svc["metadata"]["name"].as_str().expect("name").to_string(),
+        );
+        let r = call(&self.b, Method::PUT, &services_path(&ns, &name), Some(svc)).await;
+        match r.status {
+            StatusCode::OK | StatusCode::CREATED => Ok(r.json()),
+            _ => Err(r.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")),
+        }
+    }
+
+    async fn get(&self, ns: &str, name: &str) -> Option<Value> {
+        let r = call(&self.b, Method::GET, &services_path(ns, name), None).await;
+        match r.status {
+            StatusCode::OK => Some(r.json()),
+            StatusCode::NOT_FOUND => None,
+            other => panic!("GET service: {other}: {}", r.text()),
+        }
+    }
+
+    async fn delete(&self, ns: &str, name: &str) {
+        let r = call(&self.b, Method::DELETE, &services_path(ns, name), None).await;
+        assert!(
+            [StatusCode::OK, StatusCode::ACCEPTED].contains(&r.status),
+            "{}",
+            r.text()
+        );
+    }
+
+    async fn events(&self, ns: &str, name: &str) -> Vec<(String, String)> {
+        event_pairs(
+            Api::<Event>::new(self.cluster_store())
+                .list(Some(ns), &LabelSelector::everything())
+                .await
+                .expect("lists events"),
+            name,
+        )
+    }
+
+    async fn set_nad_mapping(&self, mapping: &str) {
+        let api = Api::<ConfigMap>::new(self.cluster_store());
+        api.create(&nad_mapping(mapping)).await.expect("creates");
+    }
+
+    async fn force_delete(&self, ns: &str, name: &str) {
+        let api = Api::<Service>::new(self.cluster_store());
+        let mut svc = api.get(ns, name).await.expect("reads").expect("exists");
+        svc.metadata.finalizers = None;
+        api.replace(&svc).await.expect("strips the finalizer");
+        api.delete(ns, name, &Preconditions::default())
+            .await
+            .expect("deletes");
+    }
+
+    async fn delete_cluster(&mut self) {
+        let r = call(
+            &self.b,
+            Method::DELETE,
+            &format!("/v1/harvester/guestclusters/{NS}/{CLUSTER}"),
+            None,
+        )
+        .await;
+        let body = ok(r, StatusCode::OK);
+        assert_eq!(body["cluster"], CLUSTER);
+        assert_eq!(
+            body["services"],
+            json!(["default/one", "default/three", "default/two"])
+        );
+    }
+
+    fn harvester_admission(&self) -> bool {
+        true
+    }
+}
+
+// --- Kube: the ccm between two Kubernetes API fakes ------------------------------------------------
+
+struct KubeEnv {
+    b: KubeBackend,
+    _lb: Task,
+    _guest: kube_fake::FakeHandle,
+    guest_client: ::kube::Client,
+    ccm: Option<Task>,
+    dir: tempfile::TempDir,
+}
+
+/// The `ccm` command line of a test.
+fn ccm_args(dir: &std::path::Path) -> harvester_cloud::config::CcmArgs {
+    let cli = Cli::try_parse_from([
+        "harvester-cloud".to_string(),
+        "ccm".into(),
+        "--cloud-config".into(),
+        dir.join("cloud-config").display().to_string(),
+        "--cluster-name".into(),
+        CLUSTER.into(),
+        "--kubeconfig".into(),
+        dir.join("guest.kubeconfig").display().to_string(),
+        "--management-network".into(),
+        "mgmt".into(),
+    ])
+    .expect("valid ccm arguments");
+    match cli.command {
+        Command::Ccm(args) => args,
+        _ => unreachable!(),
+    }
+}
+
+impl KubeEnv {
+    async fn start() -> Self {
+        let mut env = Self::without_ccm().await;
+        env.start_ccm();
+        env
+    }
+
+    /// Both clusters and the cloud-config, without a ccm yet.
+    async fn without_ccm() -> Self {
+        init_logging();
+        let b = KubeBackend::start().await;
+        support::kube_env::harvester_crds(&b.client).await;
+        // Kubeconfigs issued here point at the Harvester fake.
+        let url = b.fake.base_url().to_string();
+        let b = b.with_args(&["--server-url", &url]).await;
+        let lb = lb_reconcilers(b.store());
+        let guest = kube_fake::FakeApiServer::builder()
+            .start()
+            .await
+            .expect("start the guest cluster's API fake");
+        let guest_client = support::kube_env::client(&guest).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        // The cloud-config, as the cloud-config API issues it for this guest cluster.
+        let r = b
+            .post(&json!({"namespace": NS, "serviceAccountName": CLUSTER}).to_string())
+            .await;
+        std::fs::write(dir.path().join("cloud-config"), r.kubeconfig()).expect("writes");
+        std::fs::write(dir.path().join("guest.kubeconfig"), guest.kubeconfig_yaml())
+            .expect("writes");
+        KubeEnv {
+            b,
+            _lb: lb,
+            _guest: guest,
+            guest_client,
+            ccm: None,
+            dir,
+        }
+    }
+
+    fn start_ccm(&mut self) {
+        let args = ccm_args(self.dir.path());
+        self.ccm = Some(Task::spawn(|stop| async move {
+            guest::ccm::run(&args, stop).await.expect("the ccm runs");
+        }));
+    }
+
+    fn services(&self, ns: &str) -> ::kube::Api<Service> {
+        ::kube::Api::namespaced(self.guest_client.clone(), ns)
+    }
+}
+
+impl GuestEnv for KubeEnv {
+    type Harvester = KubeBackend;
+
+    fn harvester(&self) -> &KubeBackend {
+        &self.b
+    }
+
+    /// As `kubectl apply` would: what the body says replaces, annotations and finalizers others
+    /// wrote are kept.
+    async fn put(&self, svc: Value) -> Result<Value, String> {
+        let want: Service = serde_json::from_value(svc).expect("a Service");
+        let ns = want.metadata.namespace.clone().expect("namespace");
+        let name = want.metadata.name.clone().expect("name");
+        let api = self.services(&ns);
+        for _ in 0..10 {
+            let written = match api.get_opt(&name).await.expect("reads") {
+                None => api.create(&PostParams::default(), &want).await,
+                Some(current) => {
+                    let mut next = want.clone();
+                    next.metadata.resource_version = current.metadata.resource_version.clone();
+                    next.metadata.finalizers = current.metadata.finalizers.clone();
+                    let mut annotations = current.metadata.annotations.clone().unwrap_or_default();
+                    annotations.extend(want.metadata.annotations.clone().unwrap_or_default());
+                    next.metadata.annotations = Some(annotations);
+                    let mut labels = current.metadata.labels.clone().unwrap_or_default();
+                    labels.extend(want.metadata.labels.clone().unwrap_or_default());
+                    next.metadata.labels = Some(labels);
+                    api.replace(&name, &PostParams::default(), &next).await
+                }
+            };
+            match written {
+                Ok(s) => return Ok(serde_json::to_value(s).expect("encodes")),
+                Err(::kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(e) => panic!("cannot write service {ns}/{name}: {e}"),
+            }
+        }
+        panic!("service {ns}/{name} kept conflicting")
+    }
+
+    async fn get(&self, ns: &str, name: &str) -> Option<Value> {
+        self.services(ns)
+            .get_opt(name)
+            .await
+            .expect("reads")
+            .map(|s| serde_json::to_value(s).expect("encodes"))
+    }
+
+    async fn delete(&self, ns: &str, name: &str) {
+        self.services(ns)
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("deletes");
+    }
+
+    async fn events(&self, ns: &str, name: &str) -> Vec<(String, String)> {
+        let api: ::kube::Api<Event> = ::kube::Api::namespaced(self.guest_client.clone(), ns);
+        event_pairs(
+            api.list(&Default::default()).await.expect("lists").items,
+            name,
+        )
+    }
+
+    async fn set_nad_mapping(&self, mapping: &str) {
+        let api: ::kube::Api<ConfigMap> =
+            ::kube::Api::namespaced(self.guest_client.clone(), "kube-system");
+        api.create(&PostParams::default(), &nad_mapping(mapping))
+            .await
+            .expect("creates");
+    }
+
+    async fn force_delete(&self, ns: &str, name: &str) {
+        let api = self.services(ns);
+        loop {
+            let mut svc = api.get(name).await.expect("reads");
+            svc.metadata.finalizers = None;
+            match api.replace(name, &PostParams::default(), &svc).await {
+                Ok(_) => break,
+                Err(::kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(e) => panic!("cannot strip the finalizer: {e}"),
+            }
+        }
+        api.delete(name, &DeleteParams::default())
+            .await
+            .expect("deletes");
+    }
+
+    /// Rancher's way: the guest cluster (and its ccm) goes away, and its VMs, marked by Rancher's
+    /// cleanup, are deleted; Harvester's side then deletes the cluster's LoadBalancers.
+    async fn delete_cluster(&mut self) {
+        if let Some(ccm) = self.ccm.take() {
+            ccm.stop().await;
+        }
+        let vms = Api::<VirtualMachine>::new(self.b.store());
+        let vm: VirtualMachine = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": format!("{CLUSTER}-pool1-abcde"), "namespace": NS,
+                "labels": {"harvesterhci.io/creator": "docker-machine-driver-harvester",
+                           "guestcluster.harvesterhci.io/name": CLUSTER}},
+            "spec": {"running": true}
+        }))
+        .expect("vm");
+        vms.create(&vm).await.expect("creates the VM");
+        let name = format!("{CLUSTER}-pool1-abcde");
+        let mut vm = eventually("the VM to get the cleanup finalizer", async || {
+            let vm = vms.get(NS, &name).await.expect("reads")?;
+            vm.metadata.finalizers.is_some().then_some(vm)
+        })
+        .await;
+        vm.metadata.annotations = Some(
+            [(
+                "harvesterhci.io/removeAllPersistentVolumeClaims".to_string(),
+                "true".to_string(),
+            )]
+            .into(),
+        );
+        vms.replace(&vm).await.expect("Rancher marks it");
+        vms.delete(NS, &name, &Preconditions::default())
+            .await
+            .expect("deletes");
+    }
+
+    fn harvester_admission(&self) -> bool {
+        false
+    }
+}
+
+// --- Helpers -----------------------------------------------------------------------------------
+
+async fn call<B: Backend>(b: &B, method: Method, path: &str, body: Option<Value>) -> Reply {
+    let token = b.admin_token();
+    let body = body.map_or_else(Body::empty, |v| Body::from(v.to_string()));
+    b.call(method, path, Some(&token), body).await
+}
+
+fn ok(r: Reply, status: StatusCode) -> Value {
+    assert_eq!(r.status, status, "{}", r.text());
+    r.json()
+}
+
+async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn event_pairs(events: Vec<Event>, name: &str) -> Vec<(String, String)> {
+    events
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
+fn nad_mapping(mapping: &str) -> ConfigMap {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "kube-system", "name": "harvester-nad-mapping"},
+        "data": {"interface-nad-mapping": mapping}
+    }))
+    .expect("configmap")
+}
+
+/// A Service of type LoadBalancer with `(protocol, port)`s and annotations.
+fn mk_svc(ns: &str, name: &str, ports: &[(&str, i32)], annotations: &[(&str, &str)]) -> Value {
+    let annotations: BTreeMap<&str, &str> = annotations.iter().copied().collect();
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": ns, "name": name, "annotations": annotations},
+        "spec": {
+            "type": "LoadBalancer",
+            "ports": ports.iter().enumerate().map(|(i, (proto, port))| json!({"name": format!("p{i}"), "protocol": proto, "port": port})).collect::<Vec<_>>(),
+        }
+    })
+}
+
+fn annotation<'a>(svc: &'a Value, key: &str) -> Option<&'a str> {
+    svc["metadata"]["annotations"][key].as_str()
+}
+
+fn ingress(svc: &Value) -> Option<&str> {
+    svc["status"]["loadBalancer"]["ingress"][0]["ip"].as_str()
+}
+
+/// Waits until the Service has its address (annotation, and ingress for a pool address).
+async fn address<E: GuestEnv>(env: &E, ns: &str, name: &str) -> (Value, String) {
+    eventually(
+        &format!("service {ns}/{name} to get its address"),
+        async || {
+            let svc = env.get(ns, name).await?;
+            let ip = annotation(&svc, "kube-vip.io/loadbalancerIPs")?.to_string();
+            (ip == "0.0.0.0" || ingress(&svc) == Some(ip.as_str())).then_some((svc, ip))
+        },
+    )
+    .await
+}
+
+/// The LoadBalancer of a Service (by the upstream name of its current UID), if it exists.
+async fn lb_of<E: GuestEnv>(env: &E, svc: &Value) -> Option<Value> {
+    let name = lb_name(svc);
+    let r = call(
+        env.harvester(),
+        Method::GET,
+        &format!("{LBS}/{NS}/{name}"),
+        None,
+    )
+    .await;
+    (r.status == StatusCode::OK).then(|| r.json())
+}
+
+fn lb_name(svc: &Value) -> String {
+    load_balancer_name(
+        CLUSTER,
+        svc["metadata"]["namespace"].as_str().expect("namespace"),
+        svc["metadata"]["name"].as_str().expect("name"),
+        svc["metadata"]["uid"].as_str().expect("uid"),
+    )
+}
+
+async fn lb_gone<E: GuestEnv>(env: &E, name: &str) {
+    eventually(&format!("load balancer {name} to be gone"), async || {
+        let r = call(
+            env.harvester(),
+            Method::GET,
+            &format!("{LBS}/{NS}/{name}"),
+            None,
+        )
+        .await;
+        (r.status == StatusCode::NOT_FOUND).then_some(())
+    })
+    .await
+}
+
+async fn service_gone<E: GuestEnv>(env: &E, ns: &str, name: &str) {
+    eventually(&format!("service {ns}/{name} to be gone"), async || {
+        env.get(ns, name).await.is_none().then_some(())
+    })
+    .await
+}
+
+async fn event<E: GuestEnv>(env: &E, ns: &str, name: &str, reason: &str, message: &str) {
+    eventually(
+        &format!("event {reason} {message:?} about {ns}/{name}"),
+        async || {
+            env.events(ns, name)
+                .await
+                .iter()
+                .any(|(r, m)| r == reason && m == message)
+                .then_some(())
+        },
+    )
+    .await
+}
+
+/// A refusal: from the API at once where it answers synchronously, else as an Event.
+async fn refused<E: GuestEnv>(
+    env: &E,
+    put: Result<Value, String>,
+    ns: &str,
+    name: &str,
+    message: &str,
+) {
+    match put {
+        Err(m) => assert_eq!(m, message),
+        Ok(_) => event(env, ns, name, reconcile::reason::SYNC_FAILED, message).await,
+    }
+}
+
+async fn create_pool<E: GuestEnv>(env: &E, name: &str, range: (&str, &str, &str), selector: Value) {
+    let pool = json!({
+        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
+        "metadata": {"name": name},
+        "spec": {"ranges": [{"subnet": range.0, "rangeStart": range.1, "rangeEnd": range.2}], "selector": selector}
+    });
+    ok(
+        call(env.harvester(), Method::POST, POOLS, Some(pool)).await,
+        StatusCode::CREATED,
+    );
+}
+
+fn global() -> Value {
+    json!({"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]})
+}
+
+/// This guest cluster's pool on a VM network.
+fn on_network(network: &str) -> Value {
+    json!({"network": network, "scope": [{"project": "*", "namespace": NS, "guestCluster": CLUSTER}]})
+}
+
+/// The pool's allocations: IP → `namespace/name` of the LoadBalancer.
+async fn allocated<E: GuestEnv>(env: &E, pool: &str) -> BTreeMap<String, String> {
+    let p = ok(
+        call(
+            env.harvester(),
+            Method::GET,
+            &format!("{POOLS}/{pool}"),
+            None,
+        )
+        .await,
+        StatusCode::OK,
+    );
+    serde_json::from_value(p["status"]["allocated"].clone()).unwrap_or_default()
+}
+
+// --- Cases -------------------------------------------------------------------------------------
+
+mod cases {
+    use super::*;
+
+    /// Pool and DHCP Services get their addresses; the LoadBalancer carries upstream's name (with
+    /// the 55-character cut), labels and annotations.
+    pub async fn pool_and_dhcp_services_get_addresses<E: GuestEnv>(env: E) {
+        create_pool(
+            &env,
+            "p1",
+            ("10.10.0.0/24", "10.10.0.10", "10.10.0.20"),
+            global(),
+        )
+        .await;
+        env.put(mk_svc("default", "web", &[("TCP", 80)], &[]))
+            .await
+            .expect("accepted");
+        let (svc, ip) = address(&env, "default", "web").await;
+        assert!(ip.starts_with("10.10.0."), "{ip}");
+        assert_eq!(ingress(&svc), Some(ip.as_str()));
+        let uid = svc["metadata"]["uid"].as_str().expect("uid").to_string();
+        let lb = lb_of(&env, &svc)
+            .await
+            .expect("the load balancer of its UID");
+        assert_eq!(
+            lb["metadata"]["name"],
+            load_balancer_name(CLUSTER, "default", "web", &uid)
+        );
+        assert_eq!(lb["spec"]["workloadType"], "cluster");
+        assert_eq!(lb["spec"]["ipam"], "pool");
+        assert_eq!(lb["status"]["allocatedAddress"]["ip"], ip.as_str());
+        let labels = &lb["metadata"]["labels"];
+        assert_eq!(labels["cloudprovider.harvesterhci.io/cluster"], CLUSTER);
+        assert_eq!(
+            labels["cloudprovider.harvesterhci.io/serviceNamespace"],
+            "default"
+        );
+        assert_eq!(labels["cloudprovider.harvesterhci.io/serviceName"], "web");
+        let annotations = &lb["metadata"]["annotations"];
+        assert_eq!(annotations["loadbalancer.harvesterhci.io/cluster"], CLUSTER);
+        assert_eq!(
+            annotations["cloudprovider.harvesterhci.io/serviceUID"],
+            uid.as_str()
+        );
+        assert_eq!(
+            allocated(&env, "p1").await.get(&ip).map(String::as_str),
+            Some(format!("{NS}/{}", lb_name(&svc)).as_str())
+        );
+        event(
+            &env,
+            "default",
+            "web",
+            reconcile::reason::ENSURED,
+            &format!(
+                "Ensured load balancer {NS}/{} with address {ip}",
+                lb_name(&svc)
+            ),
+        )
+        .await;
+
+        // The name is cut to 55 characters before its CRC suffix, as upstream cuts it.
+        let long = "a-rather-long-service-name-that-overflows-the-base";
+        env.put(mk_svc("default", long, &[("TCP", 443)], &[]))
+            .await
+            .expect("accepted");
+        let (svc, _) = address(&env, "default", long).await;
+        let lb = lb_of(&env, &svc).await.expect("exists");
+        let name = lb["metadata"]["name"].as_str().expect("name");
+        assert_eq!(name.len(), 63);
+        assert!(name.starts_with(&format!(
+            "{CLUSTER}-default-a-rather-long-service-name-that-overf"
+        )));
+
+        // DHCP: the guest's kube-vip leases the address; the Service is told 0.0.0.0.
+        env.put(mk_svc(
+            "default",
+            "leased",
+            &[("TCP", 80)],
+            &[("cloudprovider.harvesterhci.io/ipam", "dhcp")],
+        ))
+        .await
+        .expect("accepted");
+        let (svc, ip) = address(&env, "default", "leased").await;
+        assert_eq!(ip, "0.0.0.0");
+        assert_eq!(ingress(&svc), None, "the lease holder reports the address");
+        let lb = lb_of(&env, &svc).await.expect("exists");
+        assert_eq!(lb["spec"]["ipam"], "dhcp");
+        assert_eq!(lb["status"]["allocatedAddress"]["ip"], "0.0.0.0");
+    }
+
+    /// Network resolution: the Service's network annotation goes to the LoadBalancer (and picks the
+    /// pool of that network); the NAD mapping gives kube-vip's interface or refuses an unknown
+    /// network; without an annotation, the management network (ccm flag) and then Harvester's
+    /// findNetwork (a VMI of the guest cluster, by label before the legacy name prefix) decide.
+    pub async fn network_resolution_order<E: GuestEnv>(env: E) {
+        let nads = Api::<NetworkAttachmentDefinition>::new(env.harvester().store());
+        for name in ["vlan10", "vlan20", "mgmt"] {
+            let nad: NetworkAttachmentDefinition = serde_json::from_value(json!({
+                "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"config": "{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\"}"}
+            }))
+            .expect("nad");
+            nads.create(&nad).await.expect("creates");
+        }
+        create_pool(
+            &env,
+            "p10",
+            ("10.20.10.0/24", "10.20.10.10", "10.20.10.20"),
+            on_network("default/vlan10"),
+        )
+        .await;
+        create_pool(
+            &env,
+            "p20",
+            ("10.20.20.0/24", "10.20.20.10", "10.20.20.20"),
+            on_network("default/vlan20"),
+        )
+        .await;
+        create_pool(
+            &env,
+            "pmgmt",
+            ("10.20.30.0/24", "10.20.30.10", "10.20.30.20"),
+            on_network("default/mgmt"),
+        )
+        .await;
+        create_pool(
+            &env,
+            "pnone",
+            ("10.20.40.0/24", "10.20.40.10", "10.20.40.20"),
+            on_network(""),
+        )
+        .await;
+        env.set_nad_mapping(r#"{"default/vlan20":"enp2s0"}"#).await;
+
+        // 1. The Service's own network.
+        env.put(mk_svc(
+            "default",
+            "v20",
+            &[("TCP", 80)],
+            &[("cloudprovider.harvesterhci.io/network", "default/vlan20")],
+        ))
+        .await
+        .expect("accepted");
+        let (svc, ip) = address(&env, "default", "v20").await;
+        assert!(ip.starts_with("10.20.20."), "{ip}");
+        assert_eq!(
+            annotation(&svc, "kube-vip.io/serviceInterface"),
+            Some("enp2s0")
+        );
+        let lb = lb_of(&env, &svc).await.expect("exists");
+        assert_eq!(
+            lb["metadata"]["annotations"]["loadbalancer.harvesterhci.io/network"],
+            "default/vlan20"
+        );
+        assert_eq!(
+            lb["metadata"]["annotations"]["cloudprovider.harvesterhci.io/lb-network"],
+            "default/vlan20"
+        );
+
+        // A network the guest's NAD mapping does not know is refused.
+        let put = env
+            .put(mk_svc(
+                "default",
+                "v10",
+                &[("TCP", 80)],
+                &[("cloudprovider.harvesterhci.io/network", "default/vlan10")],
+            ))
+            .await;
+        refused(
+            &env,
+            put,
+            "default",
+            "v10",
+            "network default/vlan10 not found in NAD mapping for service default/v10",
+        )
+        .await;
+
+        // 2./3. No network annotation: Harvester decides.
+        if env.harvester_admission() {
+            // findNetwork: a VMI labelled with the guest cluster wins over the legacy name prefix.
+            let vmis = Api::<VirtualMachineInstance>::new(env.harvester().store());
+            for (name, labels, network) in [
+                (
+                    format!("{CLUSTER}-legacy"),
+                    json!({"harvesterhci.io/creator": "docker-machine-driver-harvester"}),
+                    "default/vlan20",
+                ),
+                (
+                    "node-a".to_string(),
+                    json!({"guestcluster.harvesterhci.io/name": CLUSTER}),
+                    "default/vlan10",
+                ),
+            ] {
+                let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+                    "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                    "metadata": {"name": name, "namespace": NS, "labels": labels},
+                    "spec": {"networks": [{"name": "default", "pod": {}}, {"name": "nic", "multus": {"networkName": network}}]}
+                }))
+                .expect("vmi");
+                vmis.create(&vmi).await.expect("creates");
+            }
+            env.put(mk_svc("default", "plain", &[("TCP", 80)], &[]))
+                .await
+                .expect("accepted");
+            let (svc, ip) = address(&env, "default", "plain").await;
+            assert!(ip.starts_with("10.20.10."), "the VMI's network: {ip}");
+            let lb = lb_of(&env, &svc).await.expect("exists");
+            assert_eq!(
+                lb["metadata"]["annotations"]["loadbalancer.harvesterhci.io/network"],
+                "default/vlan10"
+            );
+            assert_eq!(
+                lb["metadata"]["annotations"]["cloudprovider.harvesterhci.io/lb-network"],
+                ""
+            );
+        } else {
+            // The ccm records its management network; the fake has no Harvester webhook to turn
+            // it into the LoadBalancer's network, so the pool without a network serves it.
+            env.put(mk_svc("default", "plain", &[("TCP", 80)], &[]))
+                .await
+                .expect("accepted");
+            let (svc, ip) = address(&env, "default", "plain").await;
+            assert!(ip.starts_with("10.20.40."), "{ip}");
+            let lb = lb_of(&env, &svc).await.expect("exists");
+            assert_eq!(
+                lb["metadata"]["annotations"]["cloudprovider.harvesterhci.io/managementNetwork"],
+                "default/mgmt"
+            );
+            assert_eq!(
+                lb["metadata"]["annotations"]["loadbalancer.harvesterhci.io/network"],
+                ""
+            );
+        }
+    }
+
+    /// Share IP: by bare name; the same port on another protocol shares; a clash on protocol and
+    /// port, a chain and a primary without an address are refused; a primary in use cannot go
+    /// until its secondaries have.
+    pub async fn share_ip<E: GuestEnv>(env: E) {
+        create_pool(
+            &env,
+            "p1",
+            ("10.30.0.0/24", "10.30.0.10", "10.30.0.20"),
+            global(),
+        )
+        .await;
+        env.put(mk_svc("default", "dns", &[("TCP", 53)], &[]))
+            .await
+            .expect("accepted");
+        let (dns, ip) = address(&env, "default", "dns").await;
+        assert_eq!(
+            dns["metadata"]["labels"]["cloudprovider.harvesterhci.io/primary-service"],
+            ""
+        );
+
+        // Same port, other protocol, primary named without its namespace.
+        env.put(mk_svc(
+            "default",
+            "dns-udp",
+            &[("UDP", 53)],
+            &[("cloudprovider.harvesterhci.io/primary-service", "dns")],
+        ))
+        .await
+        .expect("accepted");
+        let (udp, shared) = address(&env, "default", "dns-udp").await;
+        assert_eq!(shared, ip);
+        assert_eq!(
+            udp["metadata"]["labels"]["cloudprovider.harvesterhci.io/primary-service"],
+            "default.dns"
+        );
+        assert!(
+            lb_of(&env, &udp).await.is_none(),
+            "a secondary has no load balancer of its own"
+        );
+        env.put(mk_svc(
+            "default",
+            "web",
+            &[("TCP", 80)],
+            &[(
+                "cloudprovider.harvesterhci.io/primary-service",
+                "default/dns",
+            )],
+        ))
+        .await
+        .expect("accepted");
+        assert_eq!(address(&env, "default", "web").await.1, ip);
+
+        // Clashes on protocol and port, with the primary or another secondary.
+        let put = env
+            .put(mk_svc(
+                "default",
+                "dns-tcp",
+                &[("TCP", 53)],
+                &[(
+                    "cloudprovider.harvesterhci.io/primary-service",
+                    "default/dns",
+                )],
+            ))
+            .await;
+        refused(&env, put, "default", "dns-tcp", "check port overlap failed, primary service: default/dns, secondary service: default/dns-tcp, error: port 53/TCP has been used in service default/dns").await;
+        let put = env
+            .put(mk_svc(
+                "default",
+                "web2",
+                &[("TCP", 80)],
+                &[(
+                    "cloudprovider.harvesterhci.io/primary-service",
+                    "default/dns",
+                )],
+            ))
+            .await;
+        refused(&env, put, "default", "web2", "check port overlap failed, primary service: default/dns, secondary service: default/web2, error: port 80/TCP has been used in service default/web").await;
+        // No chaining.
+        let put = env
+            .put(mk_svc(
+                "default",
+                "chain",
+                &[("TCP", 8080)],
+                &[(
+                    "cloudprovider.harvesterhci.io/primary-service",
+                    "default/web",
+                )],
+            ))
+            .await;
+        refused(
+            &env,
+            put,
+            "default",
+            "chain",
+            "service default/web is not a primary service",
+        )
+        .await;
+        // A primary without an address (DHCP: the lease holder reports it, and nothing does here).
+        env.put(mk_svc(
+            "default",
+            "leased",
+            &[("TCP", 80)],
+            &[("cloudprovider.harvesterhci.io/ipam", "dhcp")],
+        ))
+        .await
+        .expect("accepted");
+        address(&env, "default", "leased").await;
+        let put = env
+            .put(mk_svc(
+                "default",
+                "leased-sec",
+                &[("TCP", 81)],
+                &[(
+                    "cloudprovider.harvesterhci.io/primary-service",
+                    "default/leased",
+                )],
+            ))
+            .await;
+        refused(
+            &env,
+            put,
+            "default",
+            "leased-sec",
+            "primary service default/leased has no ingress IP",
+        )
+        .await;
+
+        // The primary cannot go while its secondaries use the address.
+        let lb = lb_name(&dns);
+        env.delete("default", "dns").await;
+        event(
+            &env,
+            "default",
+            "dns",
+            reconcile::reason::DELETE_FAILED,
+            "could not delete load balancer for service default/dns: service default/dns is still used by other services [default/dns-udp default/web]",
+        )
+        .await;
+        let waiting = env.get("default", "dns").await.expect("still there");
+        assert!(waiting["metadata"]["deletionTimestamp"].is_string());
+        assert!(allocated(&env, "p1").await.contains_key(&ip));
+        // Once they are gone, so is the primary, and the address is released.
+        env.delete("default", "dns-udp").await;
+        env.delete("default", "web").await;
+        service_gone(&env, "default", "dns").await;
+        lb_gone(&env, &lb).await;
+        eventually("the shared address to be released", async || {
+            (!allocated(&env, "p1").await.contains_key(&ip)).then_some(())
+        })
+        .await;
+    }
+
+    /// A secondary made together with its primary gets the address as soon as the primary has it
+    /// (on Kubernetes it waits, woken by the primary's change; the HTTP API says to come back).
+    pub async fn secondary_made_with_its_primary<E: GuestEnv>(env: E) {
+        create_pool(
+            &env,
+            "p1",
+            ("10.31.0.0/24", "10.31.0.10", "10.31.0.20"),
+            global(),
+        )
+        .await;
+        env.put(mk_svc("default", "primary", &[("TCP", 80)], &[]))
+            .await
+            .expect("accepted");
+        let secondary = mk_svc(
+            "default",
+            "secondary",
+            &[("TCP", 443)],
+            &[("cloudprovider.harvesterhci.io/primary-service", "primary")],
+        );
+        if let Err(message) = env.put(secondary.clone()).await {
+            assert_eq!(message, "primary service default/primary has no ingress IP");
+            address(&env, "default", "primary").await;
+            env.put(secondary)
+                .await
+                .expect("accepted once the primary has its address");
+        }
+        let (_, ip) = address(&env, "default", "primary").await;
+        assert_eq!(address(&env, "default", "secondary").await.1, ip);
+    }
+
+    /// The network and the IPAM mode of a Service are fixed once its LoadBalancer exists.
+    pub async fn network_and_ipam_changes_are_refused<E: GuestEnv>(env: E) {
+        create_pool(
+            &env,
+            "p1",
+            ("10.40.0.0/24", "10.40.0.10", "10.40.0.20"),
+            global(),
+        )
+        .await;
+        let vlan1 = ("cloudprovider.harvesterhci.io/network", "default/vlan1");
+        env.put(mk_svc("default", "svc", &[("TCP", 80)], &[vlan1]))
+            .await
+            .expect("accepted");
+        let (svc, ip) = address(&env, "default", "svc").await;
+        let lb = lb_name(&svc);
+
+        let put = env
+            .put(mk_svc(
+                "default",
+                "svc",
+                &[("TCP", 80)],
+                &[("cloudprovider.harvesterhci.io/network", "default/vlan2")],
+            ))
+            .await;
+        refused(&env, put, "default", "svc", &format!("network annotation of service default/svc is not same as the load balancer {NS}/{lb}, service: 'default/vlan2', lb: 'default/vlan1'")).await;
+
+        let put = env
+            .put(mk_svc(
+                "default",
+                "svc",
+                &[("TCP", 80)],
+                &[vlan1, ("cloudprovider.harvesterhci.io/ipam", "dhcp")],
+            ))
+            .await;
+        refused(&env, put, "default", "svc", &format!("ipam annotation of service default/svc is not same as the load balancer {NS}/{lb}, service: 'dhcp', lb: 'pool'; the IPAM mode of a load balancer cannot change: create a new service instead")).await;
+
+        // The LoadBalancer kept its network, mode and address.
+        let current = lb_of(&env, &svc).await.expect("exists");
+        assert_eq!(current["spec"]["ipam"], "pool");
+        assert_eq!(
+            current["metadata"]["annotations"]["loadbalancer.harvesterhci.io/network"],
+            "default/vlan1"
+        );
+        assert_eq!(current["status"]["allocatedAddress"]["ip"], ip.as_str());
+    }
+
+    /// Deleting a Service deletes its LoadBalancer, which releases the address (a Service waiting
+    /// on the full pool gets it).
+    pub async fn service_deletion_releases<E: GuestEnv>(env: E) {
+        create_pool(
+            &env,
+            "small",
+            ("10.50.0.0/24", "10.50.0.10", "10.50.0.11"),
+            global(),
+        )
+        .await;
+        for name in ["a", "b"] {
+            env.put(mk_svc("default", name, &[("TCP", 80)], &[]))
+                .await
+                .expect("accepted");
+        }
+        let (a, a_ip) = address(&env, "default", "a").await;
+        address(&env, "default", "b").await;
+        env.put(mk_svc("default", "c", &[("TCP", 80)], &[]))
+            .await
+            .expect("accepted");
+        eventually("c to be told it waits for an address", async || {
+            env.events("default", "c")
+                .await
+                .iter()
+                .any(|(r, m)| {
+                    r == reconcile::reason::SYNC_FAILED
+                        && m.starts_with("ip is not allocated, mode: pool, message: ")
+                })
+                .then_some(())
+        })
+        .await;
+        env.delete("default", "a").await;
+        service_gone(&env, "default", "a").await;
+        lb_gone(&env, &lb_name(&a)).await;
+        event(
+            &env,
+            "default",
+            "a",
+            reconcile::reason::DELETED,
+            &format!("Deleted load balancer {NS}/{}", lb_name(&a)),
+        )
+        .await;
+        let (_, c_ip) = address(&env, "default", "c").await;
+        assert_eq!(
+            c_ip, a_ip,
+            "the released address serves the waiting service"
+        );
+
+        // A Service that is no longer of type LoadBalancer releases its address too.
+        let b = env.get("default", "b").await.expect("exists");
+        let mut internal = mk_svc("default", "b", &[("TCP", 80)], &[]);
+        internal["spec"]["type"] = json!("ClusterIP");
+        env.put(internal).await.expect("accepted");
+        lb_gone(&env, &lb_name(&b)).await;
+        let b = eventually("b to lose its address and finalizer", async || {
+            let b = env.get("default", "b").await?;
+            (annotation(&b, "kube-vip.io/loadbalancerIPs").is_none()
+                && b["metadata"]["finalizers"]
+                    .as_array()
+                    .is_none_or(|f| f.is_empty()))
+            .then_some(b)
+        })
+        .await;
+        assert_eq!(ingress(&b), None);
+    }
+
+    /// A Service recreated with a new UID (its deletion missed) gets a new LoadBalancer, and the old
+    /// one is garbage-collected instead of leaking its address.
+    pub async fn uid_change_does_not_leak<E: GuestEnv>(env: E) {
+        create_pool(
+            &env,
+            "p1",
+            ("10.60.0.0/24", "10.60.0.10", "10.60.0.20"),
+            global(),
+        )
+        .await;
+        env.put(mk_svc("default", "svc", &[("TCP", 80)], &[]))
+            .await
+            .expect("accepted");
+        let (old, _) = address(&env, "default", "svc").await;
+        let old_lb = lb_name(&old);
+        env.force_delete("default", "svc").await;
+        env.put(mk_svc("default", "svc", &[("TCP", 80)], &[]))
+            .await
+            .expect("accepted");
+        let (new, ip) = address(&env, "default", "svc").await;
+        assert_ne!(new["metadata"]["uid"], old["metadata"]["uid"]);
+        let new_lb = lb_name(&new);
+        assert_ne!(new_lb, old_lb);
+        lb_gone(&env, &old_lb).await;
+        eventually(
+            "only the new load balancer to hold an address",
+            async || {
+                let held = allocated(&env, "p1").await;
+                (held.len() == 1 && held.get(&ip) == Some(&format!("{NS}/{new_lb}"))).then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// Deleting a guest cluster deletes its LoadBalancers and frees their addresses; other
+    /// clusters' are left alone.
+    pub async fn guest_cluster_deletion<E: GuestEnv>(mut env: E) {
+        create_pool(
+            &env,
+            "p1",
+            ("10.70.0.0/24", "10.70.0.10", "10.70.0.30"),
+            global(),
+        )
+        .await;
+        let mut lbs = Vec::new();
+        for name in ["one", "two", "three"] {
+            env.put(mk_svc("default", name, &[("TCP", 80)], &[]))
+                .await
+                .expect("accepted");
+            lbs.push(lb_name(&address(&env, "default", name).await.0));
+        }
+        // Another cluster's load balancer in the same namespace.
+        let other = json!({
+            "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+            "metadata": {"name": "gc2-lb", "namespace": NS, "labels": {"cloudprovider.harvesterhci.io/cluster": "gc2"}},
+            "spec": {"workloadType": "cluster", "ipam": "pool"}
+        });
+        ok(
+            call(env.harvester(), Method::POST, LBS, Some(other)).await,
+            StatusCode::CREATED,
+        );
+        eventually("gc2's load balancer to get an address", async || {
+            allocated(&env, "p1")
+                .await
+                .values()
+                .any(|v| v == &format!("{NS}/gc2-lb"))
+                .then_some(())
+        })
+        .await;
+
+        env.delete_cluster().await;
+        for lb in &lbs {
+            lb_gone(&env, lb).await;
+        }
+        eventually("the cluster's addresses to be free", async || {
+            let held = allocated(&env, "p1").await;
+            (held.len() == 1 && held.values().all(|v| v == &format!("{NS}/gc2-lb"))).then_some(())
+        })
+        .await;
+        let r = call(
+            env.harvester(),
+            Method::GET,
+            &format!("{LBS}/{NS}/gc2-lb"),
+            None,
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+}
+
+// --- Embedded only: the HTTP API itself -----------------------------------------------------------
+
+mod embedded_http {
+    use super::*;
+
+    /// PUT creates (201, a new UID) or replaces (200); stale versions and other UIDs conflict;
+    /// names are checked; the list is a ServiceList; a Service without a load balancer is deleted
+    /// at once; an unknown cluster is a 404; every route needs the admin token.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn services_have_kubernetes_semantics() {
+        let env = EmbeddedEnv::start().await;
+        let b = &env.b;
+        let mut svc = mk_svc("default", "internal", &[("TCP", 80)], &[]);
+        svc["spec"]["type"] = json!("ClusterIP");
+        let path = services_path("default", "internal");
+        let created = ok(
+            call(b, Method::PUT, &path, Some(svc.clone())).await,
+            StatusCode::CREATED,
+        );
+        assert_eq!(created["apiVersion"], "v1");
+        assert_eq!(created["kind"], "Service");
+        let uid = created["metadata"]["uid"]
+            .as_str()
+            .expect("a UID")
+            .to_string();
+        let rv = created["metadata"]["resourceVersion"].clone();
+        svc["metadata"]["labels"] = json!({"app": "x"});
+        let replaced = ok(
+            call(b, Method::PUT, &path, Some(svc.clone())).await,
+            StatusCode::OK,
+        );
+        assert_eq!(replaced["metadata"]["uid"], uid.as_str());
+        assert_eq!(replaced["metadata"]["labels"]["app"], "x");
+        let mut stale = svc.clone();
+        stale["metadata"]["resourceVersion"] = rv;
+        call(b, Method::PUT, &path, Some(stale))
+            .await
+            .error(StatusCode::CONFLICT, "Conflict");
+        let mut other = svc.clone();
+        other["metadata"]["uid"] = json!("0a0b0c0d-0000-0000-0000-000000000000");
+        call(b, Method::PUT, &path, Some(other))
+            .await
+            .error(StatusCode::CONFLICT, "Conflict");
+        let mut renamed = svc.clone();
+        renamed["metadata"]["name"] = json!("other");
+        assert_eq!(
+            call(b, Method::PUT, &path, Some(renamed))
+                .await
+                .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
+            "the name of the service (other) does not match the name on the URL (internal)"
+        );
+        let bad = format!("/v1/harvester/guestclusters/{NS}/Bad_Cluster/services/default/x");
+        assert!(
+            call(b, Method::GET, &bad, None)
+                .await
+                .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
+                .starts_with("invalid guest cluster name \"Bad_Cluster\"")
+        );
+        call(b, Method::GET, &services_path("default", "nope"), None)
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
+        let list = ok(
+            call(
+                b,
+                Method::GET,
+                &format!("/v1/harvester/guestclusters/{NS}/{CLUSTER}/services"),
+                None,
+            )
+            .await,
+            StatusCode::OK,
+        );
+        assert_eq!(list["kind"], "ServiceList");
+        assert_eq!(list["items"][0]["metadata"]["name"], "internal");
+        let empty = ok(
+            call(
+                b,
+                Method::GET,
+                &format!("/v1/harvester/guestclusters/{NS}/other/services"),
+                None,
+            )
+            .await,
+            StatusCode::OK,
+        );
+        assert_eq!(empty["items"], json!([]));
+        let deleted = ok(call(b, Method::DELETE, &path, None).await, StatusCode::OK);
+        assert_eq!(deleted["metadata"]["uid"], uid.as_str());
+        call(b, Method::DELETE, &path, None)
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
+        call(
+            b,
+            Method::DELETE,
+            &format!("/v1/harvester/guestclusters/{NS}/{CLUSTER}"),
+            None,
+        )
+        .await
+        .error(StatusCode::NOT_FOUND, "NotFound");
+        let r = b.call(Method::GET, &path, None, Body::empty()).await;
+        r.error(StatusCode::UNAUTHORIZED, "Unauthorized");
+    }
+
+    /// A Service of type LoadBalancer deleted over HTTP is marked (202) until its load balancer is
+    /// released.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deleting_a_load_balancer_service_waits_for_the_release() {
+        let env = EmbeddedEnv::start().await;
+        create_pool(
+            &env,
+            "p1",
+            ("10.80.0.0/24", "10.80.0.10", "10.80.0.20"),
+            global(),
+        )
+        .await;
+        env.put(mk_svc("default", "web", &[("TCP", 80)], &[]))
+            .await
+            .expect("accepted");
+        let (svc, _) = address(&env, "default", "web").await;
+        assert_eq!(svc["metadata"]["finalizers"], json!([reconcile::FINALIZER]));
+        let r = call(
+            &env.b,
+            Method::DELETE,
+            &services_path("default", "web"),
+            None,
+        )
+        .await;
+        let marked = ok(r, StatusCode::ACCEPTED);
+        assert!(marked["metadata"]["deletionTimestamp"].is_string());
+        service_gone(&env, "default", "web").await;
+        lb_gone(&env, &lb_name(&svc)).await;
+    }
+
+    /// The Kubernetes backend keeps no guest clusters: they run `harvester-cloud ccm`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_kubernetes_backend_points_to_the_ccm() {
+        let b = KubeBackend::start().await;
+        let message = call(&b, Method::GET, &services_path("default", "web"), None)
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
+        assert!(message.contains("harvester-cloud ccm"), "{message}");
+    }
+}
+
+// --- Kube only: the ccm with Harvester's cloud-provider role ----------------------------------------
+
+mod kube_only {
+    use super::*;
+
+    /// A DHCP lease the guest's kube-vip reports cannot be written to the LoadBalancer's status with
+    /// Harvester's `harvesterhci.io:cloudprovider` role (no `loadbalancers/status`): the ccm skips
+    /// it and keeps serving.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_is_not_reported_without_the_status_permission() {
+        let env = KubeEnv::start().await;
+        create_pool(
+            &env,
+            "p1",
+            ("10.90.0.0/24", "10.90.0.10", "10.90.0.20"),
+            global(),
+        )
+        .await;
+        env.put(mk_svc(
+            "default",
+            "leased",
+            &[("TCP", 80)],
+            &[("cloudprovider.harvesterhci.io/ipam", "dhcp")],
+        ))
+        .await
+        .expect("accepted");
+        let (svc, _) = address(&env, "default", "leased").await;
+        // kube-vip got a lease and reports it.
+        let api = env.services("default");
+        let mut current = api.get("leased").await.expect("reads");
+        current.status = Some(
+            serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": "192.168.50.7"}]}}))
+                .expect("status"),
+        );
+        api.replace_status("leased", &PostParams::default(), &current)
+            .await
+            .expect("kube-vip writes the status");
+        // The ccm tries (as the cloud-config's service account) and is refused.
+        let status_path = format!(
+            "/apis/loadbalancer.harvesterhci.io/v1beta1/namespaces/{NS}/loadbalancers/{}/status",
+            lb_name(&svc)
+        );
+        eventually("the ccm to try to report the lease", async || {
+            env.b
+                .fake
+                .requests()
+                .iter()
+                .any(|r| {
+                    r.method == "PUT"
+                        && r.path == status_path
+                        && r.user == format!("system:serviceaccount:{NS}:{CLUSTER}")
+                })
+                .then_some(())
+        })
+        .await;
+        // The ccm goes on serving others.
+        env.put(mk_svc("default", "web", &[("TCP", 80)], &[]))
+            .await
+            .expect("accepted");
+        address(&env, "default", "web").await;
+        let lb = lb_of(&env, &svc).await.expect("exists");
+        assert_eq!(
+            lb["status"]["address"],
+            Value::Null,
+            "not reported without loadbalancers/status"
+        );
+        let leased = env.get("default", "leased").await.expect("exists");
+        assert_eq!(
+            annotation(&leased, "kube-vip.io/loadbalancerIPs"),
+            Some("0.0.0.0")
+        );
+        assert_eq!(
+            ingress(&leased),
+            Some("192.168.50.7"),
+            "kube-vip's report stays"
+        );
+        assert!(
+            env.events("default", "leased")
+                .await
+                .iter()
+                .all(|(r, _)| r != reconcile::reason::SYNC_FAILED),
+            "not a failure of the service"
+        );
+    }
+
+    /// The `ccm` binary: warns about the default cluster name, serves, and on SIGTERM stops
+    /// cleanly and gives its Lease up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_binary_warns_serves_and_stops_on_sigterm() {
+        let env = KubeEnv::without_ccm().await;
+        create_pool(
+            &env,
+            "p1",
+            ("10.91.0.0/24", "10.91.0.10", "10.91.0.20"),
+            global(),
+        )
+        .await;
+        let log = env.dir.path().join("ccm.log");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_harvester-cloud"))
+            .args([
+                "--log-format",
+                "json",
+                "ccm",
+                "--cluster-name",
+                "kubernetes",
+                "--cloud-config",
+            ])
+            .arg(env.dir.path().join("cloud-config"))
+            .arg("--kubeconfig")
+            .arg(env.dir.path().join("guest.kubeconfig"))
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("starts the binary");
+        env.put(mk_svc("default", "web", &[("TCP", 80)], &[]))
+            .await
+            .expect("accepted");
+        let (svc, _) = address(&env, "default", "web").await;
+        let lb = call(
+            env.harvester(),
+            Method::GET,
+            &format!(
+                "{LBS}/{NS}/{}",
+                load_balancer_name(
+                    "kubernetes",
+                    "default",
+                    "web",
+                    svc["metadata"]["uid"].as_str().expect("uid")
+                )
+            ),
+            None,
+        )
+        .await;
+        assert_eq!(lb.status, StatusCode::OK, "named after --cluster-name");
+        let pid = child.id().to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        let status = tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .expect("joins")
+            .expect("waits");
+        let text = std::fs::read_to_string(&log).expect("reads the log");
+        assert!(status.success(), "exit after SIGTERM: {status}\n{text}");
+        assert!(text.contains(guest::ccm::CLUSTER_NAME_WARNING), "{text}");
+        let leases: ::kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            ::kube::Api::namespaced(env.guest_client.clone(), "kube-system");
+        let lease = leases
+            .get("harvester-cloud-ccm")
+            .await
+            .expect("the ccm's Lease");
+        assert_eq!(
+            lease.spec.and_then(|s| s.holder_identity),
+            None,
+            "given up on SIGTERM"
+        );
+    }
+}
+
+macro_rules! suite {
+    ($env:ident, $start:expr, [$($case:ident),* $(,)?]) => {
+        mod $env {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    cases::$case($start.await).await
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    embedded,
+    EmbeddedEnv::start(),
+    [
+        pool_and_dhcp_services_get_addresses,
+        network_resolution_order,
+        share_ip,
+        secondary_made_with_its_primary,
+        network_and_ipam_changes_are_refused,
+        service_deletion_releases,
+        uid_change_does_not_leak,
+        guest_cluster_deletion,
+    ]
+);
+
+suite!(
+    kube,
+    KubeEnv::start(),
+    [
+        pool_and_dhcp_services_get_addresses,
+        network_resolution_order,
+        share_ip,
+        secondary_made_with_its_primary,
+        network_and_ipam_changes_are_refused,
+        service_deletion_releases,
+        uid_change_does_not_leak,
+        guest_cluster_deletion,
+    ]
+);
