@@ -438,7 +438,7 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
 }
 
 /// As shipped by the Harvester chart (reference §15).
-fn cloudprovider_rules() -> Vec<PolicyRule> {
+pub fn cloudprovider_rules() -> Vec<PolicyRule> {
     let read = ["get", "list", "watch"];
     vec![
         rule(
@@ -465,7 +465,8 @@ fn cloudprovider_rules() -> Vec<PolicyRule> {
     ]
 }
 
-fn csi_driver_rules() -> Vec<PolicyRule> {
+/// As shipped by the Harvester chart (reference §15).
+pub fn csi_driver_rules() -> Vec<PolicyRule> {
     let read = ["get", "list", "watch"];
     vec![
         rule(

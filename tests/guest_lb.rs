@@ -116,6 +116,8 @@ trait GuestEnv {
     /// `(reason, message)` of the Events about a Service.
     async fn events(&self, ns: &str, name: &str) -> Vec<(String, String)>;
     async fn set_nad_mapping(&self, mapping: &str);
+    /// The guest's NAD mapping ConfigMap, if it exists.
+    async fn nad_mapping(&self) -> Option<ConfigMap>;
     /// Deletes a Service behind the reconciler's back (its finalizer stripped), as a crash or a
     /// forced deletion would.
     async fn force_delete(&self, ns: &str, name: &str);
@@ -227,6 +229,13 @@ impl GuestEnv for EmbeddedEnv {
     async fn set_nad_mapping(&self, mapping: &str) {
         let api = Api::<ConfigMap>::new(self.cluster_store());
         api.create(&nad_mapping(mapping)).await.expect("creates");
+    }
+
+    async fn nad_mapping(&self) -> Option<ConfigMap> {
+        Api::<ConfigMap>::new(self.cluster_store())
+            .get("kube-system", "harvester-nad-mapping")
+            .await
+            .expect("reads")
     }
 
     async fn force_delete(&self, ns: &str, name: &str) {
@@ -411,6 +420,12 @@ impl GuestEnv for KubeEnv {
         api.create(&PostParams::default(), &nad_mapping(mapping))
             .await
             .expect("creates");
+    }
+
+    async fn nad_mapping(&self) -> Option<ConfigMap> {
+        let api: ::kube::Api<ConfigMap> =
+            ::kube::Api::namespaced(self.guest_client.clone(), "kube-system");
+        api.get_opt("harvester-nad-mapping").await.expect("reads")
     }
 
     async fn force_delete(&self, ns: &str, name: &str) {
@@ -888,6 +903,190 @@ mod cases {
                 ""
             );
         }
+    }
+
+    /// The guest's NAD mapping follows the cluster's running VMIs on Harvester (what every node has
+    /// on the same interface; other clusters' and stopped VMIs do not count), and a Service refused
+    /// for a network the mapping lacked goes on once the mapping has it.
+    pub async fn nad_mapping_follows_the_vmis<E: GuestEnv>(env: E) {
+        // The guest cluster is served (on the embedded store, it exists from its first Service).
+        env.put(mk_svc(
+            "default",
+            "first",
+            &[("TCP", 80)],
+            &[("cloudprovider.harvesterhci.io/ipam", "dhcp")],
+        ))
+        .await
+        .expect("accepted");
+        address(&env, "default", "first").await;
+        let nads = Api::<NetworkAttachmentDefinition>::new(env.harvester().store());
+        for name in ["vlan10", "vlan20"] {
+            let nad: NetworkAttachmentDefinition = serde_json::from_value(json!({
+                "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"config": "{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\"}"}
+            }))
+            .expect("nad");
+            nads.create(&nad).await.expect("creates");
+        }
+        let vmis = Api::<VirtualMachineInstance>::new(env.harvester().store());
+        // (name, cluster, phase, [(NIC, NAD, guest interface)])
+        let mk_vmi = |name: &str, cluster: &str, phase: &str, nics: &[(&str, &str, &str)]| {
+            let networks: Vec<Value> = std::iter::once(json!({"name": "default", "pod": {}}))
+                .chain(
+                    nics.iter()
+                        .map(|(nic, nad, _)| json!({"name": nic, "multus": {"networkName": nad}})),
+                )
+                .collect();
+            let interfaces: Vec<Value> =
+                std::iter::once(json!({"name": "default", "interfaceName": "eth0"}))
+                    .chain(
+                        nics.iter()
+                            .map(|(nic, _, iface)| json!({"name": nic, "interfaceName": iface})),
+                    )
+                    .collect();
+            serde_json::from_value::<VirtualMachineInstance>(json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": name, "namespace": NS,
+                    "labels": {"guestcluster.harvesterhci.io/name": cluster}},
+                "spec": {"networks": networks},
+                "status": {"phase": phase, "interfaces": interfaces}
+            }))
+            .expect("vmi")
+        };
+        for vmi in [
+            mk_vmi(
+                "node-a",
+                CLUSTER,
+                "Running",
+                &[
+                    ("nic-1", "default/vlan10", "enp2s0"),
+                    ("nic-2", "default/vlan20", "enp3s0"),
+                ],
+            ),
+            mk_vmi(
+                "node-b",
+                CLUSTER,
+                "Running",
+                &[
+                    ("nic-1", "default/vlan10", "enp2s0"),
+                    ("nic-2", "default/vlan20", "enp4s0"),
+                ],
+            ),
+            mk_vmi(
+                "node-c",
+                CLUSTER,
+                "Succeeded",
+                &[("nic-1", "default/vlan10", "enp7s0")],
+            ),
+            mk_vmi(
+                "other-node",
+                "gc2",
+                "Running",
+                &[("nic-1", "default/vlan10", "enp9s0")],
+            ),
+        ] {
+            vmis.create(&vmi).await.expect("creates");
+        }
+        let value = async || -> Option<String> {
+            env.nad_mapping()
+                .await?
+                .data?
+                .remove("interface-nad-mapping")
+        };
+        eventually("the NAD mapping of the two running nodes", async || {
+            (value().await.as_deref() == Some(r#"{"default/vlan10":"enp2s0"}"#)).then_some(())
+        })
+        .await;
+        let cm = env.nad_mapping().await.expect("exists");
+        assert_eq!(
+            cm.metadata
+                .labels
+                .unwrap_or_default()
+                .get("app.kubernetes.io/managed-by")
+                .map(String::as_str),
+            Some("harvester-cloud")
+        );
+
+        let dhcp_on = |name: &str, network: &str| {
+            mk_svc(
+                "default",
+                name,
+                &[("TCP", 80)],
+                &[
+                    ("cloudprovider.harvesterhci.io/ipam", "dhcp"),
+                    ("cloudprovider.harvesterhci.io/network", network),
+                ],
+            )
+        };
+        env.put(dhcp_on("v10", "default/vlan10"))
+            .await
+            .expect("accepted");
+        let (svc, ip) = address(&env, "default", "v10").await;
+        assert_eq!(ip, "0.0.0.0");
+        assert_eq!(
+            annotation(&svc, "kube-vip.io/serviceInterface"),
+            Some("enp2s0")
+        );
+
+        // vlan20 is on different interfaces of the two nodes: not in the mapping, refused.
+        let put = env.put(dhcp_on("v20", "default/vlan20")).await;
+        let refused_at_once = put.is_err();
+        refused(
+            &env,
+            put,
+            "default",
+            "v20",
+            "network default/vlan20 not found in NAD mapping for service default/v20",
+        )
+        .await;
+
+        // node-b's guest renames the NIC: vlan20 is on enp3s0 everywhere now.
+        let mut b = vmis
+            .get(NS, "node-b")
+            .await
+            .expect("reads")
+            .expect("exists");
+        b.rest["status"]["interfaces"][2]["interfaceName"] = json!("enp3s0");
+        vmis.replace(&b).await.expect("updates");
+        eventually("the NAD mapping to take vlan20", async || {
+            (value().await.as_deref()
+                == Some(r#"{"default/vlan10":"enp2s0","default/vlan20":"enp3s0"}"#))
+            .then_some(())
+        })
+        .await;
+        if refused_at_once {
+            env.put(dhcp_on("v20", "default/vlan20"))
+                .await
+                .expect("accepted now");
+        }
+        // Kubernetes: the mapping's change wakes the refused Service (without the wake it would
+        // wait for its 60 s re-check; not asserted, as timings are not).
+        let (svc, _) = address(&env, "default", "v20").await;
+        assert_eq!(
+            annotation(&svc, "kube-vip.io/serviceInterface"),
+            Some("enp3s0")
+        );
+
+        // All nodes down (an upgrade, a power cut): the mapping stays as it was.
+        for name in ["node-a", "node-b"] {
+            let mut v = vmis.get(NS, name).await.expect("reads").expect("exists");
+            v.rest["status"]["phase"] = json!("Succeeded");
+            vmis.replace(&v).await.expect("updates");
+        }
+        let other = mk_vmi(
+            "other-node-2",
+            "gc2",
+            "Running",
+            &[("nic-1", "default/vlan20", "enp9s0")],
+        );
+        vmis.create(&other).await.expect("creates");
+        // A write the sync would make shows within its settling time; give it many times that.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            value().await.as_deref(),
+            Some(r#"{"default/vlan10":"enp2s0","default/vlan20":"enp3s0"}"#)
+        );
     }
 
     /// Share IP: by bare name; the same port on another protocol shares; a clash on protocol and
@@ -1595,6 +1794,7 @@ suite!(
     [
         pool_and_dhcp_services_get_addresses,
         network_resolution_order,
+        nad_mapping_follows_the_vmis,
         share_ip,
         secondary_made_with_its_primary,
         network_and_ipam_changes_are_refused,
@@ -1610,6 +1810,7 @@ suite!(
     [
         pool_and_dhcp_services_get_addresses,
         network_resolution_order,
+        nad_mapping_follows_the_vmis,
         share_ip,
         secondary_made_with_its_primary,
         network_and_ipam_changes_are_refused,

@@ -2,6 +2,9 @@
 //! LoadBalancer maps to a Harvester LoadBalancer (naming, annotations, labels, IPAM mode, network),
 //! how a secondary service shares a primary's address, and what is written back to the Service.
 //!
+//! [`nad`] keeps the guest's NAD mapping ConfigMap from the cluster's VMIs on Harvester (the
+//! reconciler runs it alongside).
+//!
 //! `keys`, `mapping`, `naming`, `network` and `share` are pure domain code: callers bring the
 //! objects (as plain views) and apply the plans. [`reconcile`] is the reconciler that applies them
 //! between a guest cluster's store port and Harvester's; [`clusters`] keeps the guest clusters of the
@@ -13,6 +16,7 @@ pub mod ccm;
 pub mod clusters;
 pub mod keys;
 pub mod mapping;
+pub mod nad;
 pub mod naming;
 pub mod network;
 pub mod reconcile;

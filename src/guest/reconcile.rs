@@ -5,7 +5,8 @@
 //!
 //! It is written once against two store ports ([`Ports`]): the guest cluster's (its Services, the
 //! `kube-system/harvester-nad-mapping` ConfigMap, Events on the Services) and Harvester's (the
-//! LoadBalancers, in the cloud-config's namespace). `harvester-cloud ccm` runs it inside a guest
+//! LoadBalancers, in the cloud-config's namespace; the cluster's VMIs, from which [`super::nad`]
+//! keeps the NAD mapping). `harvester-cloud ccm` runs it inside a guest
 //! cluster against two Kubernetes APIs; the embedded backend runs one per guest cluster it keeps
 //! ([`super::clusters`]).
 //!
@@ -53,7 +54,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::{
     GuestError, keys,
     mapping::{self, ExistingLb, GuestContext, LbPlan},
-    naming, network, share,
+    nad, naming, network, share,
 };
 use crate::{
     crd::{LoadBalancer, LoadBalancerSpec, lb_api, lb_kind},
@@ -1292,7 +1293,7 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
     // This cluster's LoadBalancers: the cache; each change wakes its Service and is looked at by
     // the garbage collector.
     let lbs = {
-        let (wake, gc, name) = (wake_tx, gc_tx, cluster.cluster.clone());
+        let (wake, gc, name) = (wake_tx.clone(), gc_tx, cluster.cluster.clone());
         let mine = cluster.cluster.clone();
         reflector::reflector(
             lb_writer,
@@ -1326,6 +1327,36 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
             std::future::ready(())
         })
     };
+
+    // The guest's NAD mapping: a change (by the sync below, or by anyone) wakes the Services that
+    // name a network, so one refused for a network the mapping lacked goes on once it has it.
+    let nad_changes = {
+        let (wake, services) = (wake_tx.clone(), svc_cache.clone());
+        watcher::<ConfigMap>(
+            ports.guest.clone(),
+            Kind::of::<ConfigMap>(),
+            Some(keys::NAD_MAPPING_NAMESPACE.into()),
+        )
+        .take_until(stop.clone().cancelled_owned())
+        .for_each(move |e| {
+            if let Ok(WatchEvent::Apply(cm) | WatchEvent::Delete(cm)) = &e
+                && cm.metadata.name.as_deref() == Some(keys::NAD_MAPPING_NAME)
+            {
+                for svc in services.state() {
+                    if annotation(&svc, keys::SVC_NETWORK).is_some_and(|n| !n.is_empty()) {
+                        let _ = wake.send(ObjectRef::from_obj(&*svc));
+                    }
+                }
+            }
+            std::future::ready(())
+        })
+    };
+    let nad_sync = nad::run(
+        ports.guest.clone(),
+        ports.harvester.clone(),
+        cluster.clone(),
+        stop.clone(),
+    );
 
     let controller = {
         let (ctx, stop) = (ctx.clone(), stop.clone());
@@ -1393,6 +1424,8 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
         lbs.instrument(info_span!("watch", kind = "LoadBalancer")),
         controller.instrument(info_span!("controller", kind = "Service")),
         gc.instrument(info_span!("garbage_collector")),
+        nad_changes.instrument(info_span!("watch", kind = "ConfigMap")),
+        nad_sync.instrument(info_span!("nad_mapping")),
     );
     debug!(cluster = %cluster.cluster, "guest service reconciler stopped");
 }

@@ -244,7 +244,7 @@ pub mod kube_env {
     use harvester_cloud::auth::{ApiToken, hash};
     use k8s_openapi::api::{
         core::v1::{ConfigMap, Namespace},
-        rbac::v1::{ClusterRole, PolicyRule},
+        rbac::v1::ClusterRole,
     };
     use kube::{
         Api, Client,
@@ -338,24 +338,23 @@ pub mod kube_env {
             create(&nss, &obj).await;
         }
         let roles: Api<ClusterRole> = Api::all(client.clone());
-        for (name, resources) in [
-            ("harvesterhci.io:cloudprovider", vec!["loadbalancers"]),
-            ("harvesterhci.io:csi-driver", vec!["storageclasses"]),
+        // Harvester's own roles, with the rules its chart ships.
+        for (name, rules) in [
+            (
+                "harvesterhci.io:cloudprovider",
+                harvester_cloud::app::cloudprovider_rules(),
+            ),
+            (
+                "harvesterhci.io:csi-driver",
+                harvester_cloud::app::csi_driver_rules(),
+            ),
         ] {
             let role = ClusterRole {
                 metadata: kube::api::ObjectMeta {
                     name: Some(name.into()),
                     ..Default::default()
                 },
-                rules: Some(vec![PolicyRule {
-                    api_groups: Some(vec![
-                        "loadbalancer.harvesterhci.io".into(),
-                        "storage.k8s.io".into(),
-                    ]),
-                    resources: Some(resources.into_iter().map(String::from).collect()),
-                    verbs: vec!["*".into()],
-                    ..Default::default()
-                }]),
+                rules: Some(rules),
                 ..Default::default()
             };
             create(&roles, &role).await;

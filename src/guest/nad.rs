@@ -1,0 +1,423 @@
+//! The guest's NAD mapping: on which guest interface each Harvester VM network (a Multus
+//! NetworkAttachmentDefinition) is, kept in the guest's `kube-system/harvester-nad-mapping`
+//! ConfigMap (key `interface-nad-mapping`, a JSON map such as `{"default/vlan10":"enp2s0"}`), as the
+//! Harvester Cloud Provider's VMI controller keeps it. The reconciler reads it to tell kube-vip which
+//! interface a Service's network is on (`kube-vip.io/serviceInterface`, [`super::network`]).
+//!
+//! The mapping is built from the guest cluster's VirtualMachineInstances on Harvester: each Running
+//! VMI joins `spec.networks` (NIC name → NAD) with `status.interfaces` (NIC name → the guest's
+//! interface name, which the guest agent reports); the mapping keeps the pairs that every such VMI
+//! has, on the same interface, so kube-vip finds the network where it is on whichever node holds the
+//! address. NICs on the pod network, and NICs the guest agent has not reported yet, are left out.
+//!
+//! Choices where upstream says nothing:
+//! - A VMI is one of the cluster's when it carries `guestcluster.harvesterhci.io/name=<cluster>`, or
+//!   (legacy) Rancher's node driver made it and its name starts with the cluster name: the same rule
+//!   Harvester's findNetwork uses.
+//! - A bare `networkName` (no namespace) means the VMI's namespace, as KubeVirt reads it, so keys are
+//!   always `namespace/name`, as Services name networks.
+//! - With no Running VMI of the cluster (all stopped, or none yet), the ConfigMap is left as it is:
+//!   the interfaces of the VMs do not change while they are down, and an empty map would refuse every
+//!   Service that names a network.
+//! - The ConfigMap is written only when its value changes; each write wakes the Services that name a
+//!   network (the reconciler watches the ConfigMap, whoever writes it).
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::runtime::{reflector, watcher::Event as WatchEvent};
+use serde_json::Value;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{keys, mapping::GuestContext};
+use crate::{
+    kubeconfig::objects::{MANAGED_BY, MANAGED_BY_LABEL},
+    lb::kinds::VirtualMachineInstance,
+    store::{Api, Kind, ObjectStore, StoreError, watcher::watcher},
+};
+
+/// VMI changes come in bursts (a node boots, its guest agent reports NIC after NIC): one write per
+/// burst.
+const SETTLE: Duration = Duration::from_millis(200);
+/// Pause before retrying a failed write.
+const RETRY: Duration = Duration::from_secs(2);
+/// Attempts at a write that keeps meeting a newer version of the ConfigMap.
+const WRITE_ATTEMPTS: usize = 4;
+
+/// Whether `vmi` is a node of guest cluster `cluster`.
+pub fn is_node_of(vmi: &VirtualMachineInstance, cluster: &str) -> bool {
+    if cluster.is_empty() {
+        return false;
+    }
+    if vmi.label(keys::VMI_GUEST_CLUSTER) == Some(cluster) {
+        return true;
+    }
+    vmi.label(keys::VMI_CREATOR) == Some(keys::DOCKER_MACHINE_DRIVER)
+        && vmi
+            .metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with(cluster))
+}
+
+/// NAD (`namespace/name`) → guest interface of one VMI; `None` unless it is Running and not being
+/// deleted.
+pub fn interfaces(vmi: &VirtualMachineInstance) -> Option<BTreeMap<String, String>> {
+    if vmi.metadata.deletion_timestamp.is_some()
+        || vmi.pointer("/status/phase").and_then(Value::as_str) != Some("Running")
+    {
+        return None;
+    }
+    let namespace = vmi.metadata.namespace.as_deref().unwrap_or_default();
+    let reported: BTreeMap<&str, &str> = vmi
+        .pointer("/status/interfaces")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|i| {
+            let nic = i.get("name").and_then(Value::as_str)?;
+            let guest = i.get("interfaceName").and_then(Value::as_str)?;
+            (!nic.is_empty() && !guest.is_empty()).then_some((nic, guest))
+        })
+        .collect();
+    let map = vmi
+        .pointer("/spec/networks")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|n| {
+            let nic = n.get("name").and_then(Value::as_str)?;
+            let nad = n.pointer("/multus/networkName").and_then(Value::as_str)?;
+            let nad = match nad.split_once('/') {
+                Some(_) => nad.to_string(),
+                None if nad.is_empty() => return None,
+                None => format!("{namespace}/{nad}"),
+            };
+            Some((nad, reported.get(nic)?.to_string()))
+        })
+        .collect();
+    Some(map)
+}
+
+/// The pairs every map has (same NAD, same interface); `None` when there are no maps.
+pub fn common(
+    maps: impl IntoIterator<Item = BTreeMap<String, String>>,
+) -> Option<BTreeMap<String, String>> {
+    maps.into_iter().reduce(|mut acc, next| {
+        acc.retain(|nad, iface| next.get(nad) == Some(iface));
+        acc
+    })
+}
+
+/// The mapping of guest cluster `cluster` from the VMIs of its Harvester namespace; `None` when none
+/// of its VMIs is running.
+pub fn cluster_mapping<'a>(
+    vmis: impl IntoIterator<Item = &'a VirtualMachineInstance>,
+    cluster: &str,
+) -> Option<BTreeMap<String, String>> {
+    common(
+        vmis.into_iter()
+            .filter(|v| is_node_of(v, cluster))
+            .filter_map(interfaces),
+    )
+}
+
+/// The ConfigMap value: compact JSON, keys sorted, as Go's `encoding/json` writes a map.
+pub fn encode(mapping: &BTreeMap<String, String>) -> String {
+    serde_json::to_string(mapping).expect("a map of strings encodes")
+}
+
+/// Writes `value` into the guest's mapping ConfigMap (creating it), unless it is already there.
+/// Returns whether it wrote.
+async fn write(config_maps: &Api<ConfigMap>, value: &str) -> Result<bool, StoreError> {
+    let mut last = None;
+    for _ in 0..WRITE_ATTEMPTS {
+        let result = match config_maps
+            .get(keys::NAD_MAPPING_NAMESPACE, keys::NAD_MAPPING_NAME)
+            .await?
+        {
+            None => {
+                let cm = ConfigMap {
+                    metadata: kube::api::ObjectMeta {
+                        namespace: Some(keys::NAD_MAPPING_NAMESPACE.into()),
+                        name: Some(keys::NAD_MAPPING_NAME.into()),
+                        labels: Some(
+                            [(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())].into(),
+                        ),
+                        ..Default::default()
+                    },
+                    data: Some([(keys::NAD_MAPPING_KEY.to_string(), value.to_string())].into()),
+                    ..Default::default()
+                };
+                config_maps.create(&cm).await
+            }
+            Some(mut cm) => {
+                let data = cm.data.get_or_insert_default();
+                if data.get(keys::NAD_MAPPING_KEY).map(String::as_str) == Some(value) {
+                    return Ok(false);
+                }
+                data.insert(keys::NAD_MAPPING_KEY.into(), value.into());
+                config_maps.replace(&cm).await
+            }
+        };
+        match result {
+            Ok(_) => return Ok(true),
+            // Someone else wrote it meanwhile: read again.
+            Err(e @ (StoreError::Conflict { .. } | StoreError::AlreadyExists { .. })) => {
+                last = Some(e)
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.expect("the loop ran"))
+}
+
+/// Keeps guest cluster `cluster`'s mapping ConfigMap (in `guest`) in step with its VMIs (in
+/// `harvester`, the cluster's namespace there) until `stop`.
+pub async fn run(
+    guest: Arc<dyn ObjectStore>,
+    harvester: Arc<dyn ObjectStore>,
+    cluster: GuestContext,
+    stop: CancellationToken,
+) {
+    let (cache, writer) = reflector::store::<VirtualMachineInstance>();
+    let changed = Arc::new(Notify::new());
+    let watch = {
+        let (changed, name) = (changed.clone(), cluster.cluster.clone());
+        reflector::reflector(
+            writer,
+            watcher::<VirtualMachineInstance>(
+                harvester,
+                Kind::of::<VirtualMachineInstance>(),
+                Some(cluster.lb_namespace.clone()),
+            ),
+        )
+        .take_until(stop.clone().cancelled_owned())
+        .for_each(move |e| {
+            let relevant = match &e {
+                Ok(WatchEvent::InitDone) => true,
+                Ok(WatchEvent::Apply(v) | WatchEvent::Delete(v)) => is_node_of(v, &name),
+                _ => false,
+            };
+            if relevant {
+                changed.notify_one();
+            }
+            std::future::ready(())
+        })
+    };
+    let sync = {
+        let (stop, changed) = (stop.clone(), changed.clone());
+        let config_maps = Api::<ConfigMap>::new(guest);
+        async move {
+            let mut written: Option<String> = None;
+            let mut warned_at: Option<Instant> = None;
+            loop {
+                tokio::select! {
+                    _ = changed.notified() => {}
+                    _ = stop.cancelled() => return,
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(SETTLE) => {}
+                    _ = stop.cancelled() => return,
+                }
+                let Some(mapping) =
+                    cluster_mapping(cache.state().iter().map(|v| &**v), &cluster.cluster)
+                else {
+                    debug!(cluster = %cluster.cluster, "no running VMI of the cluster; NAD mapping left as it is");
+                    continue;
+                };
+                let value = encode(&mapping);
+                if written.as_deref() == Some(value.as_str()) {
+                    continue;
+                }
+                match write(&config_maps, &value).await {
+                    Ok(wrote) => {
+                        if wrote {
+                            info!(cluster = %cluster.cluster, mapping = %value, "NAD mapping updated");
+                        }
+                        written = Some(value);
+                        warned_at = None;
+                    }
+                    Err(e) => {
+                        // Logged once a minute at most while it keeps failing (a missing
+                        // kube-system, no rights on ConfigMaps).
+                        if warned_at.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                            warn!(cluster = %cluster.cluster, error = %e, "cannot write the NAD mapping ConfigMap; retrying");
+                            warned_at = Some(Instant::now());
+                        }
+                        let changed = changed.clone();
+                        let stop = stop.clone();
+                        tokio::spawn(async move {
+                            tokio::select! {
+                                _ = tokio::time::sleep(RETRY) => changed.notify_one(),
+                                _ = stop.cancelled() => {}
+                            }
+                        });
+                    }
+                }
+            }
+        }
+    };
+    tokio::join!(watch, sync);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vmi(
+        name: &str,
+        labels: Value,
+        phase: &str,
+        nics: &[(&str, Option<&str>, Option<&str>)],
+    ) -> VirtualMachineInstance {
+        // nics: (NIC name, Multus network or pod network, guest interface reported)
+        let networks: Vec<Value> = nics
+            .iter()
+            .map(|(nic, nad, _)| match nad {
+                Some(nad) => json!({"name": nic, "multus": {"networkName": nad}}),
+                None => json!({"name": nic, "pod": {}}),
+            })
+            .collect();
+        let interfaces: Vec<Value> = nics
+            .iter()
+            .filter_map(|(nic, _, iface)| {
+                iface.map(|i| json!({"name": nic, "interfaceName": i, "ipAddress": "10.0.0.5"}))
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "namespace": "gc-ns", "labels": labels},
+            "spec": {"networks": networks},
+            "status": {"phase": phase, "interfaces": interfaces},
+        }))
+        .expect("vmi")
+    }
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_running_vmi_maps_its_multus_nics_to_the_reported_interfaces() {
+        let v = vmi(
+            "n1",
+            json!({}),
+            "Running",
+            &[
+                ("default", None, Some("eth0")),
+                ("nic-1", Some("default/vlan10"), Some("enp2s0")),
+                ("nic-2", Some("vlan20"), Some("enp3s0")),
+                ("nic-3", Some("default/vlan30"), None),
+                ("nic-4", Some(""), Some("enp5s0")),
+            ],
+        );
+        assert_eq!(
+            interfaces(&v),
+            Some(map(&[
+                ("default/vlan10", "enp2s0"),
+                ("gc-ns/vlan20", "enp3s0")
+            ])),
+            "pod network, unreported NICs and empty names are left out; a bare name is the VMI's namespace"
+        );
+        let stopped = vmi(
+            "n1",
+            json!({}),
+            "Scheduling",
+            &[("nic-1", Some("default/vlan10"), Some("enp2s0"))],
+        );
+        assert_eq!(interfaces(&stopped), None);
+        let mut deleting = vmi(
+            "n1",
+            json!({}),
+            "Running",
+            &[("nic-1", Some("default/vlan10"), Some("enp2s0"))],
+        );
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_eq!(interfaces(&deleting), None);
+    }
+
+    #[test]
+    fn the_mapping_is_what_every_node_has_on_the_same_interface() {
+        assert_eq!(common(Vec::new()), None);
+        assert_eq!(
+            common([
+                map(&[
+                    ("default/a", "enp1s0"),
+                    ("default/b", "enp2s0"),
+                    ("default/c", "enp3s0")
+                ]),
+                map(&[("default/a", "enp1s0"), ("default/b", "enp4s0")]),
+                map(&[
+                    ("default/a", "enp1s0"),
+                    ("default/b", "enp2s0"),
+                    ("default/c", "enp3s0")
+                ]),
+            ]),
+            Some(map(&[("default/a", "enp1s0")])),
+            "b is elsewhere on one node, c missing on one"
+        );
+        assert_eq!(
+            common([map(&[("default/a", "enp1s0")]), map(&[])]),
+            Some(map(&[])),
+            "nothing in common is an empty map"
+        );
+    }
+
+    #[test]
+    fn the_cluster_s_nodes_by_label_or_legacy_name() {
+        let nic = [("nic-1", Some("default/vlan10"), Some("enp2s0"))];
+        let labelled = vmi(
+            "node-a",
+            json!({"guestcluster.harvesterhci.io/name": "gc1"}),
+            "Running",
+            &nic,
+        );
+        let legacy = vmi(
+            "gc1-pool1-xyz",
+            json!({"harvesterhci.io/creator": "docker-machine-driver-harvester"}),
+            "Running",
+            &nic,
+        );
+        let other = vmi(
+            "gc2-pool1-xyz",
+            json!({"guestcluster.harvesterhci.io/name": "gc2"}),
+            "Running",
+            &[("nic-1", Some("default/vlan10"), Some("enp9s0"))],
+        );
+        let unlabelled = vmi("gc1-by-hand", json!({}), "Running", &nic);
+        assert!(is_node_of(&labelled, "gc1") && is_node_of(&legacy, "gc1"));
+        assert!(!is_node_of(&other, "gc1") && !is_node_of(&unlabelled, "gc1"));
+        assert!(!is_node_of(&labelled, ""));
+        assert_eq!(
+            cluster_mapping([&labelled, &legacy, &other, &unlabelled], "gc1"),
+            Some(map(&[("default/vlan10", "enp2s0")]))
+        );
+        assert_eq!(cluster_mapping([&other], "gc1"), None);
+    }
+
+    #[test]
+    fn the_value_is_compact_sorted_json() {
+        assert_eq!(
+            encode(&map(&[
+                ("default/net123", "enp2s0"),
+                ("default/mgmt-vlan1", "enp1s0")
+            ])),
+            r#"{"default/mgmt-vlan1":"enp1s0","default/net123":"enp2s0"}"#
+        );
+    }
+}
