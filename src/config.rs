@@ -116,6 +116,14 @@ pub struct CcmArgs {
         default_value = "harvester-cloud-ccm"
     )]
     pub lease_name: String,
+    /// Address of the Prometheus metrics listener (plain HTTP, `GET /metrics`): the leader gauge
+    /// and the guest-Service reconciles.
+    #[arg(
+        long,
+        env = "HARVESTER_CLOUD_METRICS_LISTEN",
+        default_value = "127.0.0.1:9090"
+    )]
+    pub metrics_listen: SocketAddr,
 }
 
 #[derive(Debug, Subcommand)]

@@ -293,6 +293,8 @@ fn ccm_args(dir: &std::path::Path) -> harvester_cloud::config::CcmArgs {
         dir.join("guest.kubeconfig").display().to_string(),
         "--management-network".into(),
         "mgmt".into(),
+        "--metrics-listen".into(),
+        "127.0.0.1:0".into(),
     ])
     .expect("valid ccm arguments");
     match cli.command {
@@ -1700,8 +1702,8 @@ mod kube_only {
         );
     }
 
-    /// The `ccm` binary: warns about the default cluster name, serves, and on SIGTERM stops
-    /// cleanly and gives its Lease up.
+    /// The `ccm` binary: warns about the default cluster name, serves (and its metrics say it
+    /// leads and reconciles), and on SIGTERM stops cleanly and gives its Lease up.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_binary_warns_serves_and_stops_on_sigterm() {
         let env = KubeEnv::without_ccm().await;
@@ -1720,6 +1722,8 @@ mod kube_only {
                 "ccm",
                 "--cluster-name",
                 "kubernetes",
+                "--metrics-listen",
+                "127.0.0.1:0",
                 "--cloud-config",
             ])
             .arg(env.dir.path().join("cloud-config"))
@@ -1748,6 +1752,30 @@ mod kube_only {
         )
         .await;
         assert_eq!(lb.status, StatusCode::OK, "named after --cluster-name");
+        let metrics_url = eventually("the ccm to log its metrics address", async || {
+            std::fs::read_to_string(&log)
+                .ok()?
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find(|v| v["message"] == "serving metrics")
+                .and_then(|v| v["url"].as_str().map(String::from))
+        })
+        .await;
+        let text = reqwest::get(&metrics_url)
+            .await
+            .expect("scrapes")
+            .text()
+            .await
+            .expect("reads");
+        let sample = |name: &str| harvester_cloud::metrics::sample(&text, name);
+        assert_eq!(sample("harvester_cloud_leader"), Some(1.0), "{text}");
+        assert!(
+            sample(
+                r#"harvester_cloud_reconcile_duration_seconds_count{controller="guestservice"}"#
+            )
+            .is_some_and(|n| n >= 1.0),
+            "{text}"
+        );
         let pid = child.id().to_string();
         std::process::Command::new("kill")
             .args(["-TERM", &pid])

@@ -6,7 +6,8 @@
 //!
 //! With `--leader-elect` (the default) only the holder of a Lease in the guest cluster reconciles,
 //! so a Deployment with several replicas is safe; SIGTERM stops the reconciler cleanly and gives the
-//! Lease up.
+//! Lease up. Metrics (the leader gauge, the guest-Service reconciles) are served on
+//! `--metrics-listen`.
 
 use std::{path::Path, sync::Arc};
 
@@ -47,6 +48,11 @@ pub enum CcmError {
     Client {
         what: &'static str,
         source: kube::Error,
+    },
+    #[error("cannot listen on --metrics-listen {address}: {source}")]
+    Listen {
+        address: std::net::SocketAddr,
+        source: std::io::Error,
     },
     #[error("cannot reach {what}: {source}")]
     Unreachable {
@@ -120,6 +126,12 @@ pub async fn run(args: &CcmArgs, shutdown: CancellationToken) -> Result<(), CcmE
     if cluster_name_is_default(&args.cluster_name) {
         warn!(cluster = %args.cluster_name, "{CLUSTER_NAME_WARNING}");
     }
+    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
+        .await
+        .map_err(|source| CcmError::Listen {
+            address: args.metrics_listen,
+            source,
+        })?;
     let (harvester_config, lb_namespace) = cloud_config(&args.cloud_config).await?;
     let harvester_url = harvester_config.cluster_url.to_string();
     let harvester: Arc<dyn ObjectStore> = store(harvester_config, "Harvester").await?;
@@ -147,14 +159,30 @@ pub async fn run(args: &CcmArgs, shutdown: CancellationToken) -> Result<(), CcmE
         Arc::new(AlwaysLeader)
     };
     let ports = Ports { guest, harvester };
+    let metrics = tokio::spawn(crate::metrics::server::serve(
+        metrics_listener,
+        shutdown.clone(),
+    ));
     lead(
         elector.as_ref(),
         &shutdown,
         "guest service reconciler",
         &settings.identity.clone(),
-        |stop| reconcile::run(ports.clone(), context.clone(), settings.clone(), stop),
+        |stop| {
+            let reconciler = reconcile::run(ports.clone(), context.clone(), settings.clone(), stop);
+            async move {
+                crate::metrics::set_leader(true);
+                reconciler.await;
+                crate::metrics::set_leader(false);
+            }
+        },
     )
     .await;
+    match metrics.await {
+        Ok(Err(e)) => warn!(error = %e, "the metrics listener failed"),
+        Err(e) => warn!(error = %e, "the metrics listener panicked"),
+        Ok(Ok(())) => {}
+    }
     Ok(())
 }
 
