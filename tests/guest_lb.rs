@@ -1606,6 +1606,79 @@ mod embedded_http {
         lb_gone(&env, &lb_name(&svc)).await;
     }
 
+    /// A guest cluster's Events over HTTP: what the reconciler said about its Services, oldest
+    /// first, as an EventList; the admin token is needed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn events_are_listed() {
+        let env = EmbeddedEnv::start().await;
+        let events_path = format!("/v1/harvester/guestclusters/{NS}/{CLUSTER}/events");
+        let list = ok(
+            call(&env.b, Method::GET, &events_path, None).await,
+            StatusCode::OK,
+        );
+        assert_eq!(list["kind"], "EventList");
+        assert_eq!(
+            list["items"],
+            json!([]),
+            "a cluster without Services has none"
+        );
+        create_pool(
+            &env,
+            "p1",
+            ("10.92.0.0/24", "10.92.0.10", "10.92.0.20"),
+            global(),
+        )
+        .await;
+        env.put(mk_svc("default", "web", &[("TCP", 80)], &[]))
+            .await
+            .expect("accepted");
+        let (svc, ip) = address(&env, "default", "web").await;
+        env.delete("default", "web").await;
+        service_gone(&env, "default", "web").await;
+        let ensured = format!(
+            "Ensured load balancer {NS}/{} with address {ip}",
+            lb_name(&svc)
+        );
+        let items = eventually("both events over HTTP", async || {
+            let list = ok(
+                call(&env.b, Method::GET, &events_path, None).await,
+                StatusCode::OK,
+            );
+            let items = list["items"].as_array().cloned().unwrap_or_default();
+            let reasons: Vec<&str> = items.iter().filter_map(|e| e["reason"].as_str()).collect();
+            (reasons == [reconcile::reason::ENSURED, reconcile::reason::DELETED]).then_some(items)
+        })
+        .await;
+        let first = &items[0];
+        assert_eq!(first["apiVersion"], "v1");
+        assert_eq!(first["kind"], "Event");
+        assert_eq!(first["type"], "Normal");
+        assert_eq!(first["message"], ensured.as_str());
+        assert_eq!(first["involvedObject"]["kind"], "Service");
+        assert_eq!(first["involvedObject"]["namespace"], "default");
+        assert_eq!(first["involvedObject"]["name"], "web");
+        assert_eq!(first["involvedObject"]["uid"], svc["metadata"]["uid"]);
+
+        let anonymous = env
+            .b
+            .call(Method::GET, &events_path, None, Body::empty())
+            .await;
+        assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+        let bad = call(
+            &env.b,
+            Method::GET,
+            &format!("/v1/harvester/guestclusters/{NS}/Not_A_Name/events"),
+            None,
+        )
+        .await;
+        assert_eq!(
+            bad.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{}",
+            bad.text()
+        );
+    }
+
     /// The Kubernetes backend keeps no guest clusters: they run `harvester-cloud ccm`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_kubernetes_backend_points_to_the_ccm() {

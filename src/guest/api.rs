@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::{
-    api::core::v1::{ConfigMap, Service},
+    api::core::v1::{ConfigMap, Event, Service},
     apimachinery::pkg::util::intstr::IntOrString,
 };
 use serde_json::Value;
@@ -256,11 +256,41 @@ impl GuestClusters {
         namespace: &str,
         cluster: &str,
     ) -> Result<(Vec<Service>, String), GuestApiError> {
+        self.list(namespace, cluster).await
+    }
+
+    /// The Events of a guest cluster (the reconciler's, about its Services), oldest first.
+    pub async fn list_events(
+        &self,
+        namespace: &str,
+        cluster: &str,
+    ) -> Result<(Vec<Event>, String), GuestApiError> {
+        let (mut events, revision) = self.list::<Event>(namespace, cluster).await?;
+        events.sort_by(|a, b| {
+            let last = |e: &Event| {
+                e.last_timestamp
+                    .as_ref()
+                    .map(|t| t.0)
+                    .or(e.event_time.as_ref().map(|t| t.0))
+            };
+            last(a)
+                .cmp(&last(b))
+                .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+        });
+        Ok((events, revision))
+    }
+
+    /// Every object of a kind in a guest cluster, and the store's revision.
+    async fn list<K: crate::store::Object>(
+        &self,
+        namespace: &str,
+        cluster: &str,
+    ) -> Result<(Vec<K>, String), GuestApiError> {
         let view = self.cluster(namespace, cluster)?;
         let key = view.key().clone();
         let list = view
             .list(
-                &crate::store::Kind::of::<Service>(),
+                &crate::store::Kind::of::<K>(),
                 None,
                 &LabelSelector::everything(),
             )
@@ -274,7 +304,7 @@ impl GuestClusters {
                     reason: e.to_string(),
                 })
             })
-            .collect::<Result<Vec<Service>, _>>()?;
+            .collect::<Result<Vec<K>, _>>()?;
         Ok((items, list.resource_version))
     }
 

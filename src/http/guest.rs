@@ -1,5 +1,6 @@
 //! Guest clusters' Services (embedded backend): core/v1 Services of a guest cluster, created or
-//! replaced with PUT, read, deleted, listed as a ServiceList; and deleting a whole guest cluster.
+//! replaced with PUT, read, deleted, listed as a ServiceList; their Events as an EventList; and
+//! deleting a whole guest cluster.
 //! The reconciler gives each Service of type LoadBalancer its address; GET shows it (annotation
 //! `kube-vip.io/loadbalancerIPs`, `status.loadBalancer.ingress`).
 
@@ -18,6 +19,7 @@ use crate::guest::{api::GuestClusters, clusters::ClusterDeletion};
 
 pub const CLUSTER_PATH: &str = "/v1/harvester/guestclusters/{namespace}/{cluster}";
 pub const SERVICES_PATH: &str = "/v1/harvester/guestclusters/{namespace}/{cluster}/services";
+pub const EVENTS_PATH: &str = "/v1/harvester/guestclusters/{namespace}/{cluster}/events";
 pub const SERVICE_PATH: &str =
     "/v1/harvester/guestclusters/{namespace}/{cluster}/services/{svcNamespace}/{svcName}";
 
@@ -25,17 +27,39 @@ fn guests(state: &AppState) -> Result<&GuestClusters, ApiError> {
     state.guests.as_ref().ok_or(ApiError::NoGuestClusters)
 }
 
-/// A Service as a Kubernetes client reads it (`apiVersion` and `kind` included).
-fn service(svc: &Service) -> Result<Value, ApiError> {
-    let mut value = serde_json::to_value(svc).map_err(|e| ApiError::Encode {
-        what: "service",
+/// A core/v1 object as a Kubernetes client reads it (`apiVersion` and `kind` included).
+fn core_v1<K: serde::Serialize>(obj: &K, kind: &'static str) -> Result<Value, ApiError> {
+    let mut value = serde_json::to_value(obj).map_err(|e| ApiError::Encode {
+        what: kind,
         reason: e.to_string(),
     })?;
     if let Some(fields) = value.as_object_mut() {
         fields.insert("apiVersion".into(), Value::from("v1"));
-        fields.insert("kind".into(), Value::from("Service"));
+        fields.insert("kind".into(), Value::from(kind));
     }
     Ok(value)
+}
+
+fn service(svc: &Service) -> Result<Value, ApiError> {
+    core_v1(svc, "Service")
+}
+
+/// A core/v1 list (`ServiceList`, `EventList`).
+fn core_v1_list<K: serde::Serialize>(
+    items: &[K],
+    kind: &'static str,
+    revision: String,
+) -> Result<Json<Value>, ApiError> {
+    let items = items
+        .iter()
+        .map(|i| core_v1(i, kind))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": format!("{kind}List"),
+        "metadata": {"resourceVersion": revision},
+        "items": items,
+    })))
 }
 
 pub async fn list_services(
@@ -44,13 +68,18 @@ pub async fn list_services(
     Path((namespace, cluster)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let (items, revision) = guests(&state)?.list_services(&namespace, &cluster).await?;
-    let items = items.iter().map(service).collect::<Result<Vec<_>, _>>()?;
-    Ok(Json(serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "ServiceList",
-        "metadata": {"resourceVersion": revision},
-        "items": items,
-    })))
+    core_v1_list(&items, "Service", revision)
+}
+
+/// The guest cluster's Events (what the reconciler reports about its Services: addresses ensured,
+/// refusals with upstream's messages, a primary's deletion waiting for its secondaries), oldest first.
+pub async fn list_events(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path((namespace, cluster)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let (items, revision) = guests(&state)?.list_events(&namespace, &cluster).await?;
+    core_v1_list(&items, "Event", revision)
 }
 
 pub async fn get_service(

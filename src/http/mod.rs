@@ -141,6 +141,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         get(lb::get_lb).put(lb::update_lb).delete(lb::delete_lb),
     )
     .add(guest::SERVICES_PATH, &["GET"], get(guest::list_services))
+    .add(guest::EVENTS_PATH, &["GET"], get(guest::list_events))
     .add(
         guest::SERVICE_PATH,
         &["GET", "PUT", "DELETE"],
