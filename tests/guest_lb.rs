@@ -655,6 +655,20 @@ fn on_network(network: &str) -> Value {
     json!({"network": network, "scope": [{"project": "*", "namespace": NS, "guestCluster": CLUSTER}]})
 }
 
+/// Harvester VM networks (NetworkAttachmentDefinitions) in `default`.
+async fn create_nads<E: GuestEnv>(env: &E, names: &[&str]) {
+    let nads = Api::<NetworkAttachmentDefinition>::new(env.harvester().store());
+    for name in names {
+        let nad: NetworkAttachmentDefinition = serde_json::from_value(json!({
+            "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"config": "{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\"}"}
+        }))
+        .expect("nad");
+        nads.create(&nad).await.expect("creates");
+    }
+}
+
 /// The pool's allocations: IP → `namespace/name` of the LoadBalancer.
 async fn allocated<E: GuestEnv>(env: &E, pool: &str) -> BTreeMap<String, String> {
     let p = ok(
@@ -766,16 +780,7 @@ mod cases {
     /// network; without an annotation, the management network (ccm flag) and then Harvester's
     /// findNetwork (a VMI of the guest cluster, by label before the legacy name prefix) decide.
     pub async fn network_resolution_order<E: GuestEnv>(env: E) {
-        let nads = Api::<NetworkAttachmentDefinition>::new(env.harvester().store());
-        for name in ["vlan10", "vlan20", "mgmt"] {
-            let nad: NetworkAttachmentDefinition = serde_json::from_value(json!({
-                "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {"config": "{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\"}"}
-            }))
-            .expect("nad");
-            nads.create(&nad).await.expect("creates");
-        }
+        create_nads(&env, &["vlan10", "vlan20", "mgmt"]).await;
         create_pool(
             &env,
             "p10",
@@ -921,16 +926,7 @@ mod cases {
         .await
         .expect("accepted");
         address(&env, "default", "first").await;
-        let nads = Api::<NetworkAttachmentDefinition>::new(env.harvester().store());
-        for name in ["vlan10", "vlan20"] {
-            let nad: NetworkAttachmentDefinition = serde_json::from_value(json!({
-                "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {"config": "{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\"}"}
-            }))
-            .expect("nad");
-            nads.create(&nad).await.expect("creates");
-        }
+        create_nads(&env, &["vlan10", "vlan20"]).await;
         let vmis = Api::<VirtualMachineInstance>::new(env.harvester().store());
         // (name, cluster, phase, [(NIC, NAD, guest interface)])
         let mk_vmi = |name: &str, cluster: &str, phase: &str, nics: &[(&str, &str, &str)]| {
