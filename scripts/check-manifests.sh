@@ -2,7 +2,8 @@
 # Checks what ships for Kubernetes: lints and renders the Helm chart with the real helm, checks that
 # deploy/manifests/harvester-cloud.yaml is the chart rendered for plain `kubectl apply` and that the
 # chart's CRDs are deploy/crds (which tests/crds.rs checks against `harvester-cloud crds`), and
-# validates every manifest and rendering with kubernetes-validate against the Kubernetes schemas.
+# validates every manifest and rendering with kubernetes-validate against the Kubernetes schemas
+# (also deploy/ccm, the guest cluster's ccm, whose RBAC tests/guest_lb.rs runs the ccm with).
 #
 #   scripts/check-manifests.sh            check
 #   scripts/check-manifests.sh --update   rewrite deploy/manifests/harvester-cloud.yaml
@@ -61,7 +62,8 @@ fi
 
 echo "kubernetes-validate"
 kubernetes-validate --strict --quiet \
-  "$MANIFEST" "$WORK/generated-tls.yaml" "$WORK/custom.yaml" "$ROOT"/deploy/crds/*.yaml
+  "$MANIFEST" "$WORK/generated-tls.yaml" "$WORK/custom.yaml" "$ROOT"/deploy/crds/*.yaml \
+  "$ROOT/deploy/ccm/harvester-cloud-ccm.yaml"
 # HelmChart is helm.cattle.io's custom resource, unknown to the Kubernetes schemas: check its shape.
 python3 - "$ROOT/deploy/helmchart.yaml" <<'PY'
 import sys, yaml

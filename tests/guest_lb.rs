@@ -342,6 +342,54 @@ impl KubeEnv {
         }
     }
 
+    /// The ccm as `deploy/ccm/harvester-cloud-ccm.yaml` runs it in a guest cluster: as its
+    /// ServiceAccount, with exactly the manifest's RBAC objects applied to the guest.
+    async fn with_manifest_rbac() -> Self {
+        let mut env = Self::without_ccm().await;
+        let manifest = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/ccm/harvester-cloud-ccm.yaml"
+        ))
+        .expect("reads the ccm manifest");
+        let rbac_kinds = ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"];
+        let mut applied = 0;
+        for doc in yaml_serde::Deserializer::from_str(&manifest) {
+            let obj: ::kube::api::DynamicObject =
+                serde::Deserialize::deserialize(doc).expect("a Kubernetes object");
+            let types = obj.types.clone().expect("apiVersion and kind");
+            if !rbac_kinds.contains(&types.kind.as_str()) {
+                continue;
+            }
+            let (group, version) = types.api_version.split_once('/').expect("a group");
+            let gvk = ::kube::api::GroupVersionKind::gvk(group, version, &types.kind);
+            let resource = ::kube::api::ApiResource::from_gvk(&gvk);
+            let api: ::kube::Api<::kube::api::DynamicObject> = match &obj.metadata.namespace {
+                Some(ns) => ::kube::Api::namespaced_with(env.guest_client.clone(), ns, &resource),
+                None => ::kube::Api::all_with(env.guest_client.clone(), &resource),
+            };
+            api.create(&PostParams::default(), &obj)
+                .await
+                .unwrap_or_else(|e| panic!("creates {} from the manifest: {e}", types.kind));
+            applied += 1;
+        }
+        assert_eq!(applied, 4, "the manifest's RBAC objects");
+        let token = env._guest.add_user(
+            "system:serviceaccount:kube-system:harvester-cloud-ccm",
+            &[
+                "system:serviceaccounts",
+                "system:serviceaccounts:kube-system",
+                "system:authenticated",
+            ],
+        );
+        std::fs::write(
+            env.dir.path().join("guest.kubeconfig"),
+            env._guest.kubeconfig_for_token(&token, "kube-system"),
+        )
+        .expect("writes");
+        env.start_ccm();
+        env
+    }
+
     fn start_ccm(&mut self) {
         let args = ccm_args(self.dir.path());
         self.ccm = Some(Task::spawn(|stop| async move {
@@ -1914,5 +1962,18 @@ suite!(
         service_deletion_releases,
         uid_change_does_not_leak,
         guest_cluster_deletion,
+    ]
+);
+
+// The ccm with only the guest-side rights its manifest grants: cases that touch every one of them
+// (Services and their status, Events, the NAD mapping ConfigMap and its watch, the Lease).
+suite!(
+    kube_manifest_rbac,
+    KubeEnv::with_manifest_rbac(),
+    [
+        pool_and_dhcp_services_get_addresses,
+        nad_mapping_follows_the_vmis,
+        share_ip,
+        service_deletion_releases,
     ]
 );
