@@ -118,6 +118,7 @@ trait GuestEnv {
     async fn set_nad_mapping(&self, mapping: &str);
     /// The guest's NAD mapping ConfigMap, if it exists.
     async fn nad_mapping(&self) -> Option<ConfigMap>;
+    async fn delete_nad_mapping(&self);
     /// Deletes a Service behind the reconciler's back (its finalizer stripped), as a crash or a
     /// forced deletion would.
     async fn force_delete(&self, ns: &str, name: &str);
@@ -236,6 +237,17 @@ impl GuestEnv for EmbeddedEnv {
             .get("kube-system", "harvester-nad-mapping")
             .await
             .expect("reads")
+    }
+
+    async fn delete_nad_mapping(&self) {
+        Api::<ConfigMap>::new(self.cluster_store())
+            .delete(
+                "kube-system",
+                "harvester-nad-mapping",
+                &Preconditions::default(),
+            )
+            .await
+            .expect("deletes");
     }
 
     async fn force_delete(&self, ns: &str, name: &str) {
@@ -476,6 +488,14 @@ impl GuestEnv for KubeEnv {
         let api: ::kube::Api<ConfigMap> =
             ::kube::Api::namespaced(self.guest_client.clone(), "kube-system");
         api.get_opt("harvester-nad-mapping").await.expect("reads")
+    }
+
+    async fn delete_nad_mapping(&self) {
+        let api: ::kube::Api<ConfigMap> =
+            ::kube::Api::namespaced(self.guest_client.clone(), "kube-system");
+        api.delete("harvester-nad-mapping", &DeleteParams::default())
+            .await
+            .expect("deletes");
     }
 
     async fn force_delete(&self, ns: &str, name: &str) {
@@ -1113,6 +1133,15 @@ mod cases {
             annotation(&svc, "kube-vip.io/serviceInterface"),
             Some("enp3s0")
         );
+
+        // Deleted by someone: written again.
+        env.delete_nad_mapping().await;
+        eventually("the NAD mapping to be written again", async || {
+            (value().await.as_deref()
+                == Some(r#"{"default/vlan10":"enp2s0","default/vlan20":"enp3s0"}"#))
+            .then_some(())
+        })
+        .await;
 
         // All nodes down (an upgrade, a power cut): the mapping stays as it was.
         for name in ["node-a", "node-b"] {

@@ -20,11 +20,15 @@
 //!   the interfaces of the VMs do not change while they are down, and an empty map would refuse every
 //!   Service that names a network.
 //! - The ConfigMap is written only when its value changes; each write wakes the Services that name a
-//!   network (the reconciler watches the ConfigMap, whoever writes it).
+//!   network (the reconciler watches the ConfigMap, whoever writes it). A ConfigMap changed or
+//!   deleted by someone else is written again.
 
 use std::{
     collections::BTreeMap,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -179,18 +183,38 @@ async fn write(config_maps: &Api<ConfigMap>, value: &str) -> Result<bool, StoreE
     Err(last.expect("the loop ran"))
 }
 
+/// Wakes the sync: a VMI of the cluster changed, or the ConfigMap did (someone else wrote or
+/// deleted it), in which case the sync reads it again instead of trusting what it last wrote.
+#[derive(Clone, Default)]
+pub struct Trigger {
+    changed: Arc<Notify>,
+    config_map_changed: Arc<AtomicBool>,
+}
+
+impl Trigger {
+    fn vmis_changed(&self) {
+        self.changed.notify_one();
+    }
+
+    /// The mapping ConfigMap was written or deleted (by anyone, this sync included).
+    pub fn config_map_changed(&self) {
+        self.config_map_changed.store(true, Ordering::Release);
+        self.changed.notify_one();
+    }
+}
+
 /// Keeps guest cluster `cluster`'s mapping ConfigMap (in `guest`) in step with its VMIs (in
 /// `harvester`, the cluster's namespace there) until `stop`.
 pub async fn run(
     guest: Arc<dyn ObjectStore>,
     harvester: Arc<dyn ObjectStore>,
     cluster: GuestContext,
+    trigger: Trigger,
     stop: CancellationToken,
 ) {
     let (cache, writer) = reflector::store::<VirtualMachineInstance>();
-    let changed = Arc::new(Notify::new());
     let watch = {
-        let (changed, name) = (changed.clone(), cluster.cluster.clone());
+        let (trigger, name) = (trigger.clone(), cluster.cluster.clone());
         reflector::reflector(
             writer,
             watcher::<VirtualMachineInstance>(
@@ -207,25 +231,28 @@ pub async fn run(
                 _ => false,
             };
             if relevant {
-                changed.notify_one();
+                trigger.vmis_changed();
             }
             std::future::ready(())
         })
     };
     let sync = {
-        let (stop, changed) = (stop.clone(), changed.clone());
+        let stop = stop.clone();
         let config_maps = Api::<ConfigMap>::new(guest);
         async move {
             let mut written: Option<String> = None;
             let mut warned_at: Option<Instant> = None;
             loop {
                 tokio::select! {
-                    _ = changed.notified() => {}
+                    _ = trigger.changed.notified() => {}
                     _ = stop.cancelled() => return,
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(SETTLE) => {}
                     _ = stop.cancelled() => return,
+                }
+                if trigger.config_map_changed.swap(false, Ordering::AcqRel) {
+                    written = None;
                 }
                 let Some(mapping) =
                     cluster_mapping(cache.state().iter().map(|v| &**v), &cluster.cluster)
@@ -252,11 +279,10 @@ pub async fn run(
                             warn!(cluster = %cluster.cluster, error = %e, "cannot write the NAD mapping ConfigMap; retrying");
                             warned_at = Some(Instant::now());
                         }
-                        let changed = changed.clone();
-                        let stop = stop.clone();
+                        let (trigger, stop) = (trigger.clone(), stop.clone());
                         tokio::spawn(async move {
                             tokio::select! {
-                                _ = tokio::time::sleep(RETRY) => changed.notify_one(),
+                                _ = tokio::time::sleep(RETRY) => trigger.vmis_changed(),
                                 _ = stop.cancelled() => {}
                             }
                         });

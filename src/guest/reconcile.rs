@@ -1330,8 +1330,9 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
 
     // The guest's NAD mapping: a change (by the sync below, or by anyone) wakes the Services that
     // name a network, so one refused for a network the mapping lacked goes on once it has it.
+    let nad_trigger = nad::Trigger::default();
     let nad_changes = {
-        let (wake, services) = (wake_tx.clone(), svc_cache.clone());
+        let (wake, services, trigger) = (wake_tx.clone(), svc_cache.clone(), nad_trigger.clone());
         watcher::<ConfigMap>(
             ports.guest.clone(),
             Kind::of::<ConfigMap>(),
@@ -1342,6 +1343,7 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
             if let Ok(WatchEvent::Apply(cm) | WatchEvent::Delete(cm)) = &e
                 && cm.metadata.name.as_deref() == Some(keys::NAD_MAPPING_NAME)
             {
+                trigger.config_map_changed();
                 for svc in services.state() {
                     if annotation(&svc, keys::SVC_NETWORK).is_some_and(|n| !n.is_empty()) {
                         let _ = wake.send(ObjectRef::from_obj(&*svc));
@@ -1355,6 +1357,7 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
         ports.guest.clone(),
         ports.harvester.clone(),
         cluster.clone(),
+        nad_trigger,
         stop.clone(),
     );
 
