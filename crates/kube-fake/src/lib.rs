@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod api;
 pub mod auth;
 pub mod cli;
@@ -33,6 +34,8 @@ pub mod store;
 pub mod table;
 pub mod tls;
 pub mod watch;
+pub mod webhook_client;
+pub mod webhooks;
 
 pub use server::{FakeApiServer, FakeApiServerBuilder, FakeError, FakeHandle, kubeconfig};
 pub use state::RequestRecord;
