@@ -142,7 +142,11 @@ fn tls_cause(e: &std::io::Error) -> String {
     use rustls::{CertificateError, Error};
     let inner = e.get_ref().and_then(|i| i.downcast_ref::<Error>()).cloned();
     match inner {
-        Some(Error::InvalidCertificate(CertificateError::UnknownIssuer)) => {
+        // A CA with the issuer's name but another key fails on the signature; Go reports both as
+        // an unknown authority.
+        Some(Error::InvalidCertificate(
+            CertificateError::UnknownIssuer | CertificateError::BadSignature,
+        )) => {
             "tls: failed to verify certificate: x509: certificate signed by unknown authority"
                 .into()
         }
@@ -151,7 +155,11 @@ fn tls_cause(e: &std::io::Error) -> String {
             presented,
         })) => format!(
             "tls: failed to verify certificate: x509: certificate is valid for {}, not {}",
-            presented.join(", "),
+            presented
+                .iter()
+                .map(|p| bare_name(p))
+                .collect::<Vec<_>>()
+                .join(", "),
             expected.to_str()
         ),
         Some(Error::InvalidCertificate(CertificateError::NotValidForName)) => {
@@ -160,6 +168,15 @@ fn tls_cause(e: &std::io::Error) -> String {
         Some(other) => format!("tls: {other}"),
         None => format!("remote error: {e}"),
     }
+}
+
+/// `DnsName("a.b")` or `IpAddress(1.2.3.4)` as rustls presents names, bare.
+fn bare_name(presented: &str) -> &str {
+    let inner = presented
+        .split_once('(')
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .unwrap_or(presented);
+    inner.trim_matches('"')
 }
 
 fn dial_cause(addr: &str, e: &std::io::Error) -> String {
