@@ -563,7 +563,7 @@ async fn call(
         let review = req.review(&uid, object, old);
         match webhook_client::post(hook, services, &review).await {
             Ok(body) => verdict(hook, &uid, &body),
-            Err(e) => Err(e),
+            Err(e) => Err(e.to_string()),
         }
     } else {
         Err("could not create admission objects: webhook does not accept known AdmissionReview versions (v1, v1beta1); kube-fake sends only v1".into())

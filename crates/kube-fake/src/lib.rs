@@ -1,7 +1,8 @@
 //! A small Kubernetes API server fake for tests: real API semantics (discovery, canonical Status
 //! errors, resourceVersion and optimistic concurrency, patches and server-side apply, status
 //! subresource, watch with replay, finalizers, CRDs, the token controller, TokenRequest, TokenReview,
-//! and RBAC evaluated from stored objects) over HTTPS with bearer-token authentication.
+//! RBAC evaluated from stored objects, and admission webhooks called over HTTPS) over HTTPS with
+//! bearer-token authentication.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kube_fake::FakeError> {

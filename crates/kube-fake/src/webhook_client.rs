@@ -28,6 +28,48 @@ const MAX_RESPONSE: usize = 3 * 1024 * 1024;
 /// Service references the fake resolves: `(namespace, name)` to the address to connect to.
 pub type ServiceMap = HashMap<(String, String), SocketAddr>;
 
+/// Why a webhook could not be called; the texts are the real server's reasons (what follows
+/// `failed calling webhook "<name>": `).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The caBundle holds no usable PEM certificate.
+    #[error(
+        "could not get REST client: unable to load root certificates: unable to parse bytes as PEM block"
+    )]
+    RootCertificates,
+    /// The TLS client could not be configured.
+    #[error("could not get REST client: {0}")]
+    ClientConfig(String),
+    /// The review could not be encoded.
+    #[error("could not create admission objects: {0}")]
+    Encode(String),
+    /// The service reference has no address in the fake's service map.
+    #[error("failed to call webhook: Post \"{url}\": service \"{service}\" not found")]
+    ResolveService {
+        /// The URL of the call.
+        url: String,
+        /// The service name.
+        service: String,
+    },
+    /// Connecting, the TLS handshake or the HTTP exchange failed.
+    #[error("failed to call webhook: Post \"{url}\": {cause}")]
+    Post {
+        /// The URL of the call.
+        url: String,
+        /// Go's wording of the cause where known.
+        cause: String,
+    },
+    /// The webhook answered with a non-2xx status.
+    #[error("failed to call webhook: {0}")]
+    Answer(String),
+    /// No answer within `timeoutSeconds`.
+    #[error("failed to call webhook: Post \"{url}\": context deadline exceeded")]
+    Timeout {
+        /// The URL of the call.
+        url: String,
+    },
+}
+
 /// Where one webhook call goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Endpoint {
@@ -50,7 +92,7 @@ fn timeout_param(t: Duration) -> String {
     format!("timeout={}s", t.as_secs().max(1))
 }
 
-fn endpoint(hook: &Webhook, services: &ServiceMap) -> Result<Endpoint, String> {
+fn endpoint(hook: &Webhook, services: &ServiceMap) -> Result<Endpoint, CallError> {
     let q = timeout_param(hook.timeout);
     match &hook.client {
         Client::Url(url) => {
@@ -92,9 +134,10 @@ fn endpoint(hook: &Webhook, services: &ServiceMap) -> Result<Endpoint, String> {
             let authority = format!("{server_name}:{port}");
             let url = format!("https://{authority}{path}?{q}");
             let Some(addr) = services.get(&(namespace.clone(), name.clone())) else {
-                return Err(format!(
-                    "failed to call webhook: Post \"{url}\": service \"{name}\" not found"
-                ));
+                return Err(CallError::ResolveService {
+                    url,
+                    service: name.clone(),
+                });
             };
             let path = if path.is_empty() { "/" } else { path.as_str() };
             Ok(Endpoint {
@@ -110,27 +153,26 @@ fn endpoint(hook: &Webhook, services: &ServiceMap) -> Result<Endpoint, String> {
     }
 }
 
-fn tls_config(ca_bundle: &str) -> Result<rustls::ClientConfig, String> {
-    const NO_ROOTS: &str = "could not get REST client: unable to load root certificates: unable to parse bytes as PEM block";
+fn tls_config(ca_bundle: &str) -> Result<rustls::ClientConfig, CallError> {
     let mut roots = rustls::RootCertStore::empty();
     if !ca_bundle.is_empty() {
         let pem = STANDARD
             .decode(ca_bundle)
-            .map_err(|_| NO_ROOTS.to_string())?;
+            .map_err(|_| CallError::RootCertificates)?;
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
             .collect::<Result<_, _>>()
-            .map_err(|_| NO_ROOTS.to_string())?;
+            .map_err(|_| CallError::RootCertificates)?;
         if certs.is_empty() {
-            return Err(NO_ROOTS.into());
+            return Err(CallError::RootCertificates);
         }
         for c in certs {
-            roots.add(c).map_err(|_| NO_ROOTS.to_string())?;
+            roots.add(c).map_err(|_| CallError::RootCertificates)?;
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("could not get REST client: {e}"))?
+        .map_err(|e| CallError::ClientConfig(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -211,8 +253,11 @@ async fn exchange(
     ep: &Endpoint,
     config: rustls::ClientConfig,
     body: Vec<u8>,
-) -> Result<Bytes, String> {
-    let post = |cause: String| format!("failed to call webhook: Post \"{}\": {cause}", ep.url);
+) -> Result<Bytes, CallError> {
+    let post = |cause: String| CallError::Post {
+        url: ep.url.clone(),
+        cause,
+    };
     let tcp = match ep.addr {
         Some(addr) => TcpStream::connect(addr)
             .await
@@ -259,30 +304,23 @@ async fn exchange(
         .map_err(|e| post(e.to_string()))?
         .to_bytes();
     if !(200..300).contains(&code) {
-        return Err(format!(
-            "failed to call webhook: {}",
-            response_cause(code, &bytes)
-        ));
+        return Err(CallError::Answer(response_cause(code, &bytes)));
     }
     Ok(bytes)
 }
 
-/// POSTs a review to a webhook and returns the response body; `Err` is the failure text after
-/// `failed calling webhook "<name>": `.
+/// POSTs a review to a webhook and returns the response body.
 pub async fn post(
     hook: &Webhook,
     services: &ServiceMap,
     review: &serde_json::Value,
-) -> Result<Bytes, String> {
+) -> Result<Bytes, CallError> {
     let ep = endpoint(hook, services)?;
     let config = tls_config(&hook.ca_bundle)?;
-    let body = serde_json::to_vec(review).map_err(|e| e.to_string())?;
+    let body = serde_json::to_vec(review).map_err(|e| CallError::Encode(e.to_string()))?;
     match tokio::time::timeout(hook.timeout, exchange(&ep, config, body)).await {
         Ok(result) => result,
-        Err(_) => Err(format!(
-            "failed to call webhook: Post \"{}\": context deadline exceeded",
-            ep.url
-        )),
+        Err(_) => Err(CallError::Timeout { url: ep.url }),
     }
 }
 
@@ -336,7 +374,9 @@ mod tests {
         let addr = SocketAddr::from(([127, 0, 0, 1], 9443));
         let mut services = ServiceMap::new();
         assert_eq!(
-            endpoint(&mk_hook(svc.clone()), &services).err(),
+            endpoint(&mk_hook(svc.clone()), &services)
+                .err()
+                .map(|e| e.to_string()),
             Some(
                 "failed to call webhook: Post \"https://hook.ns.svc:443/mutate?timeout=10s\": service \"hook\" not found"
                     .to_string()
