@@ -15,6 +15,7 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use serde_json::{Value, json};
 use tracing::{Instrument, debug, info_span};
 
+use crate::admission;
 use crate::auth::{self, API_AUDIENCE, Identity, TokenKind};
 use crate::clock;
 use crate::discovery;
@@ -437,7 +438,7 @@ async fn serve(
     if parts.method != Method::GET {
         return Err(ApiError {
             code: 405,
-            reason: "MethodNotAllowed",
+            reason: "MethodNotAllowed".into(),
             message: "the server does not allow this method on the requested resource".into(),
             details: Some(Default::default()),
         });
@@ -496,7 +497,7 @@ async fn read_body(
         .await
         .map_err(|_| ApiError {
             code: 413,
-            reason: "RequestEntityTooLarge",
+            reason: "RequestEntityTooLarge".into(),
             message: "the request body is too large".into(),
             details: None,
         })?;
@@ -674,6 +675,7 @@ async fn serve_resource(
         };
     }
     let fields = FieldSelector::parse(&fields, rt.field_labels())?;
+    let manager = query.get("fieldManager").cloned().unwrap_or_default();
 
     match verb {
         "watch" => {
@@ -733,46 +735,35 @@ async fn serve_resource(
         }
         "create" => {
             let (body, _) = read_body(body, headers, false).await?;
-            let mut inner = shared.lock();
-            let (code, obj) = match rt.behaviour {
-                Behaviour::ServiceAccount if sub.as_deref() == Some("token") => (
-                    StatusCode::CREATED,
-                    token_request(&mut inner, &namespace, &name, body)?,
-                ),
-                b if rt.is_virtual() => (
-                    StatusCode::CREATED,
-                    review(&inner, &rt, b, &namespace, body, &id)?,
-                ),
-                _ => (
-                    StatusCode::CREATED,
-                    ops::create(
-                        &mut inner,
-                        &rt,
-                        &version,
-                        rp.namespace.as_deref(),
+            let obj = match rt.behaviour {
+                Behaviour::ServiceAccount if sub.as_deref() == Some("token") => {
+                    token_request(&mut shared.lock(), &namespace, &name, body)?
+                }
+                b if rt.is_virtual() => review(&shared.lock(), &rt, b, &namespace, body, &id)?,
+                _ => {
+                    let write = admission::Write::Create {
+                        namespace: rp.namespace.clone(),
                         body,
-                        &ctx,
-                    )?,
-                ),
+                        manager: manager.clone(),
+                    };
+                    admission::write(&shared, &rt, &version, write, &ctx)
+                        .await?
+                        .0
+                }
             };
-            drop(inner);
             shared.wake.notify_one();
-            Ok(respond(code, &obj, plain(output)))
+            Ok(respond(StatusCode::CREATED, &obj, plain(output)))
         }
         "update" => {
             let (body, _) = read_body(body, headers, false).await?;
-            let mut inner = shared.lock();
-            let (obj, created) = ops::update(
-                &mut inner,
-                &rt,
-                &version,
-                &namespace,
-                &name,
+            let write = admission::Write::Update {
+                namespace: namespace.clone(),
+                name: name.clone(),
                 body,
-                sub.as_deref(),
-                &ctx,
-            )?;
-            drop(inner);
+                subresource: sub.clone(),
+                manager: manager.clone(),
+            };
+            let (obj, created) = admission::write(&shared, &rt, &version, write, &ctx).await?;
             shared.wake.notify_one();
             Ok(respond(
                 if created {
@@ -787,27 +778,21 @@ async fn serve_resource(
         "patch" => {
             let (body, ptype) = read_body(body, headers, true).await?;
             let ptype = ptype.unwrap_or(PatchType::Merge);
-            let manager = query.get("fieldManager").cloned().unwrap_or_default();
             if ptype == PatchType::Apply && manager.is_empty() {
                 return Err(ApiError::bad_request(
                     "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
                 ));
             }
-            let mut inner = shared.lock();
-            let (obj, created) = ops::patch(
-                &mut inner,
-                &rt,
-                &version,
-                &namespace,
-                &name,
+            let write = admission::Write::Patch {
+                namespace: namespace.clone(),
+                name: name.clone(),
                 ptype,
-                &body,
-                sub.as_deref(),
-                &manager,
-                flag(&query, "force"),
-                &ctx,
-            )?;
-            drop(inner);
+                body,
+                subresource: sub.clone(),
+                manager: manager.clone(),
+                force: flag(&query, "force"),
+            };
+            let (obj, created) = admission::write(&shared, &rt, &version, write, &ctx).await?;
             shared.wake.notify_one();
             Ok(respond(
                 if created {
@@ -821,10 +806,8 @@ async fn serve_resource(
         }
         "delete" => {
             let options = delete_options(body, headers, &query).await?;
-            let mut inner = shared.lock();
             let key = ops::key_of(&rt, &namespace, &name);
-            let outcome = ops::delete(&mut inner, &rt, &key, &options, &ctx)?;
-            drop(inner);
+            let outcome = admission::delete(&shared, &rt, &version, key, options, &ctx).await?;
             shared.wake.notify_one();
             let body = match outcome {
                 Deleted::Pending(obj) => ops::to_version(&rt, &version, &obj),
@@ -844,24 +827,44 @@ async fn serve_resource(
         }
         _ => {
             let options = delete_options(body, headers, &query).await?;
-            let mut inner = shared.lock();
-            let keys: Vec<_> = inner
-                .store
-                .list(&rt.storage.0, &rt.storage.1, rp.namespace.as_deref())
-                .into_iter()
-                .filter(|(_, o)| labels.matches(o) && fields.matches(o))
-                .map(|(k, _)| k.clone())
-                .collect();
+            let keys_of = |inner: &Inner| -> Vec<_> {
+                inner
+                    .store
+                    .list(&rt.storage.0, &rt.storage.1, rp.namespace.as_deref())
+                    .into_iter()
+                    .filter(|(_, o)| labels.matches(o) && fields.matches(o))
+                    .map(|(k, _)| k.clone())
+                    .collect()
+            };
+            let admitted = admission::enabled(&shared.lock(), &rt);
             let mut items = Vec::new();
-            for key in keys {
-                match ops::delete(&mut inner, &rt, &key, &options, &ctx)? {
-                    Deleted::Gone(o) | Deleted::Pending(o) => {
-                        items.push(ops::to_version(&rt, &version, &o))
+            let rv = if admitted {
+                let keys = keys_of(&shared.lock());
+                // Each object is admitted as its own DELETE, as the real DeleteCollection does;
+                // one deleted meanwhile is skipped.
+                for key in keys {
+                    match admission::delete(&shared, &rt, &version, key, options.clone(), &ctx)
+                        .await
+                    {
+                        Ok(Deleted::Gone(o) | Deleted::Pending(o)) => {
+                            items.push(ops::to_version(&rt, &version, &o))
+                        }
+                        Err(e) if e.code == 404 => {}
+                        Err(e) => return Err(e),
                     }
                 }
-            }
-            let rv = inner.store.current_rv().to_string();
-            drop(inner);
+                shared.lock().store.current_rv().to_string()
+            } else {
+                let mut inner = shared.lock();
+                for key in keys_of(&inner) {
+                    match ops::delete(&mut inner, &rt, &key, &options, &ctx)? {
+                        Deleted::Gone(o) | Deleted::Pending(o) => {
+                            items.push(ops::to_version(&rt, &version, &o))
+                        }
+                    }
+                }
+                inner.store.current_rv().to_string()
+            };
             shared.wake.notify_one();
             let doc = json!({"kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(&version),
                 "metadata": {"resourceVersion": rv}, "items": items});

@@ -1,7 +1,8 @@
 //! A small Kubernetes API server fake for tests: real API semantics (discovery, canonical Status
 //! errors, resourceVersion and optimistic concurrency, patches and server-side apply, status
 //! subresource, watch with replay, finalizers, CRDs, the token controller, TokenRequest, TokenReview,
-//! and RBAC evaluated from stored objects) over HTTPS with bearer-token authentication.
+//! RBAC evaluated from stored objects, and admission webhooks called over HTTPS) over HTTPS with
+//! bearer-token authentication.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kube_fake::FakeError> {
@@ -14,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod api;
 pub mod auth;
 pub mod cli;
@@ -33,6 +35,8 @@ pub mod store;
 pub mod table;
 pub mod tls;
 pub mod watch;
+pub mod webhook_client;
+pub mod webhooks;
 
 pub use server::{FakeApiServer, FakeApiServerBuilder, FakeError, FakeHandle, kubeconfig};
 pub use state::RequestRecord;

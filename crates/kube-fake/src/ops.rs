@@ -261,6 +261,28 @@ pub fn type_for_storage(inner: &Inner, group: &str, plural: &str) -> Option<Reso
         .cloned()
 }
 
+/// A write computed under the lock, with the built-in admission done, but not yet stored: the
+/// admission chain sends it to webhooks with the lock released, then commits it.
+#[derive(Debug, Clone)]
+pub enum Plan {
+    /// A create of `obj` (storage shape) under `key`.
+    Create {
+        /// Where it goes.
+        key: Key,
+        /// The object to store.
+        obj: Value,
+    },
+    /// An update from `old` (as stored now) to `new` (storage shape, old resourceVersion).
+    Update {
+        /// Which object.
+        key: Key,
+        /// The stored object the update starts from.
+        old: Value,
+        /// The object to store.
+        new: Value,
+    },
+}
+
 /// Creates an object.
 pub fn create(
     inner: &mut Inner,
@@ -270,6 +292,20 @@ pub fn create(
     body: Value,
     ctx: &WriteCtx,
 ) -> Result<Value, ApiError> {
+    let (key, obj) = prepare_create(inner, rt, version, namespace, body, ctx)?;
+    commit_create(inner, rt, version, key, obj, ctx)
+}
+
+/// Everything a create does before storing: names, namespace checks, system metadata and the
+/// type's own admission. Returns the storage key and object.
+pub fn prepare_create(
+    inner: &mut Inner,
+    rt: &ResourceType,
+    version: &str,
+    namespace: Option<&str>,
+    body: Value,
+    ctx: &WriteCtx,
+) -> Result<(Key, Value), ApiError> {
     check_type_meta(rt, version, &body)?;
     let mut obj = to_storage(rt, body);
     let ns = if rt.namespaced {
@@ -380,15 +416,26 @@ pub fn create(
     }
     admit(inner, rt, version, &ns, &name, None, &mut obj, ctx)?;
     normalize_meta(&mut obj);
-    let key = key_of(rt, &ns, &name);
+    Ok((key_of(rt, &ns, &name), obj))
+}
+
+/// Stores a prepared create (or answers it, for a dry run).
+pub fn commit_create(
+    inner: &mut Inner,
+    rt: &ResourceType,
+    version: &str,
+    key: Key,
+    obj: Value,
+    ctx: &WriteCtx,
+) -> Result<Value, ApiError> {
     if inner.store.get(&key).is_some() {
-        return Err(ApiError::already_exists(&rt.plural, &rt.group, &name));
+        return Err(ApiError::already_exists(&rt.plural, &rt.group, &key.3));
     }
     if ctx.dry_run {
         return Ok(to_version(rt, version, &obj));
     }
     let stored = inner.store.put(key.clone(), obj);
-    tracing::debug!(resource = %rt.plural, namespace = %ns, %name, "created");
+    tracing::debug!(resource = %rt.plural, namespace = %key.2, name = %key.3, "created");
     after_create(inner, rt, &key, &stored, ctx);
     Ok(to_version(rt, version, &stored))
 }
@@ -405,6 +452,40 @@ pub fn update(
     subresource: Option<&str>,
     ctx: &WriteCtx,
 ) -> Result<(Value, bool), ApiError> {
+    let plan = prepare_update(inner, rt, version, namespace, name, body, subresource, ctx)?;
+    commit(inner, rt, version, plan, ctx)
+}
+
+/// Stores a prepared write; returns the object and whether it was created.
+pub fn commit(
+    inner: &mut Inner,
+    rt: &ResourceType,
+    version: &str,
+    plan: Plan,
+    ctx: &WriteCtx,
+) -> Result<(Value, bool), ApiError> {
+    match plan {
+        Plan::Create { key, obj } => {
+            commit_create(inner, rt, version, key, obj, ctx).map(|v| (v, true))
+        }
+        Plan::Update { key, old, new } => {
+            commit_update(inner, rt, version, key, old, new, ctx).map(|v| (v, false))
+        }
+    }
+}
+
+/// Everything a PUT does before storing (a create when the type creates on update).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_update(
+    inner: &mut Inner,
+    rt: &ResourceType,
+    version: &str,
+    namespace: &str,
+    name: &str,
+    body: Value,
+    subresource: Option<&str>,
+    ctx: &WriteCtx,
+) -> Result<Plan, ApiError> {
     check_type_meta(rt, version, &body)?;
     let mut new = to_storage(rt, body);
     match meta_str(&new, "name") {
@@ -423,15 +504,15 @@ pub fn update(
             if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
                 m.remove("resourceVersion");
             }
-            return create(
+            let (key, obj) = prepare_create(
                 inner,
                 rt,
                 version,
                 Some(namespace),
                 to_version(rt, version, &new),
                 ctx,
-            )
-            .map(|v| (v, true));
+            )?;
+            return Ok(Plan::Create { key, obj });
         }
         return Err(ApiError::not_found(&rt.plural, &rt.group, name));
     };
@@ -453,7 +534,8 @@ pub fn update(
         }
         _ => {}
     }
-    finish_update(inner, rt, version, key, old, new, subresource, ctx).map(|v| (v, false))
+    let new = prepare_finish(inner, rt, version, &key, &old, new, subresource, ctx)?;
+    Ok(Plan::Update { key, old, new })
 }
 
 fn strip_for_generation(obj: &Value, drop_status: bool) -> Value {
@@ -474,6 +556,24 @@ fn finish_update(
     version: &str,
     key: Key,
     old: Value,
+    new: Value,
+    subresource: Option<&str>,
+    ctx: &WriteCtx,
+) -> Result<Value, ApiError> {
+    let new = prepare_finish(inner, rt, version, &key, &old, new, subresource, ctx)?;
+    commit_update(inner, rt, version, key, old, new, ctx)
+}
+
+/// The part of an update after the body is known: the status subresource split, system metadata
+/// carried over from `old`, the finalizer rule of terminating objects, the type's admission and
+/// generation. Returns the object to store (with `old`'s resourceVersion).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_finish(
+    inner: &mut Inner,
+    rt: &ResourceType,
+    version: &str,
+    key: &Key,
+    old: &Value,
     mut new: Value,
     subresource: Option<&str>,
     ctx: &WriteCtx,
@@ -528,7 +628,7 @@ fn finish_update(
         meta.remove("selfLink");
     }
     if old.pointer("/metadata/deletionTimestamp").is_some() {
-        let before = finalizers(&old);
+        let before = finalizers(old);
         let added: Vec<String> = finalizers(&new)
             .into_iter()
             .filter(|f| !before.contains(f))
@@ -547,11 +647,11 @@ fn finish_update(
             ));
         }
     }
-    admit(inner, rt, version, &key.2, &name, Some(&old), &mut new, ctx)?;
+    admit(inner, rt, version, &key.2, &name, Some(old), &mut new, ctx)?;
     normalize_meta(&mut new);
     if rt.generation {
         let drop_status = rt.has_status(version);
-        if strip_for_generation(&old, drop_status) != strip_for_generation(&new, drop_status) {
+        if strip_for_generation(old, drop_status) != strip_for_generation(&new, drop_status) {
             let g = old
                 .pointer("/metadata/generation")
                 .and_then(Value::as_i64)
@@ -562,6 +662,20 @@ fn finish_update(
     if let Some(rv) = old.pointer("/metadata/resourceVersion").cloned() {
         meta_mut(&mut new).insert("resourceVersion".into(), rv);
     }
+    Ok(new)
+}
+
+/// Stores a prepared update: nothing for a no-op, the answer alone for a dry run, removal when the
+/// last finalizer of a terminating object went.
+pub fn commit_update(
+    inner: &mut Inner,
+    rt: &ResourceType,
+    version: &str,
+    key: Key,
+    old: Value,
+    new: Value,
+    ctx: &WriteCtx,
+) -> Result<Value, ApiError> {
     if new == old {
         return Ok(to_version(rt, version, &old));
     }
@@ -590,7 +704,7 @@ fn patch_error(rt: &ResourceType, name: &str, e: PatchError) -> ApiError {
         PatchError::Malformed(m) => ApiError::bad_request(m),
         PatchError::Apply(m) => ApiError {
             code: 422,
-            reason: "Invalid",
+            reason: "Invalid".into(),
             message: m,
             details: Some(
                 [
@@ -612,7 +726,7 @@ fn patch_error(rt: &ResourceType, name: &str, e: PatchError) -> ApiError {
                 .collect();
             ApiError {
                 code: 409,
-                reason: "Conflict",
+                reason: "Conflict".into(),
                 message: m,
                 details: Some(
                     [("causes".to_string(), Value::Array(causes))]
@@ -639,6 +753,37 @@ pub fn patch(
     force: bool,
     ctx: &WriteCtx,
 ) -> Result<(Value, bool), ApiError> {
+    let plan = prepare_patch(
+        inner,
+        rt,
+        version,
+        namespace,
+        name,
+        ptype,
+        body,
+        subresource,
+        manager,
+        force,
+        ctx,
+    )?;
+    commit(inner, rt, version, plan, ctx)
+}
+
+/// Everything a patch does before storing (a create for server-side apply of a missing object).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_patch(
+    inner: &mut Inner,
+    rt: &ResourceType,
+    version: &str,
+    namespace: &str,
+    name: &str,
+    ptype: PatchType,
+    body: &Value,
+    subresource: Option<&str>,
+    manager: &str,
+    force: bool,
+    ctx: &WriteCtx,
+) -> Result<Plan, ApiError> {
     let key = key_of(rt, namespace, name);
     let now = clock::now();
     let api_version = rt.api_version(version);
@@ -662,7 +807,8 @@ pub fn patch(
                     .map_err(|e| patch_error(rt, name, e))?;
             obj["apiVersion"] = json!(api_version);
             obj["kind"] = json!(rt.kind);
-            return create(inner, rt, version, Some(namespace), obj, ctx).map(|v| (v, true));
+            let (key, obj) = prepare_create(inner, rt, version, Some(namespace), obj, ctx)?;
+            return Ok(Plan::Create { key, obj });
         }
         return Err(ApiError::not_found(&rt.plural, &rt.group, name));
     };
@@ -714,7 +860,8 @@ pub fn patch(
     if meta_str(&new, "resourceVersion") != meta_str(&old, "resourceVersion") {
         return Err(ApiError::conflict_modified(&rt.plural, &rt.group, name));
     }
-    finish_update(inner, rt, version, key, old, new, subresource, ctx).map(|v| (v, false))
+    let new = prepare_finish(inner, rt, version, &key, &old, new, subresource, ctx)?;
+    Ok(Plan::Update { key, old, new })
 }
 
 /// Deletes an object: at once, or by setting deletionTimestamp while finalizers remain.
@@ -725,6 +872,17 @@ pub fn delete(
     options: &Value,
     ctx: &WriteCtx,
 ) -> Result<Deleted, ApiError> {
+    let obj = prepare_delete(inner, rt, key, options)?;
+    commit_delete(inner, rt, key, obj, options, ctx)
+}
+
+/// The checks of a delete (existence, preconditions); returns the object as stored now.
+pub fn prepare_delete(
+    inner: &Inner,
+    rt: &ResourceType,
+    key: &Key,
+    options: &Value,
+) -> Result<Value, ApiError> {
     let name = key.3.clone();
     let Some(obj) = inner.store.get(key).cloned() else {
         return Err(ApiError::not_found(&rt.plural, &rt.group, &name));
@@ -761,6 +919,18 @@ pub fn delete(
             ));
         }
     }
+    Ok(obj)
+}
+
+/// Carries out a checked delete of `obj` (as stored now).
+pub fn commit_delete(
+    inner: &mut Inner,
+    rt: &ResourceType,
+    key: &Key,
+    obj: Value,
+    options: &Value,
+    ctx: &WriteCtx,
+) -> Result<Deleted, ApiError> {
     let policy = options
         .get("propagationPolicy")
         .and_then(Value::as_str)
@@ -922,6 +1092,7 @@ fn admit(
         Behaviour::Secret => admit_secret(rt, name, old, obj)?,
         Behaviour::Service => admit_service(inner, rt, name, old, obj)?,
         Behaviour::Crd => admit_crd(rt, name, old, obj)?,
+        Behaviour::WebhookConfig => crate::webhooks::admit_config(rt, name, obj)?,
         Behaviour::Role => {
             let rules = obj
                 .get("rules")

@@ -50,9 +50,8 @@ fn merge_key(field: &str, sample: Option<&Value>) -> Option<&'static str> {
                 "port"
             },
         ),
-        "containers" | "initContainers" | "env" | "volumes" | "imagePullSecrets" | "secrets" => {
-            Some("name")
-        }
+        "containers" | "initContainers" | "env" | "volumes" | "imagePullSecrets" | "secrets"
+        | "webhooks" | "matchConditions" => Some("name"),
         "volumeMounts" => Some("mountPath"),
         "conditions" => Some("type"),
         "ownerReferences" => Some("uid"),
@@ -495,6 +494,18 @@ mod tests {
         let mut t = json!({"a": 1, "b": {"c": 2, "d": 3}, "l": [1, 2]});
         merge_patch(&mut t, &json!({"a": null, "b": {"c": 5}, "l": [3]}));
         assert_eq!(t, json!({"b": {"c": 5, "d": 3}, "l": [3]}));
+    }
+
+    #[test]
+    fn strategic_merge_merges_webhooks_by_name() {
+        let mut t = json!({"webhooks": [{"name": "a.x.io", "sideEffects": "None", "rules": [{"scope": "*"}]}]});
+        let p = json!({"$setElementOrder/webhooks": [{"name": "a.x.io"}],
+            "webhooks": [{"name": "a.x.io", "rules": [{"resources": ["pods"]}]}]});
+        assert!(strategic_merge(&mut t, &p).is_ok());
+        assert_eq!(
+            t,
+            json!({"webhooks": [{"name": "a.x.io", "sideEffects": "None", "rules": [{"resources": ["pods"]}]}]})
+        );
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub enum Behaviour {
     Role,
     /// rbac RoleBinding/ClusterRoleBinding: bind/escalation check, immutable roleRef.
     Binding,
+    /// admissionregistration.k8s.io/v1 Mutating/ValidatingWebhookConfiguration: defaulted and
+    /// validated like the real registry; the admission chain reads them.
+    WebhookConfig,
     /// An instance of a CustomResourceDefinition.
     Custom,
     /// authentication.k8s.io/v1 TokenReview (create only, not stored).
@@ -229,7 +232,7 @@ fn builtin(
         storage: (storage_group, plural.into()),
         printer_columns: vec![],
         schemas: vec![],
-        generation: matches!(behaviour, Behaviour::Crd),
+        generation: matches!(behaviour, Behaviour::Crd | Behaviour::WebhookConfig),
         create_on_update: matches!(
             behaviour,
             Behaviour::CoreEvent | Behaviour::EventsV1 | Behaviour::Role | Behaviour::Binding
@@ -254,6 +257,20 @@ pub fn builtins() -> Vec<ResourceType> {
         true,
     );
     crd.categories = vec!["api-extensions".into()];
+    let webhook_config = |plural: &str, singular: &str, kind: &str| {
+        let mut rt = builtin(
+            ADMISSION_REGISTRATION,
+            plural,
+            singular,
+            kind,
+            false,
+            &[],
+            B::WebhookConfig,
+            false,
+        );
+        rt.categories = vec!["api-extensions".into()];
+        rt
+    };
     vec![
         builtin(
             "",
@@ -316,6 +333,16 @@ pub fn builtins() -> Vec<ResourceType> {
             true,
         ),
         crd,
+        webhook_config(
+            "mutatingwebhookconfigurations",
+            "mutatingwebhookconfiguration",
+            "MutatingWebhookConfiguration",
+        ),
+        webhook_config(
+            "validatingwebhookconfigurations",
+            "validatingwebhookconfiguration",
+            "ValidatingWebhookConfiguration",
+        ),
         builtin(
             "authentication.k8s.io",
             "selfsubjectreviews",
@@ -430,8 +457,13 @@ pub fn builtins() -> Vec<ResourceType> {
     ]
 }
 
-/// The order of the built-in groups in `/apis`.
-pub const BUILTIN_GROUPS: [&str; 6] = [
+/// The group of the webhook configurations.
+pub const ADMISSION_REGISTRATION: &str = "admissionregistration.k8s.io";
+
+/// The order of the built-in groups in `/apis` (admissionregistration right before apiextensions,
+/// as on the real server).
+pub const BUILTIN_GROUPS: [&str; 7] = [
+    ADMISSION_REGISTRATION,
     "apiextensions.k8s.io",
     "authentication.k8s.io",
     "authorization.k8s.io",

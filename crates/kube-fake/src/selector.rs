@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::status::ApiError;
+use crate::status::{ApiError, FieldError};
 
 /// One parsed label requirement.
 #[derive(Debug, Clone, PartialEq)]
@@ -156,9 +156,84 @@ impl LabelSelector {
             .map(Self)
     }
 
+    /// A `metav1.LabelSelector` object (`matchLabels` and `matchExpressions` with `In`, `NotIn`,
+    /// `Exists`, `DoesNotExist`), as webhooks' namespace and object selectors carry it; null and `{}`
+    /// match everything. `Err` carries the field errors, with paths under `path`.
+    pub fn from_object(sel: &Value, path: &str) -> Result<Self, Vec<FieldError>> {
+        let mut reqs = Vec::new();
+        let mut errs = Vec::new();
+        if let Some(labels) = sel.get("matchLabels").and_then(Value::as_object) {
+            for (k, v) in labels {
+                reqs.push(Requirement::Equals(
+                    k.clone(),
+                    v.as_str().unwrap_or_default().to_string(),
+                ));
+            }
+        }
+        let exprs = sel
+            .get("matchExpressions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for (i, e) in exprs.iter().enumerate() {
+            let key = e
+                .get("key")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let values: Vec<String> = e
+                .get("values")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let at = format!("{path}.matchExpressions[{i}]");
+            let op = e
+                .get("operator")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let needs_values = matches!(op, "In" | "NotIn");
+            if needs_values && values.is_empty() {
+                errs.push(FieldError::required(
+                    format!("{at}.values"),
+                    "must be specified when `operator` is 'In' or 'NotIn'",
+                ));
+            } else if matches!(op, "Exists" | "DoesNotExist") && !values.is_empty() {
+                errs.push(FieldError::forbidden(
+                    format!("{at}.values"),
+                    "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+                ));
+            }
+            match op {
+                "In" => reqs.push(Requirement::In(key, values)),
+                "NotIn" => reqs.push(Requirement::NotIn(key, values)),
+                "Exists" => reqs.push(Requirement::Exists(key)),
+                "DoesNotExist" => reqs.push(Requirement::NotExists(key)),
+                other => errs.push(FieldError::invalid(
+                    format!("{at}.operator"),
+                    &Value::String(other.to_string()),
+                    "not a valid selector operator",
+                )),
+            }
+        }
+        if errs.is_empty() {
+            Ok(Self(reqs))
+        } else {
+            Err(errs)
+        }
+    }
+
     /// Whether an object's `metadata.labels` satisfy every requirement.
     pub fn matches(&self, obj: &Value) -> bool {
-        let labels = obj.pointer("/metadata/labels");
+        self.matches_labels(obj.pointer("/metadata/labels"))
+    }
+
+    /// Whether a label map (`None` when there is none) satisfies every requirement.
+    pub fn matches_labels(&self, labels: Option<&Value>) -> bool {
         let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
         self.0.iter().all(|r| match r {
             Requirement::Equals(k, v) => get(k) == Some(v.as_str()),
@@ -261,6 +336,29 @@ mod tests {
                 "{sel}"
             );
         }
+    }
+
+    #[test]
+    fn label_selector_objects() {
+        let sel = json!({"matchLabels": {"app": "web"},
+            "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["back"]},
+                                 {"key": "skip", "operator": "DoesNotExist"}]});
+        let parsed = LabelSelector::from_object(&sel, "s").ok();
+        let m = |labels: Value| parsed.as_ref().map(|s| s.matches(&mk_obj(labels)));
+        assert_eq!(m(json!({"app": "web"})), Some(true));
+        assert_eq!(m(json!({"app": "web", "tier": "back"})), Some(false));
+        assert_eq!(m(json!({"app": "web", "skip": ""})), Some(false));
+        assert_eq!(m(json!({"app": "db"})), Some(false));
+        let all = LabelSelector::from_object(&Value::Null, "s").ok();
+        assert_eq!(all.map(|s| s.matches(&mk_obj(Value::Null))), Some(true));
+        let bad = json!({"matchExpressions": [{"key": "a", "operator": "Foo"}]});
+        let errs = LabelSelector::from_object(&bad, "webhooks[0].objectSelector").err();
+        assert_eq!(
+            errs.map(|e| e.iter().map(|f| format!("{}: {}", f.field, f.message)).collect::<Vec<_>>()),
+            Some(vec![
+                "webhooks[0].objectSelector.matchExpressions[0].operator: Invalid value: \"Foo\": not a valid selector operator".to_string()
+            ])
+        );
     }
 
     #[test]

@@ -26,6 +26,7 @@ use crate::ops;
 use crate::rbac;
 use crate::state::{RequestRecord, ServerInfo, Shared, TokenMode};
 use crate::tls::{self, TlsError};
+use crate::webhook_client::ServiceMap;
 
 /// Why the fake could not start.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +64,7 @@ impl FakeApiServer {
             token_mode: TokenMode::After(Duration::from_millis(50)),
             history_limit: 20_000,
             admin_token: None,
+            webhook_services: ServiceMap::new(),
         }
     }
 }
@@ -74,6 +76,7 @@ pub struct FakeApiServerBuilder {
     token_mode: TokenMode,
     history_limit: usize,
     admin_token: Option<String>,
+    webhook_services: ServiceMap,
 }
 
 impl FakeApiServerBuilder {
@@ -107,6 +110,20 @@ impl FakeApiServerBuilder {
         self
     }
 
+    /// Where admission webhooks with `clientConfig.service` {namespace, name} connect (the real
+    /// server resolves the Service; the fake has no Services with endpoints). TLS still verifies the
+    /// certificate for `<name>.<namespace>.svc`; the service port only appears in the URL.
+    pub fn webhook_service(
+        mut self,
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        addr: SocketAddr,
+    ) -> Self {
+        self.webhook_services
+            .insert((namespace.into(), name.into()), addr);
+        self
+    }
+
     /// Binds, seeds the cluster, and serves in the background.
     pub async fn start(self) -> Result<FakeHandle, FakeError> {
         let pki = tls::generate()?;
@@ -132,6 +149,7 @@ impl FakeApiServerBuilder {
             self.history_limit,
             shutdown_rx.clone(),
         );
+        shared.lock().webhook_services = self.webhook_services;
         seed(&shared);
         let app = Router::new()
             .fallback(api::handle)
@@ -300,6 +318,15 @@ impl FakeHandle {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+    }
+
+    /// Adds or replaces a webhook service address after start (see
+    /// [`FakeApiServerBuilder::webhook_service`]).
+    pub fn set_webhook_service(&self, namespace: &str, name: &str, addr: SocketAddr) {
+        self.shared
+            .lock()
+            .webhook_services
+            .insert((namespace.to_string(), name.to_string()), addr);
     }
 
     /// Changes the token controller delay from now on.

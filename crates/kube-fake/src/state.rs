@@ -10,6 +10,7 @@ use tokio::sync::{Notify, watch};
 use crate::auth::{Identity, TokenKind};
 use crate::registry::{self, ResourceType};
 use crate::store::{Key, Store};
+use crate::webhook_client::ServiceMap;
 
 /// When the token controller fills `kubernetes.io/service-account-token` Secrets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +56,8 @@ pub struct Inner {
     pub token_mode: TokenMode,
     /// Set when an object started terminating, so the controllers scan for work.
     pub scan_deletions: bool,
+    /// Where webhook service references connect, by `(namespace, name)`.
+    pub webhook_services: ServiceMap,
 }
 
 impl Inner {
@@ -130,6 +133,7 @@ impl Shared {
             next_node_port: 30000,
             token_mode,
             scan_deletions: false,
+            webhook_services: ServiceMap::new(),
         };
         Arc::new(Self {
             inner: Mutex::new(inner),

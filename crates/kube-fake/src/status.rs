@@ -2,6 +2,8 @@
 //! (`k8s.io/apimachinery/pkg/api/errors`): kind Status, apiVersion v1, status Failure, message,
 //! reason, details {name, group, kind, causes}, code.
 
+use std::borrow::Cow;
+
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
@@ -79,8 +81,9 @@ impl FieldError {
 pub struct ApiError {
     /// HTTP status code, repeated in the body.
     pub code: u16,
-    /// Machine-readable reason (`NotFound`, `Conflict`, ...).
-    pub reason: &'static str,
+    /// Machine-readable reason (`NotFound`, `Conflict`, ...); empty is omitted from the body, as a
+    /// webhook's denial without a reason is.
+    pub reason: Cow<'static, str>,
     /// Human-readable message, byte-compatible with the real server where it matters.
     pub message: String,
     /// `details`, or `None` when the real server omits it.
@@ -106,7 +109,7 @@ impl ApiError {
     pub fn not_found(resource: &str, group: &str, name: &str) -> Self {
         Self {
             code: 404,
-            reason: "NotFound",
+            reason: Cow::Borrowed("NotFound"),
             message: format!("{} \"{name}\" not found", qualified(resource, group)),
             details: Some(details(name, group, resource)),
         }
@@ -116,7 +119,7 @@ impl ApiError {
     pub fn path_not_found() -> Self {
         Self {
             code: 404,
-            reason: "NotFound",
+            reason: Cow::Borrowed("NotFound"),
             message: "the server could not find the requested resource".into(),
             details: Some(Map::new()),
         }
@@ -126,7 +129,7 @@ impl ApiError {
     pub fn already_exists(resource: &str, group: &str, name: &str) -> Self {
         Self {
             code: 409,
-            reason: "AlreadyExists",
+            reason: Cow::Borrowed("AlreadyExists"),
             message: format!("{} \"{name}\" already exists", qualified(resource, group)),
             details: Some(details(name, group, resource)),
         }
@@ -146,7 +149,7 @@ impl ApiError {
     pub fn conflict(resource: &str, group: &str, name: &str, why: &str) -> Self {
         Self {
             code: 409,
-            reason: "Conflict",
+            reason: Cow::Borrowed("Conflict"),
             message: format!(
                 "Operation cannot be fulfilled on {} \"{name}\": {why}",
                 qualified(resource, group)
@@ -174,7 +177,7 @@ impl ApiError {
         d.insert("causes".into(), Value::Array(causes));
         Self {
             code: 422,
-            reason: "Invalid",
+            reason: Cow::Borrowed("Invalid"),
             message: format!(
                 "{} \"{name}\" is invalid: {summary}",
                 qualified(kind, group)
@@ -193,7 +196,7 @@ impl ApiError {
         };
         Self {
             code: 403,
-            reason: "Forbidden",
+            reason: Cow::Borrowed("Forbidden"),
             message,
             details: Some(details(name, group, resource)),
         }
@@ -203,7 +206,7 @@ impl ApiError {
     pub fn unauthorized() -> Self {
         Self {
             code: 401,
-            reason: "Unauthorized",
+            reason: Cow::Borrowed("Unauthorized"),
             message: "Unauthorized".into(),
             details: None,
         }
@@ -213,7 +216,7 @@ impl ApiError {
     pub fn method_not_supported(resource: &str, group: &str, verb: &str) -> Self {
         Self {
             code: 405,
-            reason: "MethodNotAllowed",
+            reason: Cow::Borrowed("MethodNotAllowed"),
             message: format!(
                 "{verb} is not supported on resources of kind \"{}\"",
                 qualified(resource, group)
@@ -226,7 +229,7 @@ impl ApiError {
     pub fn expired(requested: u64, oldest: u64) -> Self {
         Self {
             code: 410,
-            reason: "Expired",
+            reason: Cow::Borrowed("Expired"),
             message: format!("too old resource version: {requested} ({oldest})"),
             details: None,
         }
@@ -236,7 +239,7 @@ impl ApiError {
     pub fn gone(message: impl Into<String>) -> Self {
         Self {
             code: 410,
-            reason: "Gone",
+            reason: Cow::Borrowed("Gone"),
             message: message.into(),
             details: None,
         }
@@ -246,7 +249,7 @@ impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self {
             code: 400,
-            reason: "BadRequest",
+            reason: Cow::Borrowed("BadRequest"),
             message: message.into(),
             details: None,
         }
@@ -256,7 +259,7 @@ impl ApiError {
     pub fn unsupported_media_type(content_type: &str, accepted: &[&str]) -> Self {
         Self {
             code: 415,
-            reason: "UnsupportedMediaType",
+            reason: Cow::Borrowed("UnsupportedMediaType"),
             message: format!(
                 "the body of the request was in an unknown format - accepted media types include: {}",
                 accepted.join(", ")
@@ -275,7 +278,7 @@ impl ApiError {
     pub fn not_acceptable() -> Self {
         Self {
             code: 406,
-            reason: "NotAcceptable",
+            reason: Cow::Borrowed("NotAcceptable"),
             message:
                 "only the following media types are accepted: application/json, application/yaml"
                     .into(),
@@ -287,9 +290,59 @@ impl ApiError {
     pub fn internal(message: impl Into<String>) -> Self {
         Self {
             code: 500,
-            reason: "InternalError",
+            reason: Cow::Borrowed("InternalError"),
             message: message.into(),
             details: None,
+        }
+    }
+
+    /// The real server's `NewInternalError(err)`: `Internal error occurred: <err>`, with the error as
+    /// the one cause (what a webhook that could not be called turns into under `failurePolicy: Fail`).
+    pub fn internal_error(err: impl Into<String>) -> Self {
+        let err = err.into();
+        let mut d = Map::new();
+        d.insert("causes".into(), json!([{"message": err}]));
+        Self {
+            code: 500,
+            reason: Cow::Borrowed("InternalError"),
+            message: format!("Internal error occurred: {err}"),
+            details: Some(d),
+        }
+    }
+
+    /// A webhook's refusal, as `ToStatusErr` of the v1.32 webhook plugin builds it from the
+    /// response's `status`: the webhook's own code (400 when below 400), reason and details are kept,
+    /// and the message says which webhook denied the request.
+    pub fn webhook_denied(webhook: &str, result: Option<&Value>) -> Self {
+        let field = |f: &str| {
+            result
+                .and_then(|r| r.get(f))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (message, reason) = (field("message"), field("reason"));
+        let denied_by = format!("admission webhook {webhook:?} denied the request");
+        let message = if !message.is_empty() {
+            format!("{denied_by}: {message}")
+        } else if !reason.is_empty() {
+            format!("{denied_by}: {reason}")
+        } else {
+            format!("{denied_by} without explanation")
+        };
+        let code = result
+            .and_then(|r| r.get("code"))
+            .and_then(Value::as_i64)
+            .filter(|c| (400..=999).contains(c))
+            .unwrap_or(400);
+        Self {
+            code: u16::try_from(code).unwrap_or(400),
+            reason: Cow::Owned(reason),
+            message,
+            details: result
+                .and_then(|r| r.get("details"))
+                .and_then(Value::as_object)
+                .cloned(),
         }
     }
 
@@ -301,7 +354,9 @@ impl ApiError {
         status.insert("metadata".into(), json!({}));
         status.insert("status".into(), json!("Failure"));
         status.insert("message".into(), json!(self.message));
-        status.insert("reason".into(), json!(self.reason));
+        if !self.reason.is_empty() {
+            status.insert("reason".into(), json!(self.reason));
+        }
         if let Some(d) = &self.details {
             status.insert("details".into(), Value::Object(d.clone()));
         }

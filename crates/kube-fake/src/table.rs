@@ -306,6 +306,20 @@ fn builtin_columns(rt: &ResourceType) -> (Vec<PrinterColumn>, CellsFn) {
                 ]
             },
         ),
+        (Behaviour::WebhookConfig, _) => (
+            vec![
+                name,
+                col("Webhooks", "integer", "", 0),
+                col("Age", "string", "", 0),
+            ],
+            |o| {
+                let n = o
+                    .get("webhooks")
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len);
+                vec![json!(s(o, "/metadata/name")), json!(n), age(o)]
+            },
+        ),
         (Behaviour::Role | Behaviour::Crd, _) => {
             (vec![name, col("Created At", "date", "", 0)], |o| {
                 vec![
