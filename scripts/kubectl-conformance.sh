@@ -60,7 +60,8 @@ wait_for() {
 
 echo "== discovery"
 check "server version" "1.32" "$(k version -o json | jq -r '.serverVersion.major + "." + .serverVersion.minor')"
-check "api-versions" "apiextensions.k8s.io/v1
+check "api-versions" "admissionregistration.k8s.io/v1
+apiextensions.k8s.io/v1
 authentication.k8s.io/v1
 authorization.k8s.io/v1
 coordination.k8s.io/v1

@@ -10,8 +10,10 @@
 //!   Harvester's `harvesterhci.io:cloudprovider` role.
 //!
 //! Where the two differ by design the cases say so: the HTTP API refuses synchronously what the
-//! reconciler would refuse, where a Kubernetes user learns it from an Event; and Kubernetes has no
-//! Harvester webhook in the fake, so findNetwork's VMI lookup is checked on the embedded store.
+//! reconciler would refuse, where a Kubernetes user learns it from an Event; and the kube
+//! environment here registers no webhooks with the Harvester fake, so findNetwork's VMI lookup is
+//! checked on the embedded store here, and on Kubernetes by `tests/kube_webhooks.rs` (the fake
+//! calling the service's webhooks).
 
 mod support;
 

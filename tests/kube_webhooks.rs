@@ -1,0 +1,395 @@
+//! The service's admission webhooks as a Kubernetes API server calls them: the Kubernetes API fake
+//! calls webhooks as kube-apiserver does, here with the very webhook configurations the chart ships
+//! (`deploy/manifests/harvester-cloud.yaml`, its `service` reference resolved to the running
+//! binary), and the binary serves them as the chart runs it (`serve --backend kube`, a certificate
+//! for `harvester-cloud.harvester-system.svc`). So what a Harvester user does with `kubectl` or
+//! any client is admitted, refused or defaulted end to end: upstream's messages for refusals, the
+//! mutator's labels and annotations (findNetwork's VMI step included) on what is stored.
+
+mod support;
+
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+use base64::Engine;
+use kube::{
+    Api, Client,
+    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams, TypeMeta},
+};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_harvester-cloud");
+const PATIENCE: Duration = Duration::from_secs(60);
+const NS: &str = "gc-test";
+
+/// The binary, serving the Kubernetes backend.
+struct Service {
+    child: Child,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Service {
+    /// Starts it and returns it with the address it listens on.
+    fn start(dir: &Path) -> (Service, std::net::SocketAddr) {
+        let mut child = Command::new(BIN)
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(["--log-format", "json", "serve", "--backend", "kube"])
+            .arg("--kubeconfig")
+            .arg(dir.join("admin.kubeconfig"))
+            .arg("--tls-cert")
+            .arg(dir.join("tls/tls.crt"))
+            .arg("--tls-key")
+            .arg(dir.join("tls/tls.key"))
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .args(["--leader-elect=false"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starts the binary");
+        let (tx, rx) = mpsc::channel();
+        let stderr = child.stderr.take().expect("stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let service = Service { child };
+        loop {
+            let line = rx
+                .recv_timeout(PATIENCE)
+                .expect("the service logs where it listens");
+            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if v["message"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("listening")
+            {
+                let addr = v["address"]
+                    .as_str()
+                    .expect("address")
+                    .parse()
+                    .expect("an address");
+                // Keep draining its log so that it never blocks on a full pipe.
+                std::thread::spawn(move || while rx.recv().is_ok() {});
+                return (service, addr);
+            }
+        }
+    }
+}
+
+fn api(
+    client: &Client,
+    api_version: &str,
+    kind: &str,
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+    match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+fn object(value: Value) -> DynamicObject {
+    serde_json::from_value(value).expect("an object")
+}
+
+/// The message of a refused write.
+fn refusal(result: Result<DynamicObject, kube::Error>) -> (u16, String) {
+    match result {
+        Err(kube::Error::Api(e)) => (e.code, e.message),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Harvester, the service and the shipped webhook configurations.
+struct Env {
+    client: Client,
+    _fake: kube_fake::FakeHandle,
+    service: Option<Service>,
+    _dir: tempfile::TempDir,
+}
+
+impl Env {
+    async fn start() -> Env {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fake = kube_fake::FakeApiServer::builder()
+            .start()
+            .await
+            .expect("starts the Kubernetes API fake");
+        let client = support::kube_env::client(&fake).await;
+        support::kube_env::seed(&client, "10.0.0.1").await;
+        support::kube_env::harvester_crds(&client).await;
+        // `seed` makes the namespaces a Harvester cluster has, `gc-test` among them.
+        std::fs::write(dir.path().join("admin.kubeconfig"), fake.kubeconfig_yaml())
+            .expect("writes");
+
+        // A certificate for the Service name the webhook configurations use, as the chart makes.
+        std::fs::create_dir_all(dir.path().join("tls")).expect("mkdir");
+        let tls = harvester_cloud::certs::ensure_self_signed(
+            &dir.path().join("tls"),
+            &["harvester-cloud.harvester-system.svc".to_string()],
+        )
+        .expect("a certificate");
+        let (service, addr) = Service::start(dir.path());
+        fake.set_webhook_service("harvester-system", "harvester-cloud", addr);
+
+        // The shipped configurations, with the CA the chart would put in `caBundle`.
+        let manifest = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/manifests/harvester-cloud.yaml"
+        ))
+        .expect("reads the manifest");
+        let ca_bundle = base64::engine::general_purpose::STANDARD.encode(&tls.ca_pem);
+        let mut registered = 0;
+        for doc in yaml_serde::Deserializer::from_str(&manifest) {
+            let mut obj: DynamicObject = serde::Deserialize::deserialize(doc).expect("an object");
+            let TypeMeta { api_version, kind } = obj.types.clone().expect("typed");
+            if !kind.ends_with("WebhookConfiguration") {
+                continue;
+            }
+            for webhook in obj.data["webhooks"].as_array_mut().expect("webhooks") {
+                webhook["clientConfig"]["caBundle"] = json!(ca_bundle);
+            }
+            api(&client, &api_version, &kind, None)
+                .create(&PostParams::default(), &obj)
+                .await
+                .unwrap_or_else(|e| panic!("registers the {kind}: {e}"));
+            registered += 1;
+        }
+        assert_eq!(
+            registered, 2,
+            "the mutating and the validating configuration"
+        );
+        Env {
+            client,
+            _fake: fake,
+            service: Some(service),
+            _dir: dir,
+        }
+    }
+
+    fn pools(&self) -> Api<DynamicObject> {
+        api(
+            &self.client,
+            "loadbalancer.harvesterhci.io/v1beta1",
+            "IPPool",
+            None,
+        )
+    }
+
+    fn lbs(&self) -> Api<DynamicObject> {
+        api(
+            &self.client,
+            "loadbalancer.harvesterhci.io/v1beta1",
+            "LoadBalancer",
+            Some(NS),
+        )
+    }
+}
+
+fn pool(name: &str, subnet: &str, selector: Value) -> DynamicObject {
+    object(json!({
+        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
+        "metadata": {"name": name},
+        "spec": {"ranges": [{"subnet": subnet}], "selector": selector}
+    }))
+}
+
+fn global() -> Value {
+    json!({"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_through_the_api_server_are_admitted_by_the_service() {
+    let env = Env::start().await;
+    let pools = env.pools();
+
+    // The mutator labels a global pool; what is stored carries it.
+    let created = pools
+        .create(
+            &PostParams::default(),
+            &pool("global", "10.50.0.0/24", global()),
+        )
+        .await
+        .expect("a valid pool is admitted");
+    assert_eq!(
+        created
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("loadbalancer.harvesterhci.io/global-ip-pool")
+            .map(String::as_str),
+        Some("true")
+    );
+
+    // The validator refuses with upstream's message, in kube-apiserver's words; nothing is stored.
+    let (code, message) = refusal(
+        pools
+            .create(
+                &PostParams::default(),
+                &pool("second", "10.51.0.0/24", global()),
+            )
+            .await,
+    );
+    assert_eq!(code, 400);
+    assert_eq!(
+        message,
+        "admission webhook \"validator.loadbalancer.harvester-cloud.io\" denied the request: can't create IP pool second because there is already a global IP pool: global"
+    );
+    assert!(pools.get_opt("second").await.expect("reads").is_none());
+
+    // findNetwork on a LoadBalancer of a guest cluster without a network: a VMI of the cluster
+    // gives it (step 4 of the reference).
+    let vmis = api(
+        &env.client,
+        "kubevirt.io/v1",
+        "VirtualMachineInstance",
+        Some(NS),
+    );
+    vmis.create(
+        &PostParams::default(),
+        &object(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "node-a", "namespace": NS, "labels": {"guestcluster.harvesterhci.io/name": "gc1"}},
+            "spec": {"networks": [{"name": "default", "pod": {}}, {"name": "nic-1", "multus": {"networkName": "default/vlan10"}}]}
+        })),
+    )
+    .await
+    .expect("creates the VMI");
+    let lbs = env.lbs();
+    let lb = lbs
+        .create(
+            &PostParams::default(),
+            &object(json!({
+                "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+                "metadata": {"name": "gc1-web", "namespace": NS,
+                    "annotations": {"loadbalancer.harvesterhci.io/cluster": "gc1"}},
+                "spec": {"workloadType": "cluster", "ipam": "pool"}
+            })),
+        )
+        .await
+        .expect("admitted");
+    let annotations = lb.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get("loadbalancer.harvesterhci.io/network")
+            .map(String::as_str),
+        Some("default/vlan10"),
+        "{annotations:?}"
+    );
+    assert_eq!(
+        annotations
+            .get("loadbalancer.harvesterhci.io/namespace")
+            .map(String::as_str),
+        Some(NS)
+    );
+
+    // An invalid LoadBalancer is refused by the validator.
+    let (code, message) = refusal(
+        lbs.create(
+            &PostParams::default(),
+            &object(json!({
+                "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+                "metadata": {"name": "bad", "namespace": NS},
+                "spec": {"workloadType": "vm", "ipam": "pool"}
+            })),
+        )
+        .await,
+    );
+    assert_eq!(code, 400);
+    assert_eq!(
+        message,
+        format!(
+            "admission webhook \"validator.loadbalancer.harvester-cloud.io\" denied the request: create loadbalancer {NS}/bad failed: the loadbalancer needs to have at least one listener"
+        )
+    );
+
+    // The service's reconciler gives a plain LoadBalancer an address from the global pool; the pool
+    // cannot then be deleted.
+    lbs.create(
+        &PostParams::default(),
+        &object(json!({
+            "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+            "metadata": {"name": "plain", "namespace": NS},
+            "spec": {"workloadType": "vm", "ipam": "pool",
+                "listeners": [{"name": "http", "port": 80, "protocol": "TCP", "backendPort": 8080}]}
+        })),
+    )
+    .await
+    .expect("admitted");
+    eventually("the load balancer's address", async || {
+        let lb = lbs.get("plain").await.ok()?;
+        let ip = lb.data["status"]["allocatedAddress"]["ip"]
+            .as_str()?
+            .to_string();
+        ip.starts_with("10.50.0.").then_some(ip)
+    })
+    .await;
+    let (code, message) = match pools.delete("global", &DeleteParams::default()).await {
+        Err(kube::Error::Api(e)) => (e.code, e.message),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(code, 400);
+    assert_eq!(
+        message,
+        "admission webhook \"validator.loadbalancer.harvester-cloud.io\" denied the request: can't delete pool before releasing all the allocated IP"
+    );
+    assert!(pools.get_opt("global").await.expect("reads").is_some());
+}
+
+/// With the service down, `failurePolicy: Fail` (as shipped) refuses writes to the two kinds rather
+/// than storing them unchecked; other kinds are not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_service_down_its_kinds_are_refused() {
+    let mut env = Env::start().await;
+    drop(env.service.take());
+    let (code, message) = refusal(
+        env.pools()
+            .create(
+                &PostParams::default(),
+                &pool("global", "10.50.0.0/24", global()),
+            )
+            .await,
+    );
+    assert_eq!(code, 500);
+    assert!(
+        message.starts_with("Internal error occurred: failed calling webhook \"mutator.loadbalancer.harvester-cloud.io\": "),
+        "{message}"
+    );
+    let config_maps = api(&env.client, "v1", "ConfigMap", Some(NS));
+    config_maps
+        .create(
+            &PostParams::default(),
+            &object(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "unrelated", "namespace": NS}})),
+        )
+        .await
+        .expect("other kinds are admitted without the service");
+}
