@@ -448,7 +448,8 @@ impl GuestEnv for KubeEnv {
             };
             match written {
                 Ok(s) => return Ok(serde_json::to_value(s).expect("encodes")),
-                Err(::kube::Error::Api(e)) if e.code == 409 => continue,
+                // A newer version, or the old Service (being deleted) went between read and write.
+                Err(::kube::Error::Api(e)) if e.code == 409 || e.code == 404 => continue,
                 Err(e) => panic!("cannot write service {ns}/{name}: {e}"),
             }
         }
