@@ -81,7 +81,17 @@ impl Server {
         Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         let status = self.child.wait().unwrap();
         assert!(status.success(), "exit after SIGTERM: {status}");
-        self.lines.try_iter().collect()
+        // Everything it wrote: the reader ends at the pipe's end, which may come after the exit.
+        let mut lines = Vec::new();
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) => lines.push(line),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return lines,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("the log pipe stayed open after the exit: {lines:?}")
+                }
+            }
+        }
     }
 }
 
