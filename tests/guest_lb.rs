@@ -1755,6 +1755,78 @@ mod embedded_http {
         );
     }
 
+    /// A guest cluster's reconciler runs from its first Service until the cluster has nothing left:
+    /// once the cluster is deleted it stops, and nothing of the cluster is written again (its NAD
+    /// mapping stays gone when its VMIs change); a new Service starts it again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deleted_cluster_s_reconciler_stops() {
+        let env = EmbeddedEnv::start().await;
+        let running = || {
+            harvester_cloud::metrics::sample(
+                &harvester_cloud::metrics::encode(),
+                "harvester_cloud_guest_clusters",
+            )
+            .unwrap_or(0.0)
+        };
+        let dhcp = |name: &str| {
+            mk_svc(
+                "default",
+                name,
+                &[("TCP", 80)],
+                &[("cloudprovider.harvesterhci.io/ipam", "dhcp")],
+            )
+        };
+        env.put(dhcp("one")).await.expect("accepted");
+        address(&env, "default", "one").await;
+        assert_eq!(running(), 1.0);
+        let vmis = Api::<VirtualMachineInstance>::new(env.b.store());
+        let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "node-a", "namespace": NS, "labels": {"guestcluster.harvesterhci.io/name": CLUSTER}},
+            "spec": {"networks": [{"name": "nic-1", "multus": {"networkName": "default/vlan10"}}]},
+            "status": {"phase": "Running", "interfaces": [{"name": "nic-1", "interfaceName": "enp2s0"}]}
+        }))
+        .expect("vmi");
+        vmis.create(&vmi).await.expect("creates");
+        eventually("the NAD mapping", async || env.nad_mapping().await).await;
+
+        let r = call(
+            &env.b,
+            Method::DELETE,
+            &format!("/v1/harvester/guestclusters/{NS}/{CLUSTER}"),
+            None,
+        )
+        .await;
+        ok(r, StatusCode::OK);
+        eventually("the reconciler to stop", async || {
+            (running() == 0.0).then_some(())
+        })
+        .await;
+        assert!(
+            env.nad_mapping().await.is_none(),
+            "deleted with the cluster"
+        );
+        let mut vmi = vmis
+            .get(NS, "node-a")
+            .await
+            .expect("reads")
+            .expect("exists");
+        vmi.rest["status"]["interfaces"][0]["interfaceName"] = json!("enp3s0");
+        vmis.replace(&vmi).await.expect("updates");
+        // No reconciler of the cluster exists any more to write it (the gauge counts finished ones
+        // out only once they have ended).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(env.nad_mapping().await.is_none(), "not written again");
+
+        env.put(dhcp("two")).await.expect("accepted");
+        address(&env, "default", "two").await;
+        assert_eq!(running(), 1.0);
+        eventually("the NAD mapping of the cluster's new life", async || {
+            env.nad_mapping().await
+        })
+        .await;
+    }
+
     /// The Kubernetes backend keeps no guest clusters: they run `harvester-cloud ccm`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_kubernetes_backend_points_to_the_ccm() {

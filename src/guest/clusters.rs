@@ -595,65 +595,131 @@ fn cluster_of_lb(lb: &LoadBalancer) -> Option<ClusterKey> {
     ClusterKey::new(lb.metadata.namespace.as_deref()?, cluster).ok()
 }
 
-/// Runs a reconciler for every guest cluster of the embedded store until `stop`. `harvester` is the
-/// store port of LoadBalancers (the embedded store behind admission).
+/// What the watches say about a guest cluster.
+enum Seen {
+    /// One of its Services or LoadBalancers exists: it needs a reconciler.
+    Live(ClusterKey),
+    /// One of them was deleted: it may have nothing left.
+    Gone(ClusterKey),
+}
+
+/// The guest cluster a stored Service belongs to.
+fn cluster_of_service(r: &ServiceRecord) -> Option<ClusterKey> {
+    let owner = r.owner.as_ref()?;
+    ClusterKey::new(r.metadata.namespace.as_deref()?, &owner.cluster).ok()
+}
+
+/// Whether a guest cluster has neither Services nor LoadBalancers left (a failed read counts as
+/// "not empty": its reconciler keeps running).
+async fn has_nothing_left(
+    store: &Arc<dyn ObjectStore>,
+    harvester: &Arc<dyn ObjectStore>,
+    key: &ClusterKey,
+) -> bool {
+    let view = ClusterStore::new(store.clone(), key.clone());
+    let services = view
+        .list(&Kind::of::<Service>(), None, &LabelSelector::everything())
+        .await;
+    let lbs = lb_api(harvester.clone())
+        .list(
+            Some(&key.namespace),
+            &LabelSelector::from_labels([(keys::LABEL_CLUSTER, key.cluster.as_str())]),
+        )
+        .await;
+    match (services, lbs) {
+        (Ok(services), Ok(lbs)) => {
+            services.items.is_empty()
+                && !lbs.iter().any(|lb| cluster_of_lb(lb).as_ref() == Some(key))
+        }
+        _ => false,
+    }
+}
+
+/// A running reconciler of one guest cluster.
+struct Running {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Runs a reconciler for every guest cluster of the embedded store until `stop`: from the first
+/// Service (or LoadBalancer) of a cluster until it has neither left (its last Service deleted and its
+/// LoadBalancers released, or the whole cluster deleted), so a deleted cluster leaves no task behind
+/// and nothing of it is written again. `harvester` is the store port of LoadBalancers (the embedded
+/// store behind admission).
 pub async fn run(
     store: Arc<dyn ObjectStore>,
     harvester: Arc<dyn ObjectStore>,
     settings: reconcile::Settings,
     stop: CancellationToken,
 ) {
+    use kube::runtime::watcher::Event as E;
     let services =
         watcher::<ServiceRecord>(store.clone(), internal_kind(&Kind::of::<Service>()), None)
             .filter_map(|e| {
-                let keys: Vec<ClusterKey> = match e {
-                    Ok(
-                        kube::runtime::watcher::Event::Apply(r)
-                        | kube::runtime::watcher::Event::InitApply(r),
-                    ) => r
-                        .owner
-                        .and_then(|o| {
-                            ClusterKey::new(r.metadata.namespace.as_deref()?, &o.cluster).ok()
-                        })
-                        .into_iter()
-                        .collect(),
-                    _ => Vec::new(),
+                let seen = match e {
+                    Ok(E::Apply(r) | E::InitApply(r)) => cluster_of_service(&r).map(Seen::Live),
+                    Ok(E::Delete(r)) => cluster_of_service(&r).map(Seen::Gone),
+                    _ => None,
                 };
-                std::future::ready((!keys.is_empty()).then_some(keys))
+                std::future::ready(seen)
             });
     let lbs = watcher::<LoadBalancer>(store.clone(), lb_kind(), None).filter_map(|e| {
-        let keys: Vec<ClusterKey> = match e {
-            Ok(
-                kube::runtime::watcher::Event::Apply(lb)
-                | kube::runtime::watcher::Event::InitApply(lb),
-            ) => cluster_of_lb(&lb).into_iter().collect(),
-            _ => Vec::new(),
+        let seen = match e {
+            Ok(E::Apply(lb) | E::InitApply(lb)) => cluster_of_lb(&lb).map(Seen::Live),
+            Ok(E::Delete(lb)) => cluster_of_lb(&lb).map(Seen::Gone),
+            _ => None,
         };
-        std::future::ready((!keys.is_empty()).then_some(keys))
+        std::future::ready(seen)
     });
-    let mut clusters =
+    let mut seen =
         std::pin::pin!(stream::select(services, lbs).take_until(stop.clone().cancelled_owned()));
-    let mut running: HashMap<ClusterKey, tokio::task::JoinHandle<()>> = HashMap::new();
-    while let Some(keys) = clusters.next().await {
-        for key in keys {
-            if running.contains_key(&key) {
-                continue;
+    let mut running: HashMap<ClusterKey, Running> = HashMap::new();
+    while let Some(event) = seen.next().await {
+        match event {
+            Seen::Live(key) => {
+                if running.contains_key(&key) {
+                    continue;
+                }
+                info!(cluster = %key, "starting the reconciler of guest cluster");
+                let ports = reconcile::Ports {
+                    guest: Arc::new(ClusterStore::new(store.clone(), key.clone())),
+                    harvester: harvester.clone(),
+                };
+                let cluster_stop = stop.child_token();
+                let task = tokio::spawn(
+                    reconcile::run(ports, key.context(), settings.clone(), cluster_stop.clone())
+                        .instrument(info_span!("guest_cluster", namespace = %key.namespace, cluster = %key.cluster)),
+                );
+                running.insert(
+                    key,
+                    Running {
+                        stop: cluster_stop,
+                        task,
+                    },
+                );
+                crate::metrics::set_guest_clusters(running.len());
             }
-            info!(cluster = %key, "starting the reconciler of guest cluster");
-            let ports = reconcile::Ports {
-                guest: Arc::new(ClusterStore::new(store.clone(), key.clone())),
-                harvester: harvester.clone(),
-            };
-            let task = tokio::spawn(
-                reconcile::run(ports, key.context(), settings.clone(), stop.clone()).instrument(
-                    info_span!("guest_cluster", namespace = %key.namespace, cluster = %key.cluster),
-                ),
-            );
-            running.insert(key, task);
+            Seen::Gone(key) => {
+                if !running.contains_key(&key) || !has_nothing_left(&store, &harvester, &key).await
+                {
+                    continue;
+                }
+                let Some(r) = running.remove(&key) else {
+                    continue;
+                };
+                info!(cluster = %key, "guest cluster has nothing left; stopping its reconciler");
+                r.stop.cancel();
+                // Finished before a new Service of the same cluster starts another one.
+                if r.task.await.is_err() {
+                    debug!(cluster = %key, "guest cluster reconciler ended abnormally");
+                }
+                crate::metrics::set_guest_clusters(running.len());
+            }
         }
     }
-    for (key, task) in running {
-        if task.await.is_err() {
+    crate::metrics::set_guest_clusters(0);
+    for (key, r) in running {
+        if r.task.await.is_err() {
             debug!(cluster = %key, "guest cluster reconciler ended abnormally");
         }
     }

@@ -21,10 +21,8 @@
 //! | `reconcile_duration_seconds` (histogram) | `controller` | [`observe_reconcile`] (reconcilers) |
 //! | `reconcile_errors_total` | `controller`, `reason` | [`observe_reconcile`] |
 //! | `leader` | none | [`set_leader`] (leader election: 1 while this replica holds the Lease) |
+//! | `guest_clusters` | none | [`set_guest_clusters`] (embedded backend: guest clusters with a running reconciler) |
 //! | `build_info` | `version` | always 1 |
-//!
-//! The pool, reconcile and leader functions are ready for the load balancer reconciler and the
-//! leader election to call; nothing calls them yet.
 
 pub mod server;
 
@@ -112,6 +110,7 @@ struct Metrics {
     reconcile_duration: HistogramFamily<ControllerLabels>,
     reconcile_errors: Family<ControllerErrorLabels, Counter>,
     leader: Gauge,
+    guest_clusters: Gauge,
 }
 
 impl Metrics {
@@ -130,6 +129,7 @@ impl Metrics {
             reconcile_duration: Family::new_with_constructor(|| Histogram::new(RECONCILE_BUCKETS)),
             reconcile_errors: Family::default(),
             leader: Gauge::default(),
+            guest_clusters: Gauge::default(),
         };
         registry.register(
             "http_requests",
@@ -187,6 +187,11 @@ impl Metrics {
             "leader",
             "1 while this replica holds the leader Lease and runs the reconcilers, else 0",
             m.leader.clone(),
+        );
+        registry.register(
+            "guest_clusters",
+            "Guest clusters of the embedded store whose reconciler runs (from their first Service until they have nothing left)",
+            m.guest_clusters.clone(),
         );
         let build_info = Family::<VersionLabels, Gauge>::default();
         build_info
@@ -306,6 +311,13 @@ pub fn set_leader(is_leader: bool) {
     METRICS.leader.set(i64::from(is_leader));
 }
 
+/// How many guest clusters of the embedded store have a running reconciler.
+pub fn set_guest_clusters(count: usize) {
+    METRICS
+        .guest_clusters
+        .set(i64::try_from(count).unwrap_or(i64::MAX));
+}
+
 /// The current value of a counter or gauge sample, read back from [`encode`]'s output; for tests.
 pub fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
     text.lines().find_map(|line| {
@@ -343,6 +355,7 @@ mod tests {
             "harvester_cloud_reconcile_duration_seconds",
             "harvester_cloud_reconcile_errors_total",
             "harvester_cloud_leader",
+            "harvester_cloud_guest_clusters",
             "harvester_cloud_build_info",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name}:\n{text}");
