@@ -117,11 +117,11 @@ pub struct CcmArgs {
     )]
     pub lease_name: String,
     /// Address of the Prometheus metrics listener (plain HTTP, `GET /metrics`): the leader gauge
-    /// and the guest-Service reconciles.
+    /// and the guest-Service reconciles. Not `serve`'s default port, so both can run on one host.
     #[arg(
         long,
         env = "HARVESTER_CLOUD_METRICS_LISTEN",
-        default_value = "127.0.0.1:9090"
+        default_value = "127.0.0.1:9091"
     )]
     pub metrics_listen: SocketAddr,
 }

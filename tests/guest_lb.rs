@@ -53,6 +53,8 @@ const CLUSTER: &str = "gc1";
 /// How long a case waits before it declares the reconcilers stuck. Not a performance bound:
 /// convergence normally takes milliseconds.
 const PATIENCE: Duration = Duration::from_secs(60);
+/// The user the ccm of `deploy/ccm` runs as in the guest cluster.
+const CCM_USER: &str = "system:serviceaccount:kube-system:harvester-cloud-ccm";
 
 fn init_logging() {
     // `TEST_LOG=harvester_cloud=debug` shows what the reconcilers do.
@@ -160,6 +162,7 @@ impl EmbeddedEnv {
                 reconcile::Settings {
                     concurrency: 64,
                     identity: "test".into(),
+                    prune_events: true,
                 },
                 stop,
             )
@@ -288,7 +291,7 @@ impl GuestEnv for EmbeddedEnv {
 struct KubeEnv {
     b: KubeBackend,
     _lb: Task,
-    _guest: kube_fake::FakeHandle,
+    guest: Arc<kube_fake::FakeHandle>,
     guest_client: ::kube::Client,
     ccm: Option<Task>,
     dir: tempfile::TempDir,
@@ -349,7 +352,7 @@ impl KubeEnv {
         KubeEnv {
             b,
             _lb: lb,
-            _guest: guest,
+            guest: Arc::new(guest),
             guest_client,
             ccm: None,
             dir,
@@ -387,7 +390,7 @@ impl KubeEnv {
             applied += 1;
         }
         assert_eq!(applied, 4, "the manifest's RBAC objects");
-        let token = env._guest.add_user(
+        let token = env.guest.add_user(
             "system:serviceaccount:kube-system:harvester-cloud-ccm",
             &[
                 "system:serviceaccounts",
@@ -397,7 +400,7 @@ impl KubeEnv {
         );
         std::fs::write(
             env.dir.path().join("guest.kubeconfig"),
-            env._guest.kubeconfig_for_token(&token, "kube-system"),
+            env.guest.kubeconfig_for_token(&token, "kube-system"),
         )
         .expect("writes");
         env.start_ccm();
@@ -2070,14 +2073,30 @@ suite!(
 );
 
 // The ccm with only the guest-side rights its manifest grants: cases that touch every one of them
-// (Services and their status, Events, the NAD mapping ConfigMap and its watch, the Lease).
-suite!(
-    kube_manifest_rbac,
-    KubeEnv::with_manifest_rbac(),
-    [
-        pool_and_dhcp_services_get_addresses,
-        nad_mapping_follows_the_vmis,
-        share_ip,
-        service_deletion_releases,
-    ]
-);
+// (Services and their status, Events, the NAD mapping ConfigMap and its watch, the Lease); and the
+// guest's API server refused none of its requests (a refusal that is only logged counts too).
+macro_rules! manifest_rbac_suite {
+    ([$($case:ident),* $(,)?]) => {
+        mod kube_manifest_rbac {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let env = KubeEnv::with_manifest_rbac().await;
+                    let guest = env.guest.clone();
+                    cases::$case(env).await;
+                    let refused: Vec<_> =
+                        guest.forbidden().into_iter().filter(|r| r.user == CCM_USER).collect();
+                    assert!(refused.is_empty(), "the ccm was refused: {refused:?}");
+                }
+            )*
+        }
+    };
+}
+
+manifest_rbac_suite!([
+    pool_and_dhcp_services_get_addresses,
+    nad_mapping_follows_the_vmis,
+    share_ip,
+    service_deletion_releases,
+]);

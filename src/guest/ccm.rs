@@ -13,7 +13,7 @@ use std::{path::Path, sync::Arc};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use super::{
     mapping::{GuestContext, normalize_management_network},
@@ -145,6 +145,8 @@ pub async fn run(args: &CcmArgs, shutdown: CancellationToken) -> Result<(), CcmE
     info!(cluster = %context.cluster, harvester = %harvester_url, lb_namespace = %context.lb_namespace, management_network = context.management_network.as_deref().unwrap_or_default(), "guest cluster load balancing");
     let settings = reconcile::Settings {
         concurrency: args.concurrency.max(1),
+        // The guest's API server expires Events itself (and the ccm needs no right to delete them).
+        prune_events: false,
         ..Default::default()
     };
     let elector: Arc<dyn LeaderElector> = if args.leader_elect {
@@ -159,10 +161,10 @@ pub async fn run(args: &CcmArgs, shutdown: CancellationToken) -> Result<(), CcmE
         Arc::new(AlwaysLeader)
     };
     let ports = Ports { guest, harvester };
-    let metrics = tokio::spawn(crate::metrics::server::serve(
-        metrics_listener,
-        shutdown.clone(),
-    ));
+    let metrics = tokio::spawn(
+        crate::metrics::server::serve(metrics_listener, shutdown.clone())
+            .instrument(tracing::info_span!("metrics")),
+    );
     lead(
         elector.as_ref(),
         &shutdown,

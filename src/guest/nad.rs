@@ -12,8 +12,12 @@
 //!
 //! Choices where upstream says nothing:
 //! - A VMI is one of the cluster's when it carries `guestcluster.harvesterhci.io/name=<cluster>`, or
-//!   (legacy) Rancher's node driver made it and its name starts with the cluster name: the same rule
-//!   Harvester's findNetwork uses.
+//!   (legacy) Rancher's node driver made it and its name starts with `<cluster>-` (as the node driver
+//!   names VMs). Harvester's findNetwork takes any name starting with the cluster name; here that
+//!   would let `gc10-…` shrink the mapping of `gc1`.
+//! - A Running VMI whose guest agent has not yet reported every Multus NIC (a node booting) is left
+//!   out until it has: counting it would empty the mapping, and refuse every Service naming a
+//!   network, on each boot or scale-up.
 //! - A bare `networkName` (no namespace) means the VMI's namespace, as KubeVirt reads it, so keys are
 //!   always `namespace/name`, as Services name networks.
 //! - With no Running VMI of the cluster (all stopped, or none yet), the ConfigMap is left as it is:
@@ -38,7 +42,7 @@ use kube::runtime::{reflector, watcher::Event as WatchEvent};
 use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::{keys, mapping::GuestContext};
 use crate::{
@@ -50,8 +54,9 @@ use crate::{
 /// VMI changes come in bursts (a node boots, its guest agent reports NIC after NIC): one write per
 /// burst.
 const SETTLE: Duration = Duration::from_millis(200);
-/// Pause before retrying a failed write.
-const RETRY: Duration = Duration::from_secs(2);
+/// Pauses before retrying a failed write: doubling from the first to the last.
+const RETRY_FIRST: Duration = Duration::from_secs(2);
+const RETRY_MAX: Duration = Duration::from_secs(300);
 /// Attempts at a write that keeps meeting a newer version of the ConfigMap.
 const WRITE_ATTEMPTS: usize = 4;
 
@@ -68,11 +73,12 @@ pub fn is_node_of(vmi: &VirtualMachineInstance, cluster: &str) -> bool {
             .metadata
             .name
             .as_deref()
-            .is_some_and(|n| n.starts_with(cluster))
+            .and_then(|n| n.strip_prefix(cluster))
+            .is_some_and(|rest| rest.starts_with('-'))
 }
 
-/// NAD (`namespace/name`) → guest interface of one VMI; `None` unless it is Running and not being
-/// deleted.
+/// NAD (`namespace/name`) → guest interface of one VMI; `None` unless it is Running, not being
+/// deleted, and its guest agent has reported the interface of every Multus NIC.
 pub fn interfaces(vmi: &VirtualMachineInstance) -> Option<BTreeMap<String, String>> {
     if vmi.metadata.deletion_timestamp.is_some()
         || vmi.pointer("/status/phase").and_then(Value::as_str) != Some("Running")
@@ -91,22 +97,29 @@ pub fn interfaces(vmi: &VirtualMachineInstance) -> Option<BTreeMap<String, Strin
             (!nic.is_empty() && !guest.is_empty()).then_some((nic, guest))
         })
         .collect();
-    let map = vmi
+    let mut map = BTreeMap::new();
+    for n in vmi
         .pointer("/spec/networks")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter_map(|n| {
-            let nic = n.get("name").and_then(Value::as_str)?;
-            let nad = n.pointer("/multus/networkName").and_then(Value::as_str)?;
-            let nad = match nad.split_once('/') {
-                Some(_) => nad.to_string(),
-                None if nad.is_empty() => return None,
-                None => format!("{namespace}/{nad}"),
-            };
-            Some((nad, reported.get(nic)?.to_string()))
-        })
-        .collect();
+    {
+        let Some(nad) = n
+            .pointer("/multus/networkName")
+            .and_then(Value::as_str)
+            .filter(|nad| !nad.is_empty())
+        else {
+            continue;
+        };
+        let nad = match nad.split_once('/') {
+            Some(_) => nad.to_string(),
+            None => format!("{namespace}/{nad}"),
+        };
+        let nic = n.get("name").and_then(Value::as_str).unwrap_or_default();
+        // Not reported yet: this VMI's mapping is not known.
+        let guest = reported.get(nic)?;
+        map.insert(nad, guest.to_string());
+    }
     Some(map)
 }
 
@@ -242,6 +255,7 @@ pub async fn run(
         async move {
             let mut written: Option<String> = None;
             let mut warned_at: Option<Instant> = None;
+            let mut retry = RETRY_FIRST;
             loop {
                 tokio::select! {
                     _ = trigger.changed.notified() => {}
@@ -271,6 +285,7 @@ pub async fn run(
                         }
                         written = Some(value);
                         warned_at = None;
+                        retry = RETRY_FIRST;
                     }
                     Err(e) => {
                         // Logged once a minute at most while it keeps failing (a missing
@@ -279,13 +294,17 @@ pub async fn run(
                             warn!(cluster = %cluster.cluster, error = %e, "cannot write the NAD mapping ConfigMap; retrying");
                             warned_at = Some(Instant::now());
                         }
-                        let (trigger, stop) = (trigger.clone(), stop.clone());
-                        tokio::spawn(async move {
-                            tokio::select! {
-                                _ = tokio::time::sleep(RETRY) => trigger.vmis_changed(),
-                                _ = stop.cancelled() => {}
+                        let (trigger, stop, pause) = (trigger.clone(), stop.clone(), retry);
+                        retry = (retry * 2).min(RETRY_MAX);
+                        tokio::spawn(
+                            async move {
+                                tokio::select! {
+                                    _ = tokio::time::sleep(pause) => trigger.vmis_changed(),
+                                    _ = stop.cancelled() => {}
+                                }
                             }
-                        });
+                            .instrument(info_span!("nad_mapping_retry")),
+                        );
                     }
                 }
             }
@@ -345,7 +364,6 @@ mod tests {
                 ("default", None, Some("eth0")),
                 ("nic-1", Some("default/vlan10"), Some("enp2s0")),
                 ("nic-2", Some("vlan20"), Some("enp3s0")),
-                ("nic-3", Some("default/vlan30"), None),
                 ("nic-4", Some(""), Some("enp5s0")),
             ],
         );
@@ -355,8 +373,20 @@ mod tests {
                 ("default/vlan10", "enp2s0"),
                 ("gc-ns/vlan20", "enp3s0")
             ])),
-            "pod network, unreported NICs and empty names are left out; a bare name is the VMI's namespace"
+            "pod network and empty names are left out; a bare name is the VMI's namespace"
         );
+        let booting = vmi(
+            "n2",
+            json!({}),
+            "Running",
+            &[
+                ("nic-1", Some("default/vlan10"), Some("enp2s0")),
+                ("nic-3", Some("default/vlan30"), None),
+            ],
+        );
+        assert_eq!(interfaces(&booting), None, "a Multus NIC not reported yet");
+        let no_multus = vmi("n3", json!({}), "Running", &[("default", None, None)]);
+        assert_eq!(interfaces(&no_multus), Some(map(&[])));
         let stopped = vmi(
             "n1",
             json!({}),
@@ -426,6 +456,13 @@ mod tests {
             &[("nic-1", Some("default/vlan10"), Some("enp9s0"))],
         );
         let unlabelled = vmi("gc1-by-hand", json!({}), "Running", &nic);
+        let longer_name = vmi(
+            "gc10-pool1-xyz",
+            json!({"harvesterhci.io/creator": "docker-machine-driver-harvester"}),
+            "Running",
+            &nic,
+        );
+        assert!(!is_node_of(&longer_name, "gc1"), "gc10's node is not gc1's");
         assert!(is_node_of(&labelled, "gc1") && is_node_of(&legacy, "gc1"));
         assert!(!is_node_of(&other, "gc1") && !is_node_of(&unlabelled, "gc1"));
         assert!(!is_node_of(&labelled, ""));

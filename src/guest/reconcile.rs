@@ -100,6 +100,9 @@ pub struct Settings {
     pub concurrency: u16,
     /// This replica's name in Events.
     pub identity: String,
+    /// Whether old Events are deleted by the reconciler (the embedded store); a Kubernetes API
+    /// server expires them itself.
+    pub prune_events: bool,
 }
 
 impl Default for Settings {
@@ -107,6 +110,7 @@ impl Default for Settings {
         Settings {
             concurrency: 256,
             identity: crate::lb::default_identity(),
+            prune_events: true,
         }
     }
 }
@@ -1235,6 +1239,7 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
             ports.guest.clone(),
             COMPONENT,
             &settings.identity,
+            settings.prune_events,
             stop.clone(),
         ),
         reported: Mutex::new(HashMap::new()),
@@ -1340,6 +1345,10 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
         )
         .take_until(stop.clone().cancelled_owned())
         .for_each(move |e| {
+            // After a relist a change made meanwhile shows only as the new state: check again.
+            if let Ok(WatchEvent::InitDone) = &e {
+                trigger.config_map_changed();
+            }
             if let Ok(WatchEvent::Apply(cm) | WatchEvent::Delete(cm)) = &e
                 && cm.metadata.name.as_deref() == Some(keys::NAD_MAPPING_NAME)
             {

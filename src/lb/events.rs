@@ -79,19 +79,22 @@ impl Recorder {
     /// Starts the writer; it stops when `stop` is cancelled (Events still queued then are dropped, as a
     /// process that exits drops them).
     pub fn start(store: Arc<dyn ObjectStore>, instance: &str, stop: CancellationToken) -> Self {
-        Self::start_as(store, COMPONENT, instance, stop)
+        Self::start_as(store, COMPONENT, instance, true, stop)
     }
 
-    /// [`Recorder::start`] for another component (the name Events give as their source).
+    /// [`Recorder::start`] for another component (the name Events give as their source); `prune`:
+    /// whether it deletes its own Events once they are old (not needed where the API server expires
+    /// Events itself, and then it needs no right to list or delete them).
     pub fn start_as(
         store: Arc<dyn ObjectStore>,
         component: &str,
         instance: &str,
+        prune: bool,
         stop: CancellationToken,
     ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(
-            write_events(store, rx, stop).instrument(info_span!("event_writer", component)),
+            write_events(store, rx, prune, stop).instrument(info_span!("event_writer", component)),
         );
         Recorder {
             tx,
@@ -150,6 +153,7 @@ impl Recorder {
 async fn write_events(
     store: Arc<dyn ObjectStore>,
     rx: mpsc::Receiver<Event>,
+    prune: bool,
     stop: CancellationToken,
 ) {
     let api = Api::<Event>::new(store);
@@ -157,6 +161,9 @@ async fn write_events(
         let api = api.clone();
         let stop = stop.clone();
         async move {
+            if !prune {
+                return std::future::pending().await;
+            }
             let mut tick = tokio::time::interval(PRUNE_EVERY);
             loop {
                 tokio::select! {

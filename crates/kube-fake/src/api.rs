@@ -275,7 +275,7 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
             .filter(|(_, aud)| aud.iter().any(|a| a == API_AUDIENCE))
             .map(|(id, _)| id)
     });
-    shared.record(RequestRecord {
+    let record = RequestRecord {
         method: method.to_string(),
         path: path.clone(),
         query: query.clone(),
@@ -283,10 +283,20 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
             .as_ref()
             .map(|i| i.username.clone())
             .unwrap_or_default(),
-    });
+    };
+    shared.record(record.clone());
     let span = info_span!("request", %method, %path);
-    let result = serve(shared, req, authn).instrument(span.clone()).await;
+    let result = serve(shared.clone(), req, authn)
+        .instrument(span.clone())
+        .await;
     let response = result.unwrap_or_else(IntoResponse::into_response);
+    if response.status() == axum::http::StatusCode::FORBIDDEN {
+        shared
+            .forbidden
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(record);
+    }
     span.in_scope(|| debug!(status = response.status().as_u16(), "served"));
     response
 }

@@ -302,6 +302,15 @@ impl FakeHandle {
             .clone()
     }
 
+    /// The requests answered 403 Forbidden so far, in order.
+    pub fn forbidden(&self) -> Vec<RequestRecord> {
+        self.shared
+            .forbidden
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// How many requests were served so far.
     pub fn request_count(&self) -> usize {
         self.shared

@@ -102,6 +102,8 @@ pub struct Shared {
     inner: Mutex<Inner>,
     /// Request log.
     pub requests: Mutex<Vec<RequestRecord>>,
+    /// The requests answered 403 Forbidden.
+    pub forbidden: Mutex<Vec<RequestRecord>>,
     /// Facts for kubeconfigs and the `ca.crt` of tokens.
     pub info: ServerInfo,
     /// Wakes the controller loop after writes.
@@ -138,6 +140,7 @@ impl Shared {
         Arc::new(Self {
             inner: Mutex::new(inner),
             requests: Mutex::new(Vec::new()),
+            forbidden: Mutex::new(Vec::new()),
             info,
             wake: Notify::new(),
             shutdown,
