@@ -40,6 +40,9 @@ pub enum GuestApiError {
     },
     #[error("fail to decode service: {reason}")]
     Decode { reason: String },
+    /// A stored object that does not decode: the server's fault, not the request's.
+    #[error("stored {kind} cannot be read: {reason}")]
+    Stored { kind: String, reason: String },
     #[error("the {field} of the service ({body}) does not match the {field} on the URL ({url})")]
     Mismatch {
         field: &'static str,
@@ -273,8 +276,16 @@ impl GuestClusters {
                     .map(|t| t.0)
                     .or(e.event_time.as_ref().map(|t| t.0))
             };
+            // Timestamps have whole seconds: the store's order (resourceVersion) breaks ties.
+            let version = |e: &Event| {
+                e.metadata
+                    .resource_version
+                    .as_deref()
+                    .and_then(|v| v.parse::<u64>().ok())
+            };
             last(a)
                 .cmp(&last(b))
+                .then_with(|| version(a).cmp(&version(b)))
                 .then_with(|| a.metadata.name.cmp(&b.metadata.name))
         });
         Ok((events, revision))
@@ -300,7 +311,8 @@ impl GuestClusters {
             .items
             .into_iter()
             .map(|v| {
-                serde_json::from_value(v).map_err(|e| GuestApiError::Decode {
+                serde_json::from_value(v).map_err(|e| GuestApiError::Stored {
+                    kind: crate::store::Kind::of::<K>().kind.to_string(),
                     reason: e.to_string(),
                 })
             })
@@ -508,7 +520,8 @@ impl GuestClusters {
             Deleted::Gone(v) => (v, true),
             Deleted::Pending(v) => (v, false),
         };
-        let service = serde_json::from_value(value).map_err(|e| GuestApiError::Decode {
+        let service = serde_json::from_value(value).map_err(|e| GuestApiError::Stored {
+            kind: "Service".into(),
             reason: e.to_string(),
         })?;
         Ok(Delete { service, gone })

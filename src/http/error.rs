@@ -165,6 +165,7 @@ impl ApiError {
                     (StatusCode::NOT_FOUND, "NotFound")
                 }
                 GuestApiError::Conflict { .. } => (StatusCode::CONFLICT, "Conflict"),
+                GuestApiError::Stored { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
                 GuestApiError::Store { .. } | GuestApiError::DeleteCluster(_) => e
                     .store_error()
                     .map(store_status)
@@ -206,6 +207,9 @@ impl ApiError {
                 if e.store_error()
                     .is_some_and(|s| store_status(s).0.is_server_error()) =>
             {
+                "guest cluster request failed: internal error, see the server log".into()
+            }
+            ApiError::Guest(e) if matches!(e.as_ref(), GuestApiError::Stored { .. }) => {
                 "guest cluster request failed: internal error, see the server log".into()
             }
             ApiError::Guest(e) => match e.store_error() {
