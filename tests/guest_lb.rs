@@ -42,7 +42,7 @@ use harvester_cloud::{
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Service};
 use serde_json::{Value, json};
-use support::{Backend, EmbeddedBackend, KubeBackend, Reply};
+use support::{Backend, EmbeddedBackend, KubeBackend, Reply, eventually};
 use tokio_util::sync::CancellationToken;
 
 const POOLS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
@@ -50,9 +50,6 @@ const LBS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers";
 /// The Harvester namespace of the guest cluster's cloud-config, and the guest cluster.
 const NS: &str = "gc-test";
 const CLUSTER: &str = "gc1";
-/// How long a case waits before it declares the reconcilers stuck. Not a performance bound:
-/// convergence normally takes milliseconds.
-const PATIENCE: Duration = Duration::from_secs(60);
 /// The user the ccm of `deploy/ccm` runs as in the guest cluster.
 const CCM_USER: &str = "system:serviceaccount:kube-system:harvester-cloud-ccm";
 
@@ -571,20 +568,6 @@ async fn call<B: Backend>(b: &B, method: Method, path: &str, body: Option<Value>
 fn ok(r: Reply, status: StatusCode) -> Value {
     assert_eq!(r.status, status, "{}", r.text());
     r.json()
-}
-
-async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        if let Some(found) = probe().await {
-            return found;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gave up waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn event_pairs(events: Vec<Event>, name: &str) -> Vec<(String, String)> {

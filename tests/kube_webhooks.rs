@@ -8,12 +8,13 @@
 
 mod support;
 
+use support::{PATIENCE, eventually};
+
 use std::{
     io::{BufRead, BufReader},
     path::Path,
     process::{Child, Command, Stdio},
     sync::mpsc,
-    time::Duration,
 };
 
 use base64::Engine;
@@ -24,7 +25,6 @@ use kube::{
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_harvester-cloud");
-const PATIENCE: Duration = Duration::from_secs(60);
 const NS: &str = "gc-test";
 
 /// The binary, serving the Kubernetes backend.
@@ -112,20 +112,6 @@ fn refusal(result: Result<DynamicObject, kube::Error>) -> (u16, String) {
     match result {
         Err(kube::Error::Api(e)) => (e.code, e.message),
         other => panic!("expected a refusal, got {other:?}"),
-    }
-}
-
-async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        if let Some(found) = probe().await {
-            return found;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gave up waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

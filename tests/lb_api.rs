@@ -24,14 +24,11 @@ use harvester_cloud::{
 };
 use k8s_openapi::api::core::v1::{Event, Namespace};
 use serde_json::{Value, json};
-use support::{Backend, EmbeddedBackend, KubeBackend, Reply};
+use support::{Backend, EmbeddedBackend, KubeBackend, PATIENCE, Reply, eventually};
 use tokio_util::sync::CancellationToken;
 
 const POOLS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
 const LBS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers";
-/// How long a test waits for the reconcilers before it declares them stuck. Not a performance
-/// bound: convergence normally takes milliseconds.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// The reconcilers, running on a backend's store until dropped or stopped.
 pub struct Reconcilers {
@@ -148,20 +145,6 @@ async fn create_lb<B: Backend>(b: &B, lb: Value) -> Value {
 
 async fn get<B: Backend>(b: &B, path: &str) -> Reply {
     call(b, Method::GET, path, None).await
-}
-
-async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        if let Some(found) = probe().await {
-            return found;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gave up waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn ready(lb: &Value) -> Option<&Value> {

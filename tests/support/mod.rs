@@ -60,6 +60,25 @@ impl Reply {
     }
 }
 
+/// How long a test waits for a condition before it declares the service stuck. Not a performance
+/// bound: conditions normally hold within milliseconds.
+pub const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Polls `probe` until it finds something (every 20 ms), failing the test after [`PATIENCE`].
+pub async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// A service under test, reached through its router.
 pub trait Backend: Sized {
     fn router(&self) -> Router;
