@@ -1123,8 +1123,19 @@ mod cases {
             Some("enp3s0")
         );
 
-        // Deleted by someone: written again.
+        // Deleted by someone: written again, at the next pass (the next VMI change here; at the
+        // latest after nad::RECHECK otherwise).
         env.delete_nad_mapping().await;
+        let mut a = vmis
+            .get(NS, "node-a")
+            .await
+            .expect("reads")
+            .expect("exists");
+        a.metadata
+            .labels
+            .get_or_insert_default()
+            .insert("touched".into(), "yes".into());
+        vmis.replace(&a).await.expect("updates");
         eventually("the NAD mapping to be written again", async || {
             (value().await.as_deref()
                 == Some(r#"{"default/vlan10":"enp2s0","default/vlan20":"enp3s0"}"#))

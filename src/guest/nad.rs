@@ -23,16 +23,14 @@
 //! - With no Running VMI of the cluster (all stopped, or none yet), the ConfigMap is left as it is:
 //!   the interfaces of the VMs do not change while they are down, and an empty map would refuse every
 //!   Service that names a network.
-//! - The ConfigMap is written only when its value changes; each write wakes the Services that name a
-//!   network (the reconciler watches the ConfigMap, whoever writes it). A ConfigMap changed or
-//!   deleted by someone else is written again.
+//! - The ConfigMap is written only when its value changes, and read and written only by name (no
+//!   right to list or watch `kube-system`'s ConfigMaps needed): after each burst of VMI changes and
+//!   every 30 s. A change of what it holds (written here, or by someone else) wakes the Services that
+//!   name a network; one changed or deleted by someone else is written again.
 
 use std::{
     collections::BTreeMap,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -42,7 +40,7 @@ use kube::runtime::{reflector, watcher::Event as WatchEvent};
 use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{debug, info, warn};
 
 use super::{keys, mapping::GuestContext};
 use crate::{
@@ -54,7 +52,9 @@ use crate::{
 /// VMI changes come in bursts (a node boots, its guest agent reports NIC after NIC): one write per
 /// burst.
 const SETTLE: Duration = Duration::from_millis(200);
-/// Pauses before retrying a failed write: doubling from the first to the last.
+/// How often the ConfigMap is read again when nothing else happens.
+pub const RECHECK: Duration = Duration::from_secs(30);
+/// Pauses before retrying a failed read or write: doubling from the first to the last.
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MAX: Duration = Duration::from_secs(300);
 /// Attempts at a write that keeps meeting a newer version of the ConfigMap.
@@ -196,38 +196,25 @@ async fn write(config_maps: &Api<ConfigMap>, value: &str) -> Result<bool, StoreE
     Err(last.expect("the loop ran"))
 }
 
-/// Wakes the sync: a VMI of the cluster changed, or the ConfigMap did (someone else wrote or
-/// deleted it), in which case the sync reads it again instead of trusting what it last wrote.
-#[derive(Clone, Default)]
-pub struct Trigger {
-    changed: Arc<Notify>,
-    config_map_changed: Arc<AtomicBool>,
-}
-
-impl Trigger {
-    fn vmis_changed(&self) {
-        self.changed.notify_one();
-    }
-
-    /// The mapping ConfigMap was written or deleted (by anyone, this sync included).
-    pub fn config_map_changed(&self) {
-        self.config_map_changed.store(true, Ordering::Release);
-        self.changed.notify_one();
-    }
-}
-
 /// Keeps guest cluster `cluster`'s mapping ConfigMap (in `guest`) in step with its VMIs (in
-/// `harvester`, the cluster's namespace there) until `stop`.
+/// `harvester`, the cluster's namespace there) until `stop`. `on_change` is called whenever the
+/// mapping the guest holds changes (written here, or changed or deleted by someone else and seen on
+/// a re-read), so that the Services naming a network are looked at again.
+///
+/// The ConfigMap is only ever read and written by name, so the ccm needs no right to list or watch
+/// `kube-system`'s ConfigMaps: it is read after every burst of VMI changes and every
+/// [`RECHECK`] otherwise.
 pub async fn run(
     guest: Arc<dyn ObjectStore>,
     harvester: Arc<dyn ObjectStore>,
     cluster: GuestContext,
-    trigger: Trigger,
+    on_change: impl Fn() + Send + Sync + 'static,
     stop: CancellationToken,
 ) {
     let (cache, writer) = reflector::store::<VirtualMachineInstance>();
+    let changed = Arc::new(Notify::new());
     let watch = {
-        let (trigger, name) = (trigger.clone(), cluster.cluster.clone());
+        let (changed, name) = (changed.clone(), cluster.cluster.clone());
         reflector::reflector(
             writer,
             watcher::<VirtualMachineInstance>(
@@ -244,7 +231,7 @@ pub async fn run(
                 _ => false,
             };
             if relevant {
-                trigger.vmis_changed();
+                changed.notify_one();
             }
             std::future::ready(())
         })
@@ -253,64 +240,79 @@ pub async fn run(
         let stop = stop.clone();
         let config_maps = Api::<ConfigMap>::new(guest);
         async move {
-            let mut written: Option<String> = None;
+            // What the guest held at the last read or write (`None` before the first read).
+            let mut seen: Option<Option<String>> = None;
             let mut warned_at: Option<Instant> = None;
             let mut retry = RETRY_FIRST;
+            let mut next = tokio::time::Instant::now() + RECHECK;
             loop {
                 tokio::select! {
-                    _ = trigger.changed.notified() => {}
-                    _ = stop.cancelled() => return,
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(SETTLE) => {}
-                    _ = stop.cancelled() => return,
-                }
-                if trigger.config_map_changed.swap(false, Ordering::AcqRel) {
-                    written = None;
-                }
-                let Some(mapping) =
-                    cluster_mapping(cache.state().iter().map(|v| &**v), &cluster.cluster)
-                else {
-                    debug!(cluster = %cluster.cluster, "no running VMI of the cluster; NAD mapping left as it is");
-                    continue;
-                };
-                let value = encode(&mapping);
-                if written.as_deref() == Some(value.as_str()) {
-                    continue;
-                }
-                match write(&config_maps, &value).await {
-                    Ok(wrote) => {
-                        if wrote {
-                            info!(cluster = %cluster.cluster, mapping = %value, "NAD mapping updated");
+                    _ = changed.notified() => {
+                        // VMI changes come in bursts: one pass per burst.
+                        tokio::select! {
+                            _ = tokio::time::sleep(SETTLE) => {}
+                            _ = stop.cancelled() => return,
                         }
-                        written = Some(value);
+                    }
+                    _ = tokio::time::sleep_until(next) => {}
+                    _ = stop.cancelled() => return,
+                }
+                let result = sync_once(&config_maps, &cache, &cluster.cluster, &mut seen).await;
+                match result {
+                    Ok(held_changed) => {
+                        if held_changed {
+                            on_change();
+                        }
                         warned_at = None;
                         retry = RETRY_FIRST;
+                        next = tokio::time::Instant::now() + RECHECK;
                     }
                     Err(e) => {
                         // Logged once a minute at most while it keeps failing (a missing
-                        // kube-system, no rights on ConfigMaps).
+                        // kube-system, no rights on the ConfigMap).
                         if warned_at.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
-                            warn!(cluster = %cluster.cluster, error = %e, "cannot write the NAD mapping ConfigMap; retrying");
+                            warn!(cluster = %cluster.cluster, error = %e, "cannot read or write the NAD mapping ConfigMap; retrying");
                             warned_at = Some(Instant::now());
                         }
-                        let (trigger, stop, pause) = (trigger.clone(), stop.clone(), retry);
+                        next = tokio::time::Instant::now() + retry;
                         retry = (retry * 2).min(RETRY_MAX);
-                        tokio::spawn(
-                            async move {
-                                tokio::select! {
-                                    _ = tokio::time::sleep(pause) => trigger.vmis_changed(),
-                                    _ = stop.cancelled() => {}
-                                }
-                            }
-                            .instrument(info_span!("nad_mapping_retry")),
-                        );
                     }
                 }
             }
         }
     };
     tokio::join!(watch, sync);
+}
+
+/// One pass: reads what the guest holds, writes the VMIs' mapping if it differs. Returns whether
+/// what the guest holds changed since the last pass (the first read is not a change).
+async fn sync_once(
+    config_maps: &Api<ConfigMap>,
+    vmis: &reflector::Store<VirtualMachineInstance>,
+    cluster: &str,
+    seen: &mut Option<Option<String>>,
+) -> Result<bool, StoreError> {
+    let held = config_maps
+        .get(keys::NAD_MAPPING_NAMESPACE, keys::NAD_MAPPING_NAME)
+        .await?
+        .map(|cm| {
+            cm.data
+                .and_then(|mut d| d.remove(keys::NAD_MAPPING_KEY))
+                .unwrap_or_default()
+        });
+    let mut changed = seen.as_ref().is_some_and(|s| *s != held);
+    *seen = Some(held.clone());
+    let Some(mapping) = cluster_mapping(vmis.state().iter().map(|v| &**v), cluster) else {
+        debug!(%cluster, "no running VMI of the cluster; NAD mapping left as it is");
+        return Ok(changed);
+    };
+    let value = encode(&mapping);
+    if held.as_deref() != Some(value.as_str()) && write(config_maps, &value).await? {
+        info!(%cluster, mapping = %value, "NAD mapping updated");
+        *seen = Some(Some(value));
+        changed = true;
+    }
+    Ok(changed)
 }
 
 #[cfg(test)]

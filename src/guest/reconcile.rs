@@ -1333,42 +1333,24 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
         })
     };
 
-    // The guest's NAD mapping: a change (by the sync below, or by anyone) wakes the Services that
-    // name a network, so one refused for a network the mapping lacked goes on once it has it.
-    let nad_trigger = nad::Trigger::default();
-    let nad_changes = {
-        let (wake, services, trigger) = (wake_tx.clone(), svc_cache.clone(), nad_trigger.clone());
-        watcher::<ConfigMap>(
+    // The guest's NAD mapping, kept from the cluster's VMIs: a change of what the guest holds wakes
+    // the Services that name a network, so one refused for a network the mapping lacked goes on.
+    let nad_sync = {
+        let (wake, services) = (wake_tx.clone(), svc_cache.clone());
+        nad::run(
             ports.guest.clone(),
-            Kind::of::<ConfigMap>(),
-            Some(keys::NAD_MAPPING_NAMESPACE.into()),
-        )
-        .take_until(stop.clone().cancelled_owned())
-        .for_each(move |e| {
-            // After a relist a change made meanwhile shows only as the new state: check again.
-            if let Ok(WatchEvent::InitDone) = &e {
-                trigger.config_map_changed();
-            }
-            if let Ok(WatchEvent::Apply(cm) | WatchEvent::Delete(cm)) = &e
-                && cm.metadata.name.as_deref() == Some(keys::NAD_MAPPING_NAME)
-            {
-                trigger.config_map_changed();
+            ports.harvester.clone(),
+            cluster.clone(),
+            move || {
                 for svc in services.state() {
                     if annotation(&svc, keys::SVC_NETWORK).is_some_and(|n| !n.is_empty()) {
                         let _ = wake.send(ObjectRef::from_obj(&*svc));
                     }
                 }
-            }
-            std::future::ready(())
-        })
+            },
+            stop.clone(),
+        )
     };
-    let nad_sync = nad::run(
-        ports.guest.clone(),
-        ports.harvester.clone(),
-        cluster.clone(),
-        nad_trigger,
-        stop.clone(),
-    );
 
     let controller = {
         let (ctx, stop) = (ctx.clone(), stop.clone());
@@ -1436,7 +1418,6 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
         lbs.instrument(info_span!("watch", kind = "LoadBalancer")),
         controller.instrument(info_span!("controller", kind = "Service")),
         gc.instrument(info_span!("garbage_collector")),
-        nad_changes.instrument(info_span!("watch", kind = "ConfigMap")),
         nad_sync.instrument(info_span!("nad_mapping")),
     );
     debug!(cluster = %cluster.cluster, "guest service reconciler stopped");
