@@ -1365,59 +1365,8 @@ pub mod cases {
 /// The Kubernetes backend against the API fake, with the CRDs a Harvester cluster has: ours, and
 /// KubeVirt's and Multus's (schemaless) that the reconcilers and admission read.
 async fn kube_start() -> KubeBackend {
-    use ::kube::{
-        api::PostParams,
-        runtime::wait::{await_condition, conditions},
-    };
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let b = KubeBackend::start().await;
-    let foreign = |group: &str, kind: &str, plural: &str| -> CustomResourceDefinition {
-        serde_json::from_value(json!({
-            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": format!("{plural}.{group}")},
-            "spec": {"group": group, "scope": "Namespaced",
-                "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase()},
-                "versions": [{"name": "v1", "served": true, "storage": true,
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
-        }))
-        .expect("crd")
-    };
-    let crds: ::kube::Api<CustomResourceDefinition> = ::kube::Api::all(b.client.clone());
-    let all = harvester_cloud::crd::crds().into_iter().chain([
-        foreign("kubevirt.io", "VirtualMachine", "virtualmachines"),
-        foreign(
-            "kubevirt.io",
-            "VirtualMachineInstance",
-            "virtualmachineinstances",
-        ),
-        foreign(
-            "k8s.cni.cncf.io",
-            "NetworkAttachmentDefinition",
-            "network-attachment-definitions",
-        ),
-    ]);
-    for crd in all {
-        let name = crd.metadata.name.clone().expect("named");
-        match crds.create(&PostParams::default(), &crd).await {
-            Ok(_) => {}
-            // The shared seed registers a bare LoadBalancer CRD; ours replaces it.
-            Err(::kube::Error::Api(e)) if e.code == 409 => {
-                let mut current = crds.get(&name).await.expect("reads the CRD");
-                current.spec = crd.spec.clone();
-                crds.replace(&name, &PostParams::default(), &current)
-                    .await
-                    .unwrap_or_else(|e| panic!("cannot replace {name}: {e}"));
-            }
-            Err(e) => panic!("cannot register {name}: {e}"),
-        }
-        tokio::time::timeout(
-            PATIENCE,
-            await_condition(crds.clone(), &name, conditions::is_crd_established()),
-        )
-        .await
-        .expect("established in time")
-        .expect("established");
-    }
+    support::kube_env::harvester_crds(&b.client).await;
     b
 }
 

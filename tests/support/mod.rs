@@ -457,7 +457,7 @@ pub mod kube_env {
                 Err(e) => panic!("cannot register {name}: {e}"),
             }
             tokio::time::timeout(
-                std::time::Duration::from_secs(60),
+                super::PATIENCE,
                 await_condition(crds.clone(), &name, conditions::is_crd_established()),
             )
             .await
