@@ -41,6 +41,8 @@ const PRUNE_EVERY: Duration = Duration::from_secs(600);
 const QUEUE: usize = 16_384;
 /// Events written at once.
 const WRITERS: usize = 8;
+/// How long the writer keeps writing the Events queued when it is stopped.
+const DRAIN: Duration = Duration::from_secs(5);
 
 /// Event reasons.
 pub mod reason {
@@ -76,8 +78,8 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Starts the writer; it stops when `stop` is cancelled (Events still queued then are dropped, as a
-    /// process that exits drops them).
+    /// Starts the writer; it stops when `stop` is cancelled, after writing the Events queued by then
+    /// (for up to 5 s, and unless the process exits first).
     pub fn start(store: Arc<dyn ObjectStore>, instance: &str, stop: CancellationToken) -> Self {
         Self::start_as(store, COMPONENT, instance, true, stop)
     }
@@ -144,8 +146,14 @@ impl Recorder {
             reporting_instance: Some(self.instance.to_string()),
             ..Default::default()
         };
-        if let Err(e) = self.tx.try_send(event) {
-            warn!(%reason, error = %e, "event queue full; dropping event");
+        match self.tx.try_send(event) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                warn!(%reason, "event queue full; dropping event");
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                debug!(%reason, "event writer stopped; dropping event");
+            }
         }
     }
 }
@@ -173,16 +181,30 @@ async fn write_events(
             }
         }
     };
-    let write = tokio_stream::wrappers::ReceiverStream::new(rx)
-        .take_until(stop.cancelled_owned())
-        .for_each_concurrent(WRITERS, |event| {
-            let api = api.clone();
-            async move {
-                if let Err(e) = api.create(&event).await {
-                    warn!(reason = event.reason.as_deref().unwrap_or_default(), error = %e, "cannot write event");
-                }
+    let write_one = |event: Event| {
+        let api = api.clone();
+        async move {
+            if let Err(e) = api.create(&event).await {
+                warn!(reason = event.reason.as_deref().unwrap_or_default(), error = %e, "cannot write event");
             }
-        });
+        }
+    };
+    let write = async {
+        let mut events = tokio_stream::wrappers::ReceiverStream::new(rx);
+        (&mut events)
+            .take_until(stop.cancelled())
+            .for_each_concurrent(WRITERS, write_one)
+            .await;
+        // Stopped: what was recorded until now (a reconciler's last word) is still written, for a
+        // bounded time; later records are refused.
+        events.close();
+        if tokio::time::timeout(DRAIN, events.for_each_concurrent(WRITERS, write_one))
+            .await
+            .is_err()
+        {
+            warn!("events still queued at the stop were dropped");
+        }
+    };
     // The writer ends when every Recorder is gone (or on `stop`); pruning goes with it.
     tokio::select! {
         _ = prune => {},
