@@ -599,6 +599,16 @@ fn mk_svc(ns: &str, name: &str, ports: &[(&str, i32)], annotations: &[(&str, &st
     })
 }
 
+/// A Service in `default` sharing the address of `primary` (`<ns>/<name>` or a bare name).
+fn secondary(name: &str, ports: &[(&str, i32)], primary: &str) -> Value {
+    mk_svc(
+        "default",
+        name,
+        ports,
+        &[("cloudprovider.harvesterhci.io/primary-service", primary)],
+    )
+}
+
 fn annotation<'a>(svc: &'a Value, key: &str) -> Option<&'a str> {
     svc["metadata"]["annotations"][key].as_str()
 }
@@ -1185,14 +1195,9 @@ mod cases {
         );
 
         // Same port, other protocol, primary named without its namespace.
-        env.put(mk_svc(
-            "default",
-            "dns-udp",
-            &[("UDP", 53)],
-            &[("cloudprovider.harvesterhci.io/primary-service", "dns")],
-        ))
-        .await
-        .expect("accepted");
+        env.put(secondary("dns-udp", &[("UDP", 53)], "dns"))
+            .await
+            .expect("accepted");
         let (udp, shared) = address(&env, "default", "dns-udp").await;
         assert_eq!(shared, ip);
         assert_eq!(
@@ -1203,55 +1208,23 @@ mod cases {
             lb_of(&env, &udp).await.is_none(),
             "a secondary has no load balancer of its own"
         );
-        env.put(mk_svc(
-            "default",
-            "web",
-            &[("TCP", 80)],
-            &[(
-                "cloudprovider.harvesterhci.io/primary-service",
-                "default/dns",
-            )],
-        ))
-        .await
-        .expect("accepted");
+        env.put(secondary("web", &[("TCP", 80)], "default/dns"))
+            .await
+            .expect("accepted");
         assert_eq!(address(&env, "default", "web").await.1, ip);
 
         // Clashes on protocol and port, with the primary or another secondary.
         let put = env
-            .put(mk_svc(
-                "default",
-                "dns-tcp",
-                &[("TCP", 53)],
-                &[(
-                    "cloudprovider.harvesterhci.io/primary-service",
-                    "default/dns",
-                )],
-            ))
+            .put(secondary("dns-tcp", &[("TCP", 53)], "default/dns"))
             .await;
         refused(&env, put, "default", "dns-tcp", "check port overlap failed, primary service: default/dns, secondary service: default/dns-tcp, error: port 53/TCP has been used in service default/dns").await;
         let put = env
-            .put(mk_svc(
-                "default",
-                "web2",
-                &[("TCP", 80)],
-                &[(
-                    "cloudprovider.harvesterhci.io/primary-service",
-                    "default/dns",
-                )],
-            ))
+            .put(secondary("web2", &[("TCP", 80)], "default/dns"))
             .await;
         refused(&env, put, "default", "web2", "check port overlap failed, primary service: default/dns, secondary service: default/web2, error: port 80/TCP has been used in service default/web").await;
         // No chaining.
         let put = env
-            .put(mk_svc(
-                "default",
-                "chain",
-                &[("TCP", 8080)],
-                &[(
-                    "cloudprovider.harvesterhci.io/primary-service",
-                    "default/web",
-                )],
-            ))
+            .put(secondary("chain", &[("TCP", 8080)], "default/web"))
             .await;
         refused(
             &env,
@@ -1272,15 +1245,7 @@ mod cases {
         .expect("accepted");
         address(&env, "default", "leased").await;
         let put = env
-            .put(mk_svc(
-                "default",
-                "leased-sec",
-                &[("TCP", 81)],
-                &[(
-                    "cloudprovider.harvesterhci.io/primary-service",
-                    "default/leased",
-                )],
-            ))
+            .put(secondary("leased-sec", &[("TCP", 81)], "default/leased"))
             .await;
         refused(
             &env,
@@ -1329,12 +1294,7 @@ mod cases {
         env.put(mk_svc("default", "primary", &[("TCP", 80)], &[]))
             .await
             .expect("accepted");
-        let secondary = mk_svc(
-            "default",
-            "secondary",
-            &[("TCP", 443)],
-            &[("cloudprovider.harvesterhci.io/primary-service", "primary")],
-        );
+        let secondary = secondary("secondary", &[("TCP", 443)], "primary");
         if let Err(message) = env.put(secondary.clone()).await {
             assert_eq!(message, "primary service default/primary has no ingress IP");
             address(&env, "default", "primary").await;
