@@ -174,6 +174,7 @@ pub async fn delete(
     }
 }
 
+/// A write without webhooks: prepared and stored at once.
 fn direct(
     inner: &mut Inner,
     rt: &ResourceType,
@@ -181,54 +182,32 @@ fn direct(
     req: &Write,
     ctx: &WriteCtx,
 ) -> Result<Outcome, ApiError> {
-    match req.clone() {
-        Write::Create {
-            namespace, body, ..
-        } => ops::create(inner, rt, version, namespace.as_deref(), body, ctx)
-            .map(|o| Outcome::Written(o, true)),
-        Write::Update {
-            namespace,
-            name,
-            body,
-            subresource,
-            ..
-        } => ops::update(
-            inner,
-            rt,
-            version,
-            &namespace,
-            &name,
-            body,
-            subresource.as_deref(),
-            ctx,
-        )
-        .map(|(o, c)| Outcome::Written(o, c)),
-        Write::Patch {
-            namespace,
-            name,
-            ptype,
-            body,
-            subresource,
-            manager,
-            force,
-        } => ops::patch(
-            inner,
-            rt,
-            version,
-            &namespace,
-            &name,
-            ptype,
-            &body,
-            subresource.as_deref(),
-            &manager,
-            force,
-            ctx,
-        )
-        .map(|(o, c)| Outcome::Written(o, c)),
-        Write::Delete { key, options } => {
-            ops::delete(inner, rt, &key, &options, ctx).map(Outcome::Deleted)
+    let prepared = prepare(inner, rt, version, req, ctx)?;
+    store(inner, rt, version, req, prepared, ctx)
+}
+
+/// Stores a prepared write or delete.
+fn store(
+    inner: &mut Inner,
+    rt: &ResourceType,
+    version: &str,
+    req: &Write,
+    prepared: Prepared,
+    ctx: &WriteCtx,
+) -> Result<Outcome, ApiError> {
+    Ok(match prepared {
+        Prepared::Write(plan) => {
+            let (obj, created) = ops::commit(inner, rt, version, plan, ctx)?;
+            Outcome::Written(obj, created)
         }
-    }
+        Prepared::Delete { key, obj } => {
+            let options = match req {
+                Write::Delete { options, .. } => options.clone(),
+                _ => json!({}),
+            };
+            Outcome::Deleted(ops::commit_delete(inner, rt, &key, obj, &options, ctx)?)
+        }
+    })
 }
 
 fn prepare(
@@ -773,20 +752,5 @@ async fn admit(
     if !unchanged(&inner, &prepared) {
         return Ok(None);
     }
-    let outcome = match prepared {
-        Prepared::Write(plan) => {
-            let (obj, created) = ops::commit(&mut inner, rt, version, plan, ctx)?;
-            Outcome::Written(obj, created)
-        }
-        Prepared::Delete { key, obj } => {
-            let options = match req {
-                Write::Delete { options, .. } => options.clone(),
-                _ => json!({}),
-            };
-            Outcome::Deleted(ops::commit_delete(
-                &mut inner, rt, &key, obj, &options, ctx,
-            )?)
-        }
-    };
-    Ok(Some(outcome))
+    store(&mut inner, rt, version, req, prepared, ctx).map(Some)
 }

@@ -440,22 +440,6 @@ pub fn commit_create(
     Ok(to_version(rt, version, &stored))
 }
 
-/// Replaces an object (PUT), honouring the resourceVersion precondition.
-#[allow(clippy::too_many_arguments)]
-pub fn update(
-    inner: &mut Inner,
-    rt: &ResourceType,
-    version: &str,
-    namespace: &str,
-    name: &str,
-    body: Value,
-    subresource: Option<&str>,
-    ctx: &WriteCtx,
-) -> Result<(Value, bool), ApiError> {
-    let plan = prepare_update(inner, rt, version, namespace, name, body, subresource, ctx)?;
-    commit(inner, rt, version, plan, ctx)
-}
-
 /// Stores a prepared write; returns the object and whether it was created.
 pub fn commit(
     inner: &mut Inner,
@@ -736,37 +720,6 @@ fn patch_error(rt: &ResourceType, name: &str, e: PatchError) -> ApiError {
             }
         }
     }
-}
-
-/// Applies a patch; server-side apply creates a missing object. Returns the object and whether it was created.
-#[allow(clippy::too_many_arguments)]
-pub fn patch(
-    inner: &mut Inner,
-    rt: &ResourceType,
-    version: &str,
-    namespace: &str,
-    name: &str,
-    ptype: PatchType,
-    body: &Value,
-    subresource: Option<&str>,
-    manager: &str,
-    force: bool,
-    ctx: &WriteCtx,
-) -> Result<(Value, bool), ApiError> {
-    let plan = prepare_patch(
-        inner,
-        rt,
-        version,
-        namespace,
-        name,
-        ptype,
-        body,
-        subresource,
-        manager,
-        force,
-        ctx,
-    )?;
-    commit(inner, rt, version, plan, ctx)
 }
 
 /// Everything a patch does before storing (a create for server-side apply of a missing object).
