@@ -1102,12 +1102,15 @@ async fn release(svc: &Service, key: &str, ctx: &Ctx, deleting: bool) -> Result<
         })
         .await
         .map_err(failed)?;
+    // Only the pass that took the finalizer off reports: a later pass on a stale copy (the
+    // LoadBalancer still being released answers its delete too) must not report it again.
+    let finalized = matches!(written, Some((_, true)));
     if !deleting && let Some((written, _)) = written {
         ctx.write_service(&written, true, |s| set_ingress(s, None))
             .await
             .map_err(failed)?;
     }
-    if let Some(lb) = deleted_lb {
+    if let Some(lb) = deleted_lb.filter(|_| finalized) {
         info!(service = %key, %lb, "deleted load balancer");
         ctx.report(
             svc,
