@@ -54,11 +54,21 @@ pub fn normalize_management_network(flag: Option<&str>) -> Option<String> {
     }
 }
 
-fn annotation<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
+/// A Service's annotation, if set.
+pub fn annotation<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
     svc.metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// A Service's label, if set.
+pub fn label<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
+    svc.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key))
         .map(String::as_str)
 }
 

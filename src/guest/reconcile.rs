@@ -53,7 +53,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::{
     GuestError, keys,
-    mapping::{self, ExistingLb, GuestContext, LbPlan},
+    mapping::{self, ExistingLb, GuestContext, LbPlan, annotation, label},
     nad, naming, network, share,
 };
 use crate::{
@@ -116,22 +116,6 @@ impl Default for Settings {
 }
 
 // --- Decisions (pure) ----------------------------------------------------------------------------
-
-fn annotation<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
-    svc.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
-}
-
-fn label<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
-    svc.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(key))
-        .map(String::as_str)
-}
 
 /// `namespace/name` of a Service.
 pub fn service_key(svc: &Service) -> String {

@@ -25,6 +25,7 @@ use crate::registry::{Behaviour, ResourceType};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::state::{Inner, RequestRecord, Shared};
 use crate::status::{self, ApiError, FieldError};
+use crate::strings;
 use crate::table::{self, IncludeObject};
 use crate::watch::{self, Render, WatchRequest};
 
@@ -1084,17 +1085,6 @@ fn token_request(
         "spec": {"audiences": audiences, "expirationSeconds": expiration, "boundObjectRef": body.pointer("/spec/boundObjectRef").cloned().unwrap_or(Value::Null)},
         "status": {"token": token, "expirationTimestamp": clock::rfc3339(expires)}
     }))
-}
-
-fn strings(v: Option<&Value>) -> Vec<String> {
-    v.and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn review_attrs(spec: &Value) -> Option<Attributes> {

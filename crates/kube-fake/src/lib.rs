@@ -39,4 +39,16 @@ pub mod webhook_client;
 pub mod webhooks;
 
 pub use server::{FakeApiServer, FakeApiServerBuilder, FakeError, FakeHandle, kubeconfig};
+
+/// The strings of a JSON array (other items skipped); empty when `v` is absent or not an array.
+pub(crate) fn strings(v: Option<&serde_json::Value>) -> Vec<String> {
+    v.and_then(serde_json::Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(serde_json::Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
 pub use state::RequestRecord;

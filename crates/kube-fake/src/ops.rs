@@ -156,15 +156,7 @@ fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
 }
 
 fn finalizers(obj: &Value) -> Vec<String> {
-    obj.pointer("/metadata/finalizers")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
+    crate::strings(obj.pointer("/metadata/finalizers"))
 }
 
 fn check_type_meta(rt: &ResourceType, version: &str, obj: &Value) -> Result<(), ApiError> {

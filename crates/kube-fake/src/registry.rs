@@ -512,16 +512,6 @@ pub fn from_crd(crd: &Value) -> Option<ResourceType> {
         .and_then(Value::as_str)
         .map(str::to_string)
         .unwrap_or_else(|| kind.to_lowercase());
-    let strs = |v: Option<&Value>| -> Vec<String> {
-        v.and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     let mut versions = Vec::new();
     let mut status_versions = Vec::new();
     let mut printer_columns = Vec::new();
@@ -584,8 +574,8 @@ pub fn from_crd(crd: &Value) -> Option<ResourceType> {
         singular,
         kind,
         namespaced: spec.get("scope").and_then(Value::as_str) != Some("Cluster"),
-        short_names: strs(names.get("shortNames")),
-        categories: strs(names.get("categories")),
+        short_names: crate::strings(names.get("shortNames")),
+        categories: crate::strings(names.get("categories")),
         behaviour: Behaviour::Custom,
         status_versions,
         storage: (group, plural),

@@ -134,17 +134,6 @@ impl Webhook {
     }
 }
 
-fn strs(v: Option<&Value>) -> Vec<String> {
-    v.and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn str_of<'a>(v: &'a Value, ptr: &str) -> &'a str {
     v.pointer(ptr).and_then(Value::as_str).unwrap_or_default()
 }
@@ -171,10 +160,10 @@ fn parse_webhook(mutating: bool, configuration: &str, w: &Value) -> Option<Webho
         .map(|rs| {
             rs.iter()
                 .map(|r| Rule {
-                    operations: strs(r.get("operations")),
-                    api_groups: strs(r.get("apiGroups")),
-                    api_versions: strs(r.get("apiVersions")),
-                    resources: strs(r.get("resources")),
+                    operations: crate::strings(r.get("operations")),
+                    api_groups: crate::strings(r.get("apiGroups")),
+                    api_versions: crate::strings(r.get("apiVersions")),
+                    resources: crate::strings(r.get("resources")),
                     scope: r
                         .get("scope")
                         .and_then(Value::as_str)
@@ -209,7 +198,7 @@ fn parse_webhook(mutating: bool, configuration: &str, w: &Value) -> Option<Webho
                 .unwrap_or(10)
                 .clamp(1, 30),
         ),
-        review_versions: strs(w.get("admissionReviewVersions")),
+        review_versions: crate::strings(w.get("admissionReviewVersions")),
     })
 }
 
@@ -363,7 +352,7 @@ fn validate_webhook(w: &Value, mutating: bool, path: &str, errs: &mut Vec<FieldE
         .enumerate()
     {
         let at = format!("{path}.rules[{i}]");
-        let ops = strs(rule.get("operations"));
+        let ops = crate::strings(rule.get("operations"));
         if ops.is_empty() {
             errs.push(FieldError::required(format!("{at}.operations"), ""));
         }
@@ -385,7 +374,7 @@ fn validate_webhook(w: &Value, mutating: bool, path: &str, errs: &mut Vec<FieldE
             }
         }
         for field in ["apiGroups", "apiVersions", "resources"] {
-            if strs(rule.get(field)).is_empty() {
+            if crate::strings(rule.get(field)).is_empty() {
                 errs.push(FieldError::required(format!("{at}.{field}"), ""));
             }
         }
@@ -444,7 +433,7 @@ fn validate_webhook(w: &Value, mutating: bool, path: &str, errs: &mut Vec<FieldE
             "illegal base64 data",
         ));
     }
-    let versions = strs(w.get("admissionReviewVersions"));
+    let versions = crate::strings(w.get("admissionReviewVersions"));
     if versions.is_empty() {
         errs.push(FieldError::required(
             format!("{path}.admissionReviewVersions"),
