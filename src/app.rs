@@ -64,15 +64,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Kubeconfig { command } => kubeconfig_command(command).await,
         Command::Ccm(args) => {
             let shutdown = CancellationToken::new();
-            let signal = shutdown.clone();
-            tokio::spawn(
-                async move {
-                    shutdown_signal().await;
-                    info!("shutdown signal received");
-                    signal.cancel();
-                }
-                .instrument(info_span!("signals")),
-            );
+            cancel_on_signal(shutdown.clone());
             crate::guest::ccm::run(&args, shutdown).await?;
             info!("stopped");
             Ok(())
@@ -485,6 +477,18 @@ pub fn csi_driver_rules() -> Vec<PolicyRule> {
     ]
 }
 
+/// Cancels `token` on SIGTERM or Ctrl-C.
+fn cancel_on_signal(token: CancellationToken) {
+    tokio::spawn(
+        async move {
+            shutdown_signal().await;
+            info!("shutdown signal received");
+            token.cancel();
+        }
+        .instrument(info_span!("signals")),
+    );
+}
+
 /// Resolves when SIGTERM or Ctrl-C arrives.
 pub async fn shutdown_signal() {
     let ctrl_c = async {
@@ -525,15 +529,7 @@ async fn serve(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<()> {
         crate::metrics::server::serve(metrics_listener, metrics_stop.clone())
             .instrument(info_span!("metrics")),
     );
-    let signal = shutdown.clone();
-    tokio::spawn(
-        async move {
-            shutdown_signal().await;
-            info!("shutdown signal received");
-            signal.cancel();
-        }
-        .instrument(info_span!("signals")),
-    );
+    cancel_on_signal(shutdown.clone());
     let served = serve_on(listener, app, args, shutdown).await;
     metrics_stop.cancel();
     match metrics.await {
