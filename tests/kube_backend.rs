@@ -1,7 +1,9 @@
-//! Behaviour only the Kubernetes backend has, against the Kubernetes API fake: the token controller's
-//! timing, missing namespaces, Rancher tokens, TokenReview users checked with SubjectAccessReview,
-//! and kubeconfigs that really work against the cluster with exactly the granted permissions.
+//! Behaviour only the Kubernetes backend has, against a real control plane with the service holding
+//! the chart's RBAC: the token controller's timing, missing namespaces, Rancher tokens, TokenReview
+//! users checked with SubjectAccessReview, and kubeconfigs that really work against the cluster with
+//! exactly the granted permissions.
 
+#[macro_use]
 mod support;
 
 use std::time::Duration;
@@ -24,21 +26,18 @@ const PATH: &str = "/v1/harvester/kubeconfig";
 
 #[tokio::test]
 async fn a_token_that_arrives_late_is_waited_for() {
-    let b = KubeBackend::start_with(
-        kube_fake::FakeApiServer::builder().token_delay(Duration::from_millis(1500)),
-        &[],
-    )
-    .await;
+    let b = KubeBackend::start().await;
+    // The real token controller, made to take 1.5 s for each token in gc-test.
+    let _late =
+        b.cp.hold_tokens("gc-test", Some(Duration::from_millis(1500)))
+            .await;
     b.post(&account("gc-test", "late")).await.kubeconfig();
 }
 
 #[tokio::test]
 async fn a_token_that_never_arrives_is_504_and_leaves_nothing() {
-    let b = KubeBackend::start_with(
-        kube_fake::FakeApiServer::builder().never_fill_tokens(),
-        &["--token-timeout", "1s"],
-    )
-    .await;
+    let b = KubeBackend::start_with(&["--token-timeout", "1s"]).await;
+    let _never = b.cp.hold_tokens("gc-test", None).await;
     let m = b
         .post(&account("gc-test", "never"))
         .await
@@ -65,7 +64,7 @@ async fn a_token_that_never_arrives_is_504_and_leaves_nothing() {
         ),
     ] {
         assert!(
-            b.fake.object(group, plural, ns, name).is_none(),
+            b.cp.object(group, plural, ns, name).await.is_none(),
             "{plural} {name} was left behind"
         );
     }
@@ -98,9 +97,9 @@ async fn a_missing_cluster_role_is_422_as_upstream() {
 
 #[tokio::test]
 async fn rancher_tokens() {
-    let b = KubeBackend::start().await;
-    let c = &b.client;
-    let b = &b;
+    let backend = KubeBackend::start().await;
+    let c = &backend.client.clone();
+    let b = &backend;
     let call = |token: String| async move {
         b.call(Method::POST, PATH, Some(&token), account("gc-test", "gc4"))
             .await
@@ -176,13 +175,7 @@ async fn rancher_tokens() {
     call(t.clone())
         .await
         .error(StatusCode::FORBIDDEN, "PermissionDenied");
-    let allowing = KubeBackend::start_with(
-        kube_fake::FakeApiServer::builder(),
-        &["--allow-restricted-admin"],
-    )
-    .await;
-    kube_env::bind_global_role(&allowing.client, "user-restricted", "restricted-admin").await;
-    let t = kube_env::rancher_token(&allowing.client, "user-restricted", Default::default()).await;
+    let allowing = backend.with_args(&["--allow-restricted-admin"]).await;
     let r = allowing
         .call(Method::POST, PATH, Some(&t), account("gc-test", "gc4"))
         .await;
@@ -282,7 +275,7 @@ async fn token_review_users_need_every_permission_and_403_names_the_missing_one(
     let rbac = "rbac.authorization.k8s.io";
 
     // Nothing granted: the first permission is named.
-    let alice = b.fake.add_user("alice", &["team-a"]);
+    let alice = b.cp.user_token("alice");
     let r = b
         .call(Method::POST, PATH, Some(&alice), account("gc-test", "gc4"))
         .await;
@@ -293,7 +286,7 @@ async fn token_review_users_need_every_permission_and_403_names_the_missing_one(
     );
 
     // Everything in the namespace but not the cluster-scoped binding.
-    let bob = b.fake.add_user("bob", &[]);
+    let bob = b.cp.user_token("bob");
     grant_in_namespace(
         c,
         "bob",
@@ -314,13 +307,13 @@ async fn token_review_users_need_every_permission_and_403_names_the_missing_one(
     );
     // ...and nothing was created on the way.
     assert!(
-        b.fake
-            .object("", "serviceaccounts", "gc-test", "gc4")
+        b.cp.object("", "serviceaccounts", "gc-test", "gc4")
+            .await
             .is_none()
     );
 
     // With every permission the request goes through, and GET needs only reads.
-    let carol = b.fake.add_user("carol", &[]);
+    let carol = b.cp.user_token("carol");
     grant_in_namespace(
         c,
         "carol",
@@ -391,31 +384,31 @@ async fn objects_are_labelled_and_the_cluster_binding_has_no_namespaced_owner() 
     let b = KubeBackend::start().await;
     b.post(&account("gc-test", "gc4")).await.kubeconfig();
     let label = |v: &Value| v["metadata"]["labels"]["app.kubernetes.io/managed-by"].clone();
-    let sa = b
-        .fake
-        .object("", "serviceaccounts", "gc-test", "gc4")
-        .unwrap();
-    let secret = b
-        .fake
-        .object("", "secrets", "gc-test", "gc4-token")
-        .unwrap();
-    let rb = b
-        .fake
-        .object(
+    let sa =
+        b.cp.object("", "serviceaccounts", "gc-test", "gc4")
+            .await
+            .unwrap();
+    let secret =
+        b.cp.object("", "secrets", "gc-test", "gc4-token")
+            .await
+            .unwrap();
+    let rb =
+        b.cp.object(
             "rbac.authorization.k8s.io",
             "rolebindings",
             "gc-test",
             "gc-test-gc4",
         )
+        .await
         .unwrap();
-    let crb = b
-        .fake
-        .object(
+    let crb =
+        b.cp.object(
             "rbac.authorization.k8s.io",
             "clusterrolebindings",
             "",
             "gc-test-gc4",
         )
+        .await
         .unwrap();
     for v in [&sa, &secret, &rb, &crb] {
         assert_eq!(label(v), "harvester-cloud", "{v}");
@@ -508,8 +501,8 @@ async fn accounts_made_by_harvester_itself_are_served_by_get() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generated_kubeconfigs_work_with_kubectl_and_kube_rs() {
     let b = KubeBackend::start().await;
-    // Point the kubeconfig at the fake itself instead of a VIP.
-    let url = b.fake.base_url().to_string();
+    // Point the kubeconfig at the API server itself instead of a VIP.
+    let url = b.cp.server.clone();
     let b = b.with_args(&["--server-url", &url]).await;
     let kubeconfig = b.post(&account("gc-test", "gc4")).await.kubeconfig();
     let dir = tempfile::tempdir().unwrap();
@@ -599,7 +592,7 @@ async fn generated_kubeconfigs_work_with_kubectl_and_kube_rs() {
         lbs.list(&ListParams::default()).await.unwrap().items.len(),
         1
     );
-    // The CSI role is bound cluster-wide (the fake serves no storage classes, so ask RBAC directly).
+    // The CSI role is bound cluster-wide (ask RBAC directly: there is no storage to list).
     let review = |group: &str, resource: &str| {
         let client = client.clone();
         let (group, resource) = (group.to_string(), resource.to_string());
@@ -647,10 +640,16 @@ async fn generated_kubeconfigs_work_with_kubectl_and_kube_rs() {
         )
         .await;
     assert_eq!(r.status, StatusCode::OK);
-    match lbs.list(&ListParams::default()).await {
-        Err(kube::Error::Api(s)) => assert_eq!(s.code, 401, "{s:?}"),
-        other => panic!("a revoked token must be refused, got {other:?}"),
-    }
+    // The bindings are gone at once (403); kube-apiserver then refuses the token itself (401) as
+    // soon as its service-account lookup sees the deleted Secret and ServiceAccount.
+    support::eventually("the revoked token to be refused", async || {
+        match lbs.list(&ListParams::default()).await {
+            Err(kube::Error::Api(s)) if s.code == 401 => Some(()),
+            Err(kube::Error::Api(s)) if s.code == 403 => None,
+            other => panic!("a revoked token must be refused, got {other:?}"),
+        }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -658,16 +657,23 @@ async fn one_post_makes_a_bounded_number_of_api_requests() {
     let b = KubeBackend::start().await;
     // Warm the role and VIP lookups, as a running service would have.
     b.post(&account("gc-test", "warm")).await.kubeconfig();
-    b.fake.reset_requests();
+    let ours = || {
+        b.cp.audit()
+            .into_iter()
+            .filter(|r| r.user == kube_env::SERVICE_USER)
+            .collect::<Vec<_>>()
+    };
+    let before = ours().len();
     b.post(&account("gc-test", "gc4")).await.kubeconfig();
-    let requests = b.fake.requests();
+    // The API server's own record of what the service asked (its audit log).
+    let requests: Vec<_> = ours().into_iter().skip(before).collect();
     // 4 reads, 4 creates, and the token wait (a list, then a watch if the token is not there yet).
     assert!(
         requests.len() <= 11,
         "{} requests: {requests:#?}",
         requests.len()
     );
-    let creates = requests.iter().filter(|r| r.method == "POST").count();
+    let creates = requests.iter().filter(|r| r.verb == "create").count();
     assert_eq!(creates, 4, "{requests:#?}");
 }
 
@@ -675,7 +681,7 @@ async fn one_post_makes_a_bounded_number_of_api_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubeconfig_generate_prints_both_sections() {
     let b = KubeBackend::start().await;
-    let admin = b.dir.path().join("admin.kubeconfig");
+    let admin = b.cp.admin_kubeconfig_path();
     let run = |args: Vec<String>| async move {
         tokio::process::Command::new(env!("CARGO_BIN_EXE_harvester-cloud"))
             .args(["kubeconfig", "generate"])
@@ -705,7 +711,7 @@ async fn kubeconfig_generate_prints_both_sections() {
     assert!(
         cloud_config.contains(&format!(
             "    server: {}\n",
-            b.fake.base_url().trim_end_matches('/')
+            b.cp.server.trim_end_matches('/')
         )),
         "{cloud_config}"
     );
@@ -742,12 +748,25 @@ async fn kubeconfig_generate_prints_both_sections() {
 }
 
 /// Stopping a replica (what SIGTERM does) stops its reconcilers and gives the Lease up at once, so
-/// another replica need not wait for it to expire. This cluster serves no IPPool or VirtualMachine
-/// kinds, so those controllers' caches never fill: stopping must not wait for them either.
+/// another replica need not wait for it to expire. Here the cluster serves no IPPool or
+/// VirtualMachine kinds (their CRDs are deleted first), so those controllers' caches never fill:
+/// stopping must not wait for them either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_releases_the_lease() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let b = KubeBackend::start().await;
-    let kubeconfig = b.dir.path().join("admin.kubeconfig").display().to_string();
+    let crds: Api<CustomResourceDefinition> = Api::all(b.client.clone());
+    for name in [
+        "ippools.loadbalancer.harvesterhci.io",
+        "virtualmachines.kubevirt.io",
+    ] {
+        crds.delete(name, &Default::default()).await.unwrap();
+        support::eventually(&format!("{name} gone"), async || {
+            crds.get_opt(name).await.unwrap().is_none().then_some(())
+        })
+        .await;
+    }
+    let kubeconfig = b.service_kubeconfig().display().to_string();
     let (_, serve) = support::cli(
         b.dir.path(),
         &[
@@ -770,26 +789,23 @@ async fn stopping_releases_the_lease() {
             harvester_cloud::app::serve_on(listener, app, &serve, shutdown).await
         })
     };
-    let holder = || {
-        b.fake
-            .object(
-                "coordination.k8s.io",
-                "leases",
-                "harvester-system",
-                harvester_cloud::app::LB_LEASE,
-            )
-            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
-            .filter(|h| !h.is_empty())
+    let holder = async || {
+        b.cp.object(
+            "coordination.k8s.io",
+            "leases",
+            "harvester-system",
+            harvester_cloud::app::LB_LEASE,
+        )
+        .await
+        .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+        .filter(|h| !h.is_empty())
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while holder().is_none() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the replica never took the Lease"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::eventually("the replica takes the Lease", async || holder().await).await;
     shutdown.cancel();
     server.await.unwrap().unwrap();
-    assert_eq!(holder(), None, "the Lease is still held after a clean stop");
+    assert_eq!(
+        holder().await,
+        None,
+        "the Lease is still held after a clean stop"
+    );
 }

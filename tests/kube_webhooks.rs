@@ -1,11 +1,12 @@
-//! The service's admission webhooks as a Kubernetes API server calls them: the Kubernetes API fake
-//! calls webhooks as kube-apiserver does, here with the very webhook configurations the chart ships
-//! (`deploy/manifests/harvester-cloud.yaml`, its `service` reference resolved to the running
-//! binary), and the binary serves them as the chart runs it (`serve --backend kube`, a certificate
-//! for `harvester-cloud.harvester-system.svc`). So what a Harvester user does with `kubectl` or
+//! The service's admission webhooks as kube-apiserver calls them: a real control plane with the very
+//! webhook configurations the chart ships (`deploy/manifests/harvester-cloud.yaml`, its `service`
+//! reference turned into a `url` of the running binary on loopback), and the binary serves them as
+//! the chart runs it (`serve --backend kube` with the chart's RBAC, a certificate for
+//! `harvester-cloud.harvester-system.svc` and the loopback address). So what a Harvester user does with `kubectl` or
 //! any client is admitted, refused or defaulted end to end: upstream's messages for refusals, the
 //! mutator's labels and annotations (findNetwork's VMI step included) on what is stored.
 
+#[macro_use]
 mod support;
 
 use support::{PATIENCE, eventually};
@@ -47,7 +48,7 @@ impl Service {
             .arg(dir.join("data"))
             .args(["--log-format", "json", "serve", "--backend", "kube"])
             .arg("--kubeconfig")
-            .arg(dir.join("admin.kubeconfig"))
+            .arg(dir.join("service.kubeconfig"))
             .arg("--tls-cert")
             .arg(dir.join("tls/tls.crt"))
             .arg("--tls-key")
@@ -118,7 +119,7 @@ fn refusal(result: Result<DynamicObject, kube::Error>) -> (u16, String) {
 /// Harvester, the service and the shipped webhook configurations.
 struct Env {
     client: Client,
-    _fake: kube_fake::FakeHandle,
+    _cp: support::control_plane::ControlPlane,
     service: Option<Service>,
     _dir: tempfile::TempDir,
 }
@@ -126,26 +127,27 @@ struct Env {
 impl Env {
     async fn start() -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
-        let fake = kube_fake::FakeApiServer::builder()
-            .start()
-            .await
-            .expect("starts the Kubernetes API fake");
-        let client = support::kube_env::client(&fake).await;
-        support::kube_env::seed(&client, "10.0.0.1").await;
-        support::kube_env::harvester_crds(&client).await;
-        // `seed` makes the namespaces a Harvester cluster has, `gc-test` among them.
-        std::fs::write(dir.path().join("admin.kubeconfig"), fake.kubeconfig_yaml())
-            .expect("writes");
+        let cp = support::control_plane::ControlPlane::lease().await;
+        let client = cp.admin.clone();
+        support::kube_env::set_vip(&client, "10.0.0.1").await;
+        // The lease's seed makes the namespaces a Harvester cluster has, `gc-test` among them.
+        std::fs::write(
+            dir.path().join("service.kubeconfig"),
+            support::kube_env::service_kubeconfig(&cp).await,
+        )
+        .expect("writes");
 
         // A certificate for the Service name the webhook configurations use, as the chart makes.
         std::fs::create_dir_all(dir.path().join("tls")).expect("mkdir");
         let tls = harvester_cloud::certs::ensure_self_signed(
             &dir.path().join("tls"),
-            &["harvester-cloud.harvester-system.svc".to_string()],
+            &[
+                "harvester-cloud.harvester-system.svc".to_string(),
+                "127.0.0.1".to_string(),
+            ],
         )
         .expect("a certificate");
         let (service, addr) = Service::start(dir.path());
-        fake.set_webhook_service("harvester-system", "harvester-cloud", addr);
 
         // The shipped configurations, with the CA the chart would put in `caBundle`.
         let manifest = std::fs::read_to_string(concat!(
@@ -162,7 +164,15 @@ impl Env {
                 continue;
             }
             for webhook in obj.data["webhooks"].as_array_mut().expect("webhooks") {
-                webhook["clientConfig"]["caBundle"] = json!(ca_bundle);
+                // The Service the chart names is not reachable from a control plane without
+                // nodes: the same path on the binary's loopback address.
+                let service = &webhook["clientConfig"]["service"];
+                assert_eq!(service["name"], "harvester-cloud", "{webhook}");
+                let path = service["path"].as_str().expect("a path").to_string();
+                webhook["clientConfig"] = json!({
+                    "url": format!("https://{addr}{path}"),
+                    "caBundle": ca_bundle,
+                });
             }
             api(&client, &api_version, &kind, None)
                 .create(&PostParams::default(), &obj)
@@ -176,7 +186,7 @@ impl Env {
         );
         Env {
             client,
-            _fake: fake,
+            _cp: cp,
             service: Some(service),
             _dir: dir,
         }

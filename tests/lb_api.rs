@@ -2,6 +2,7 @@
 //! store. The `cases` run on every backend through [`support::Backend`] (the reconcilers are started
 //! from `Backend::store()`, so they run on whatever store the backend has).
 
+#[macro_use]
 mod support;
 
 use std::{
@@ -338,7 +339,7 @@ pub mod cases {
     use super::*;
 
     pub async fn allocation_end_to_end<B: Backend>(b: B) {
-        let r = Reconcilers::start(b.store());
+        let r = Reconcilers::start(b.service_store());
         let created = create_pool(
             &b,
             mk_pool(
@@ -424,7 +425,7 @@ pub mod cases {
     }
 
     pub async fn selection_matrix<B: Backend>(b: B) {
-        let _r = Reconcilers::start(b.store());
+        let _r = Reconcilers::start(b.service_store());
         let vlan10 = "default/vlan10";
         let vlan20 = "default/vlan20";
         ensure_network(&b, "default", "vlan10", 10).await;
@@ -559,7 +560,7 @@ pub mod cases {
     }
 
     pub async fn dhcp<B: Backend>(b: B) {
-        let _r = Reconcilers::start(b.store());
+        let _r = Reconcilers::start(b.service_store());
         create_pool(
             &b,
             mk_pool(
@@ -585,7 +586,7 @@ pub mod cases {
     }
 
     pub async fn exhaustion_then_success_after_delete<B: Backend>(b: B) {
-        let _r = Reconcilers::start(b.store());
+        let _r = Reconcilers::start(b.service_store());
         create_pool(
             &b,
             mk_pool(
@@ -623,7 +624,7 @@ pub mod cases {
     }
 
     pub async fn deletion_releases_to_history_and_recreate_gets_old_address<B: Backend>(b: B) {
-        let _r = Reconcilers::start(b.store());
+        let _r = Reconcilers::start(b.service_store());
         create_pool(
             &b,
             mk_pool(
@@ -663,7 +664,7 @@ pub mod cases {
     }
 
     pub async fn pool_change_releases_to_the_old_pool<B: Backend>(b: B) {
-        let _r = Reconcilers::start(b.store());
+        let _r = Reconcilers::start(b.service_store());
         create_pool(
             &b,
             mk_pool(
@@ -709,7 +710,7 @@ pub mod cases {
     }
 
     pub async fn pool_shrink_refused<B: Backend>(b: B) {
-        let _r = Reconcilers::start(b.store());
+        let _r = Reconcilers::start(b.service_store());
         create_pool(
             &b,
             mk_pool(
@@ -751,7 +752,7 @@ pub mod cases {
     }
 
     pub async fn pool_delete_refused_while_allocated<B: Backend>(b: B) {
-        let _r = Reconcilers::start(b.store());
+        let _r = Reconcilers::start(b.service_store());
         create_pool(
             &b,
             mk_pool(
@@ -786,7 +787,7 @@ pub mod cases {
     }
 
     pub async fn guest_cluster_cleanup<B: Backend>(b: B) {
-        let _r = Reconcilers::start(b.store());
+        let _r = Reconcilers::start(b.service_store());
         create_pool(
             &b,
             mk_pool(
@@ -892,7 +893,7 @@ pub mod cases {
     }
 
     pub async fn manual_release_annotation<B: Backend>(b: B) {
-        let _r = Reconcilers::start(b.store());
+        let _r = Reconcilers::start(b.service_store());
         create_pool(
             &b,
             mk_pool(
@@ -1217,7 +1218,7 @@ pub mod cases {
     }
 
     pub async fn restart_resyncs_without_double_assignment<B: Backend>(b: B) {
-        let r = Reconcilers::start(b.store());
+        let r = Reconcilers::start(b.service_store());
         create_pool(
             &b,
             mk_pool(
@@ -1247,7 +1248,7 @@ pub mod cases {
             create_lb(&b, mk_lb("default", &format!("lb{i}"), json!({}))).await;
         }
         let b = b.restart().await;
-        let _r = Reconcilers::start(b.store());
+        let _r = Reconcilers::start(b.service_store());
         for i in 0..5 {
             gone(&b, &format!("{LBS}/default/lb{i}")).await;
         }
@@ -1362,53 +1363,8 @@ pub mod cases {
     }
 }
 
-/// The Kubernetes backend against the API fake, with the CRDs a Harvester cluster has: ours, and
-/// KubeVirt's and Multus's (schemaless) that the reconcilers and admission read.
-async fn kube_start() -> KubeBackend {
-    let b = KubeBackend::start().await;
-    support::kube_env::harvester_crds(&b.client).await;
-    b
-}
-
-macro_rules! suite {
-    ($backend:ident, $start:expr, [$($case:ident),* $(,)?]) => {
-        mod $backend {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    cases::$case($start.await).await
-                }
-            )*
-        }
-    };
-}
-
 suite!(
-    embedded,
-    EmbeddedBackend::start(),
-    [
-        allocation_end_to_end,
-        selection_matrix,
-        dhcp,
-        exhaustion_then_success_after_delete,
-        deletion_releases_to_history_and_recreate_gets_old_address,
-        pool_change_releases_to_the_old_pool,
-        pool_shrink_refused,
-        pool_delete_refused_while_allocated,
-        manual_release_annotation,
-        guest_cluster_cleanup,
-        validation_messages,
-        authentication_is_required,
-        restart_resyncs_without_double_assignment,
-        webhook_answers_admission_reviews,
-        only_the_leader_reconciles_and_the_other_takes_over,
-    ]
-);
-
-suite!(
-    kube,
-    kube_start(),
+    [embedded => EmbeddedBackend::start(), kube => KubeBackend::start()],
     [
         allocation_end_to_end,
         selection_matrix,
@@ -1475,7 +1431,7 @@ mod replicas {
     /// Two replicas on one store: only the Lease holder reconciles; when it dies without releasing
     /// the Lease, the other takes over after the Lease expires, and nothing is assigned twice.
     pub async fn only_the_leader_reconciles_and_the_other_takes_over<B: Backend>(b: B) {
-        let (_a_stop, a) = replica(b.store(), "replica-a");
+        let (_a_stop, a) = replica(b.service_store(), "replica-a");
         // `a` leads before `b` starts.
         eventually("replica-a to hold the lease", async || {
             let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::new(b.store())
@@ -1485,7 +1441,7 @@ mod replicas {
             (lease.spec?.holder_identity.as_deref() == Some("replica-a")).then_some(())
         })
         .await;
-        let (b_stop, b_task) = replica(b.store(), "replica-b");
+        let (b_stop, b_task) = replica(b.service_store(), "replica-b");
         create_pool(
             &b,
             mk_pool(

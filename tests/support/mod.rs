@@ -87,8 +87,14 @@ pub trait Backend: Sized {
     async fn restart(self) -> Self;
     /// The CA that kubeconfigs must carry.
     fn expected_ca(&self) -> Vec<u8>;
-    /// The store behind the service, to inspect what a request left behind.
+    /// The store as the test sees it, to set up objects and inspect what a request left behind
+    /// (on Kubernetes, as a `system:masters` client).
     fn store(&self) -> std::sync::Arc<dyn harvester_cloud::store::ObjectStore>;
+    /// The store as the service sees it, for reconcilers the test runs in process (on
+    /// Kubernetes, with the chart's RBAC).
+    fn service_store(&self) -> std::sync::Arc<dyn harvester_cloud::store::ObjectStore> {
+        self.store()
+    }
 
     async fn call(
         &self,
@@ -253,283 +259,18 @@ pub fn account_yaml(ns: &str, sa: &str) -> String {
         .to_string()
 }
 
-// --- The Kubernetes backend, against the Kubernetes API fake ---------------------------------------
+// --- The Kubernetes backend, against a real control plane ------------------------------------------
 
-pub mod kube_env {
-    //! A Harvester-like cluster in the Kubernetes API fake: the namespaces the suites use, the two
-    //! ClusterRoles, the `vip` ConfigMap, Rancher's token and global-role-binding CRDs, and helpers to
-    //! make Rancher tokens.
+pub mod control_plane;
+pub mod kube_env;
 
-    use harvester_cloud::auth::{ApiToken, hash};
-    use k8s_openapi::api::{
-        core::v1::{ConfigMap, Namespace},
-        rbac::v1::ClusterRole,
-    };
-    use kube::{
-        Api, Client,
-        api::{ApiResource, DynamicObject, PostParams},
-    };
-    use serde_json::{Value, json};
+use control_plane::ControlPlane;
 
-    /// Every namespace a shared suite uses.
-    pub const NAMESPACES: &[&str] = &[
-        "default",
-        "gc-test",
-        "a",
-        "a-b",
-        "guest-cluster-namespace-with-a-rather-long-name",
-        "harvester-system",
-        "ns1",
-        "ns2",
-    ];
-
-    pub async fn client(fake: &kube_fake::FakeHandle) -> Client {
-        let kc =
-            kube::config::Kubeconfig::from_yaml(&fake.kubeconfig_yaml()).expect("fake kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .expect("config");
-        Client::try_from(config).expect("client")
-    }
-
-    async fn create<K>(api: &Api<K>, obj: &K)
-    where
-        K: kube::Resource
-            + Clone
-            + serde::Serialize
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-    {
-        match api.create(&PostParams::default(), obj).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
-            Err(e) => panic!("cannot create {obj:?}: {e}"),
-        }
-    }
-
-    fn crd(plural: &str, group: &str, kind: &str, version: &str, scope: &str) -> DynamicObject {
-        serde_json::from_value(json!({
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": format!("{plural}.{group}")},
-            "spec": {
-                "group": group,
-                "scope": scope,
-                "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind},
-                "versions": [{
-                    "name": version, "served": true, "storage": true,
-                    "subresources": {"status": {}},
-                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
-                }]
-            }
-        }))
-        .expect("crd")
-    }
-
-    fn crd_api(client: &Client) -> Api<DynamicObject> {
-        Api::all_with(
-            client.clone(),
-            &ApiResource {
-                group: "apiextensions.k8s.io".into(),
-                version: "v1".into(),
-                api_version: "apiextensions.k8s.io/v1".into(),
-                kind: "CustomResourceDefinition".into(),
-                plural: "customresourcedefinitions".into(),
-            },
-        )
-    }
-
-    fn rancher(kind: &str, plural: &str) -> ApiResource {
-        ApiResource {
-            group: "management.cattle.io".into(),
-            version: "v3".into(),
-            api_version: "management.cattle.io/v3".into(),
-            kind: kind.into(),
-            plural: plural.into(),
-        }
-    }
-
-    /// Everything a Harvester cluster has that the service relies on.
-    pub async fn seed(client: &Client, vip: &str) {
-        let nss: Api<Namespace> = Api::all(client.clone());
-        for ns in NAMESPACES {
-            let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-            create(&nss, &obj).await;
-        }
-        let roles: Api<ClusterRole> = Api::all(client.clone());
-        // Harvester's own roles, with the rules its chart ships.
-        for (name, rules) in [
-            (
-                "harvesterhci.io:cloudprovider",
-                harvester_cloud::app::cloudprovider_rules(),
-            ),
-            (
-                "harvesterhci.io:csi-driver",
-                harvester_cloud::app::csi_driver_rules(),
-            ),
-        ] {
-            let role = ClusterRole {
-                metadata: kube::api::ObjectMeta {
-                    name: Some(name.into()),
-                    ..Default::default()
-                },
-                rules: Some(rules),
-                ..Default::default()
-            };
-            create(&roles, &role).await;
-        }
-        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "harvester-system");
-        let vip_cm: ConfigMap =
-            serde_json::from_value(json!({"metadata": {"name": "vip"}, "data": {"ip": vip}}))
-                .unwrap();
-        create(&cms, &vip_cm).await;
-        let crds = crd_api(client);
-        for obj in [
-            crd("tokens", "management.cattle.io", "Token", "v3", "Cluster"),
-            crd(
-                "globalrolebindings",
-                "management.cattle.io",
-                "GlobalRoleBinding",
-                "v3",
-                "Cluster",
-            ),
-            crd(
-                "loadbalancers",
-                "loadbalancer.harvesterhci.io",
-                "LoadBalancer",
-                "v1beta1",
-                "Namespaced",
-            ),
-            crd(
-                "widgets",
-                "example.harvesterhci.io",
-                "Widget",
-                "v1",
-                "Namespaced",
-            ),
-        ] {
-            create(&crds, &obj).await;
-        }
-    }
-
-    /// Registers what a Harvester cluster has beyond the shared seed: our LoadBalancer and IPPool
-    /// CRDs (replacing the seed's bare LoadBalancer one) and KubeVirt's and Multus's kinds
-    /// (schemaless), and waits until they are established.
-    pub async fn harvester_crds(client: &Client) {
-        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-        use kube::runtime::wait::{await_condition, conditions};
-        let foreign = |group: &str, kind: &str, plural: &str| -> CustomResourceDefinition {
-            serde_json::from_value(json!({
-                "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-                "metadata": {"name": format!("{plural}.{group}")},
-                "spec": {"group": group, "scope": "Namespaced",
-                    "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase()},
-                    "versions": [{"name": "v1", "served": true, "storage": true,
-                        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
-            }))
-            .expect("crd")
-        };
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        let all = harvester_cloud::crd::crds().into_iter().chain([
-            foreign("kubevirt.io", "VirtualMachine", "virtualmachines"),
-            foreign(
-                "kubevirt.io",
-                "VirtualMachineInstance",
-                "virtualmachineinstances",
-            ),
-            foreign(
-                "k8s.cni.cncf.io",
-                "NetworkAttachmentDefinition",
-                "network-attachment-definitions",
-            ),
-        ]);
-        for crd in all {
-            let name = crd.metadata.name.clone().expect("named");
-            match crds.create(&PostParams::default(), &crd).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    let mut current = crds.get(&name).await.expect("reads the CRD");
-                    current.spec = crd.spec.clone();
-                    crds.replace(&name, &PostParams::default(), &current)
-                        .await
-                        .unwrap_or_else(|e| panic!("cannot replace {name}: {e}"));
-                }
-                Err(e) => panic!("cannot register {name}: {e}"),
-            }
-            tokio::time::timeout(
-                super::PATIENCE,
-                await_condition(crds.clone(), &name, conditions::is_crd_established()),
-            )
-            .await
-            .expect("established in time")
-            .expect("established");
-        }
-    }
-
-    /// How a Rancher token is stored.
-    #[derive(Clone, Debug, Default)]
-    pub struct TokenOpts {
-        /// Store the secret in clear (older Rancher) instead of hashed.
-        pub plain: bool,
-        pub enabled: Option<bool>,
-        pub expired: Option<bool>,
-        pub expires_at: Option<String>,
-    }
-
-    /// Creates a Rancher API token for `user` and returns it as a client sends it.
-    pub async fn rancher_token(client: &Client, user: &str, opts: TokenOpts) -> String {
-        let token = ApiToken::generate();
-        let mut obj = json!({
-            "apiVersion": "management.cattle.io/v3",
-            "kind": "Token",
-            "metadata": {
-                "name": token.name,
-                "labels": {"authn.management.cattle.io/token-userId": user},
-                "annotations": {},
-            },
-            "userId": user,
-            "authProvider": "local",
-            "ttl": 0,
-            "token": if opts.plain { token.secret.clone() } else { hash::hash_secret(&token.secret) },
-        });
-        if !opts.plain {
-            obj["metadata"]["annotations"]["authn.management.cattle.io/token-hashed"] =
-                Value::from("true");
-        }
-        if let Some(e) = opts.enabled {
-            obj["enabled"] = Value::from(e);
-        }
-        if let Some(e) = opts.expired {
-            obj["expired"] = Value::from(e);
-        }
-        if let Some(at) = opts.expires_at {
-            obj["expiresAt"] = Value::from(at);
-        }
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &rancher("Token", "tokens"));
-        create(&api, &serde_json::from_value(obj).unwrap()).await;
-        token.expose()
-    }
-
-    /// Binds `user` to Rancher's global role `role` (`admin`, `restricted-admin`, `user`).
-    pub async fn bind_global_role(client: &Client, user: &str, role: &str) {
-        let obj = json!({
-            "apiVersion": "management.cattle.io/v3",
-            "kind": "GlobalRoleBinding",
-            "metadata": {"name": format!("grb-{user}-{role}")},
-            "globalRoleName": role,
-            "userName": user,
-        });
-        let api: Api<DynamicObject> = Api::all_with(
-            client.clone(),
-            &rancher("GlobalRoleBinding", "globalrolebindings"),
-        );
-        create(&api, &serde_json::from_value(obj).unwrap()).await;
-    }
-}
-
-/// The Kubernetes backend against a Kubernetes API fake seeded like a Harvester cluster.
+/// The Kubernetes backend on a leased real control plane seeded like a Harvester cluster, the
+/// service holding the chart's own RBAC.
 pub struct KubeBackend {
-    pub fake: kube_fake::FakeHandle,
+    pub cp: ControlPlane,
+    /// A `system:masters` client for the test's own reads and writes.
     pub client: kube::Client,
     pub app: app::Kube,
     pub dir: tempfile::TempDir,
@@ -539,25 +280,27 @@ pub struct KubeBackend {
 
 impl KubeBackend {
     pub async fn start() -> Self {
-        Self::start_with(kube_fake::FakeApiServer::builder(), &[]).await
+        Self::start_with(&[]).await
     }
 
-    pub async fn start_with(builder: kube_fake::FakeApiServerBuilder, extra: &[&str]) -> Self {
-        let fake = builder
-            .start()
-            .await
-            .expect("start the Kubernetes API fake");
-        let client = kube_env::client(&fake).await;
-        kube_env::seed(&client, VIP).await;
-        kube_env::bind_global_role(&client, "user-admin", "admin").await;
+    pub async fn start_with(extra: &[&str]) -> Self {
+        Self::start_on(ControlPlane::lease().await, extra).await
+    }
+
+    /// The service on a control plane the test already leased.
+    pub async fn start_on(cp: ControlPlane, extra: &[&str]) -> Self {
+        let client = cp.admin.clone();
         let token = kube_env::rancher_token(&client, "user-admin", Default::default()).await;
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("admin.kubeconfig"), fake.kubeconfig_yaml())
-            .expect("write kubeconfig");
+        std::fs::write(
+            dir.path().join("service.kubeconfig"),
+            kube_env::service_kubeconfig(&cp).await,
+        )
+        .expect("write kubeconfig");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let app = Self::open(dir.path(), &extra).await;
         KubeBackend {
-            fake,
+            cp,
             client,
             app,
             dir,
@@ -577,12 +320,17 @@ impl KubeBackend {
         }
     }
 
+    /// The kubeconfig the service runs with (the chart's ServiceAccount).
+    pub fn service_kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("service.kubeconfig")
+    }
+
     async fn open(dir: &Path, extra: &[String]) -> app::Kube {
         let mut args = vec![
             "--backend".to_string(),
             "kube".into(),
             "--kubeconfig".into(),
-            dir.join("admin.kubeconfig").display().to_string(),
+            dir.join("service.kubeconfig").display().to_string(),
         ];
         args.extend(extra.iter().cloned());
         let (_, serve) = cli(dir, &args);
@@ -607,10 +355,37 @@ impl Backend for KubeBackend {
     }
 
     fn expected_ca(&self) -> Vec<u8> {
-        self.fake.ca_pem().as_bytes().to_vec()
+        self.cp.ca_pem.as_bytes().to_vec()
     }
 
     fn store(&self) -> std::sync::Arc<dyn harvester_cloud::store::ObjectStore> {
+        std::sync::Arc::new(harvester_cloud::store::kubernetes::KubeStore::new(
+            self.client.clone(),
+        ))
+    }
+
+    fn service_store(&self) -> std::sync::Arc<dyn harvester_cloud::store::ObjectStore> {
         self.app.state.store.clone()
     }
+}
+
+/// Runs each case on each backend: `suite!([embedded => EmbeddedBackend::start(), kube =>
+/// KubeBackend::start()], [case_a, case_b])` makes `embedded::case_a`, `kube::case_a`, … calling
+/// `cases::case_a(<backend>)`. (Test files declare `#[macro_use] mod support;`.)
+#[allow(unused_macros)]
+macro_rules! suite {
+    ([$($backend:ident => $start:expr),+ $(,)?], $cases:tt) => {
+        $( suite!(@one $backend, $start, $cases); )+
+    };
+    (@one $backend:ident, $start:expr, [$($case:ident),* $(,)?]) => {
+        mod $backend {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    cases::$case($start.await).await
+                }
+            )*
+        }
+    };
 }

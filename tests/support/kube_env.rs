@@ -1,0 +1,328 @@
+//! A Harvester-like cluster on a real control plane: the namespaces the suites use, Harvester's two
+//! ClusterRoles, the `vip` ConfigMap, the CRDs a Harvester cluster has (Rancher's tokens and
+//! global role bindings, our LoadBalancer and IPPool, KubeVirt's and Multus's kinds), the chart's
+//! own ServiceAccount and RBAC for the service, and helpers to make Rancher tokens.
+//!
+//! [`seed`] applies all of it with server-side apply, so it is idempotent: every lease of a control
+//! plane applies it again, restoring what a previous test changed.
+
+use harvester_cloud::auth::{ApiToken, hash};
+use k8s_openapi::{
+    api::{
+        core::v1::{ConfigMap, ServiceAccount},
+        rbac::v1::ClusterRole,
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
+    runtime::wait::{await_condition, conditions},
+};
+use serde_json::{Value, json};
+
+use super::control_plane::ControlPlane;
+
+/// Every namespace a suite uses.
+pub const NAMESPACES: &[&str] = &[
+    "default",
+    "gc-test",
+    "a",
+    "a-b",
+    "guest-cluster-namespace-with-a-rather-long-name",
+    "harvester-system",
+    "ns1",
+    "ns2",
+    "cattle-system",
+];
+
+/// The service's own identity on the control plane: the chart's ServiceAccount.
+pub const SERVICE_NAMESPACE: &str = "harvester-system";
+pub const SERVICE_ACCOUNT: &str = "harvester-cloud";
+pub const SERVICE_USER: &str = "system:serviceaccount:harvester-system:harvester-cloud";
+
+const MANAGER: &str = "harvester-cloud-tests";
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(MANAGER).force()
+}
+
+pub fn api_resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: api_version.into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// Applies `obj` (server-side apply, forced: the seed owns what it says).
+pub async fn apply(client: &Client, obj: &Value, plural: &str) {
+    let api_version = obj["apiVersion"].as_str().expect("apiVersion");
+    let kind = obj["kind"].as_str().expect("kind");
+    let name = obj["metadata"]["name"].as_str().expect("a name");
+    let ar = api_resource(api_version, kind, plural);
+    let api: Api<DynamicObject> = match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    api.patch(name, &apply_params(), &Patch::Apply(obj))
+        .await
+        .unwrap_or_else(|e| panic!("applies {kind} {name}: {e}"));
+}
+
+fn schemaless_crd(group: &str, kind: &str, plural: &str, version: &str, scope: &str) -> Value {
+    let mut crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {
+            "group": group,
+            "scope": scope,
+            "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind},
+            "versions": [{
+                "name": version, "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    });
+    // Rancher's kinds and the store suite's Widget have a status subresource; KubeVirt's and
+    // Multus's are written whole here, as the tests' stand-ins for their controllers do.
+    if group.ends_with("cattle.io") || kind == "Widget" {
+        crd["spec"]["versions"][0]["subresources"] = json!({"status": {}});
+    }
+    crd
+}
+
+/// Every CRD of the seed: Rancher's, ours (as `deploy/crds` ships them), KubeVirt's and Multus's.
+fn crds() -> Vec<Value> {
+    let mut all = vec![
+        schemaless_crd("management.cattle.io", "Token", "tokens", "v3", "Cluster"),
+        schemaless_crd(
+            "management.cattle.io",
+            "GlobalRoleBinding",
+            "globalrolebindings",
+            "v3",
+            "Cluster",
+        ),
+        schemaless_crd(
+            "kubevirt.io",
+            "VirtualMachine",
+            "virtualmachines",
+            "v1",
+            "Namespaced",
+        ),
+        schemaless_crd(
+            "kubevirt.io",
+            "VirtualMachineInstance",
+            "virtualmachineinstances",
+            "v1",
+            "Namespaced",
+        ),
+        schemaless_crd(
+            "k8s.cni.cncf.io",
+            "NetworkAttachmentDefinition",
+            "network-attachment-definitions",
+            "v1",
+            "Namespaced",
+        ),
+        schemaless_crd(
+            "example.harvesterhci.io",
+            "Widget",
+            "widgets",
+            "v1",
+            "Namespaced",
+        ),
+    ];
+    for crd in harvester_cloud::crd::crds() {
+        let mut v = serde_json::to_value(&crd).expect("JSON");
+        v["apiVersion"] = json!("apiextensions.k8s.io/v1");
+        v["kind"] = json!("CustomResourceDefinition");
+        all.push(v);
+    }
+    all
+}
+
+/// The chart's ServiceAccount and RBAC objects, from the rendered manifest.
+fn chart_rbac() -> Vec<(Value, &'static str)> {
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/manifests/harvester-cloud.yaml"
+    ))
+    .expect("reads the manifest");
+    let mut out = Vec::new();
+    for doc in yaml_serde::Deserializer::from_str(&manifest) {
+        let v: Value = serde::Deserialize::deserialize(doc).expect("a Kubernetes object");
+        let plural = match v["kind"].as_str() {
+            Some("ServiceAccount") => "serviceaccounts",
+            Some("ClusterRole") => "clusterroles",
+            Some("ClusterRoleBinding") => "clusterrolebindings",
+            Some("Role") => "roles",
+            Some("RoleBinding") => "rolebindings",
+            _ => continue,
+        };
+        out.push((v, plural));
+    }
+    assert_eq!(
+        out.len(),
+        5,
+        "the manifest's ServiceAccount and RBAC objects"
+    );
+    out
+}
+
+/// Everything a Harvester cluster has that the service relies on.
+pub async fn seed(cp: &ControlPlane) {
+    let client = &cp.admin;
+    for ns in NAMESPACES {
+        let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        apply(client, &obj, "namespaces").await;
+    }
+    // Harvester's own roles, with the rules its chart ships.
+    for (name, rules) in [
+        (
+            "harvesterhci.io:cloudprovider",
+            harvester_cloud::app::cloudprovider_rules(),
+        ),
+        (
+            "harvesterhci.io:csi-driver",
+            harvester_cloud::app::csi_driver_rules(),
+        ),
+    ] {
+        let role = ClusterRole {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            rules: Some(rules),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&role).expect("JSON");
+        apply(client, &v, "clusterroles").await;
+    }
+    set_vip(client, super::VIP).await;
+    let crd_api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crds() {
+        apply(client, &crd, "customresourcedefinitions").await;
+        let name = crd["metadata"]["name"].as_str().expect("named").to_string();
+        tokio::time::timeout(
+            super::PATIENCE,
+            await_condition(crd_api.clone(), &name, conditions::is_crd_established()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{name} established in time"))
+        .expect("established");
+    }
+    for (obj, plural) in chart_rbac() {
+        apply(client, &obj, plural).await;
+    }
+    bind_global_role(client, "user-admin", "admin").await;
+}
+
+/// Waits until the controller manager has made what it makes in every seeded namespace (its
+/// `default` ServiceAccount, the `kube-root-ca.crt` ConfigMap), so a baseline taken after holds it.
+pub async fn wait_for_controllers(cp: &ControlPlane) {
+    for ns in NAMESPACES {
+        let sas: Api<ServiceAccount> = Api::namespaced(cp.admin.clone(), ns);
+        let cms: Api<ConfigMap> = Api::namespaced(cp.admin.clone(), ns);
+        super::eventually(&format!("the controllers' objects in {ns}"), async || {
+            let sa = sas.get_opt("default").await.ok().flatten();
+            let cm = cms.get_opt("kube-root-ca.crt").await.ok().flatten();
+            (sa.is_some() && cm.is_some()).then_some(())
+        })
+        .await;
+    }
+}
+
+/// Sets the VIP in Harvester's `vip` ConfigMap.
+pub async fn set_vip(client: &Client, vip: &str) {
+    let cm = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "vip", "namespace": "harvester-system"},
+        "data": {"ip": vip}
+    });
+    apply(client, &cm, "configmaps").await;
+}
+
+/// A kubeconfig for the service as the chart runs it: its ServiceAccount's token, nothing more.
+pub async fn service_kubeconfig(cp: &ControlPlane) -> String {
+    let token = cp
+        .service_account_token(SERVICE_NAMESPACE, SERVICE_ACCOUNT)
+        .await;
+    cp.kubeconfig_for_token(&token, SERVICE_NAMESPACE)
+}
+
+fn rancher(kind: &str, plural: &str) -> ApiResource {
+    api_resource("management.cattle.io/v3", kind, plural)
+}
+
+async fn create(api: &Api<DynamicObject>, obj: Value) {
+    let obj: DynamicObject = serde_json::from_value(obj).expect("an object");
+    match api.create(&PostParams::default(), &obj).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("cannot create {obj:?}: {e}"),
+    }
+}
+
+/// How a Rancher token is stored.
+#[derive(Clone, Debug, Default)]
+pub struct TokenOpts {
+    /// Store the secret in clear (older Rancher) instead of hashed.
+    pub plain: bool,
+    pub enabled: Option<bool>,
+    pub expired: Option<bool>,
+    pub expires_at: Option<String>,
+}
+
+/// Creates a Rancher API token for `user` and returns it as a client sends it.
+pub async fn rancher_token(client: &Client, user: &str, opts: TokenOpts) -> String {
+    let token = ApiToken::generate();
+    let mut obj = json!({
+        "apiVersion": "management.cattle.io/v3",
+        "kind": "Token",
+        "metadata": {
+            "name": token.name,
+            "labels": {"authn.management.cattle.io/token-userId": user},
+            "annotations": {},
+        },
+        "userId": user,
+        "authProvider": "local",
+        "ttl": 0,
+        "token": if opts.plain { token.secret.clone() } else { hash::hash_secret(&token.secret) },
+    });
+    if !opts.plain {
+        obj["metadata"]["annotations"]["authn.management.cattle.io/token-hashed"] =
+            Value::from("true");
+    }
+    if let Some(e) = opts.enabled {
+        obj["enabled"] = Value::from(e);
+    }
+    if let Some(e) = opts.expired {
+        obj["expired"] = Value::from(e);
+    }
+    if let Some(at) = opts.expires_at {
+        obj["expiresAt"] = Value::from(at);
+    }
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &rancher("Token", "tokens"));
+    create(&api, obj).await;
+    token.expose()
+}
+
+/// Binds `user` to Rancher's global role `role` (`admin`, `restricted-admin`, `user`).
+pub async fn bind_global_role(client: &Client, user: &str, role: &str) {
+    let obj = json!({
+        "apiVersion": "management.cattle.io/v3",
+        "kind": "GlobalRoleBinding",
+        "metadata": {"name": format!("grb-{user}-{role}")},
+        "globalRoleName": role,
+        "userName": user,
+    });
+    let api: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &rancher("GlobalRoleBinding", "globalrolebindings"),
+    );
+    create(&api, obj).await;
+}
