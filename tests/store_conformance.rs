@@ -286,8 +286,7 @@ pub mod cases {
         dep["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
             "name": "owner", "uid": owner["metadata"]["uid"]}]);
         s.create(&k, dep).await.unwrap();
-        // Owned by another live object, which stays. (An owner that never existed is not a case:
-        // Kubernetes' garbage collector deletes such a dependent, the embedded store keeps it.)
+        // Owned by another live object, which stays.
         let keeper = s.create(&k, mk_cm("keeper", "1")).await.unwrap();
         let mut other = mk_cm("other", "1");
         other["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
@@ -305,6 +304,20 @@ pub mod cases {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(s.get(&k, "ns1", "other").await.unwrap().is_some());
+        // A dependent whose only owner never existed is collected too.
+        let mut orphan = mk_cm("orphan", "1");
+        orphan["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
+            "name": "x", "uid": "no-such-owner"}]);
+        s.create(&k, orphan).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while s.get(&k, "ns1", "orphan").await.unwrap().is_some() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the orphan was not collected"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(s.get(&k, "ns1", "keeper").await.unwrap().is_some());
     }
 
     pub async fn label_selectors_and_namespaces<H: Harness>(h: H) {

@@ -733,6 +733,18 @@ fn checked_key(kind: &Kind, obj: &mut Value) -> Result<(String, String), StoreEr
     Ok((namespace, name))
 }
 
+/// Whether `obj` names owners and none of them exists.
+fn orphaned(state: &State, obj: &Value) -> bool {
+    obj.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .is_some_and(|refs| {
+            !refs.is_empty()
+                && refs.iter().all(|r| {
+                    !state.has_uid(r.get("uid").and_then(Value::as_str).unwrap_or_default())
+                })
+        })
+}
+
 impl EmbeddedStore {
     /// The rows that delete `root` and, like Kubernetes' garbage collector, its dependents whose
     /// owners are all gone. Objects with finalizers are only marked for deletion.
@@ -902,7 +914,14 @@ impl ObjectStore for EmbeddedStore {
                 ChangeType::Added,
                 object.clone(),
             );
-            Ok((vec![row], object))
+            let mut rows = vec![row];
+            // As Kubernetes' garbage collector does, a dependent none of whose owners exists is
+            // deleted (after being created: watchers see both).
+            if orphaned(state, &object) {
+                let mut next = rv;
+                rows.extend(self.plan_delete(state, kind, &object, &mut next));
+            }
+            Ok((rows, object))
         })
         .await
     }
@@ -1135,7 +1154,12 @@ impl EmbeddedStore {
             let rv = state.rv + 1;
             set_rv(&mut next, rv);
             let row = row_of(kind, &namespace, &name, &uid, rv, ChangeType::Modified, next.clone());
-            Ok((vec![row], next))
+            let mut rows = vec![row];
+            if orphaned(state, &next) {
+                let mut after = rv;
+                rows.extend(self.plan_delete(state, kind, &next, &mut after));
+            }
+            Ok((rows, next))
         })
         .await
     }
