@@ -180,6 +180,8 @@ impl EmbeddedEnv {
     }
 }
 
+impl support::Refusals for EmbeddedEnv {}
+
 impl GuestEnv for EmbeddedEnv {
     type Harvester = EmbeddedBackend;
 
@@ -418,6 +420,15 @@ impl KubeEnv {
 
     fn services(&self, ns: &str) -> ::kube::Api<Service> {
         ::kube::Api::namespaced(self.guest_client.clone(), ns)
+    }
+}
+
+impl support::Refusals for KubeEnv {
+    fn refusal_probes(&self) -> Vec<support::control_plane::RefusalProbe> {
+        vec![
+            self.b.cp.refusal_probe(&[support::kube_env::SERVICE_USER]),
+            self.guest.refusal_probe(&[CCM_USER]),
+        ]
     }
 }
 

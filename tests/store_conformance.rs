@@ -41,6 +41,9 @@ impl Kube {
     }
 }
 
+impl support::Refusals for Kube {}
+impl support::Refusals for Embedded {}
+
 impl Harness for Kube {
     fn store(&self) -> Arc<dyn ObjectStore> {
         self.store.clone()

@@ -423,10 +423,59 @@ impl ControlPlane {
             .collect()
     }
 
+    /// A probe that later says whether any of `users` was refused from now on.
+    pub fn refusal_probe(&self, users: &[&str]) -> RefusalProbe {
+        RefusalProbe {
+            audit: self.dir.join("audit.log"),
+            from: std::fs::metadata(self.dir.join("audit.log"))
+                .map(|m| m.len())
+                .unwrap_or(0),
+            users: users.iter().map(|u| u.to_string()).collect(),
+        }
+    }
+
     /// Makes the token controller's writes to Secrets in `namespace` wait `delay` (or, with
     /// `None`, refuses them, so no token ever arrives) until the returned guard is dropped.
     pub async fn hold_tokens(&self, namespace: &str, delay: Option<Duration>) -> TokenFault {
         TokenFault::install(self, namespace, delay).await
+    }
+}
+
+/// Whether some users were refused anything since the probe was taken (see
+/// [`ControlPlane::refusal_probe`]).
+pub struct RefusalProbe {
+    audit: PathBuf,
+    from: u64,
+    users: Vec<String>,
+}
+
+impl RefusalProbe {
+    /// Fails the test if the API server refused any of the users a request (401 or 403), even
+    /// one whose refusal the caller only logged.
+    pub fn assert_none_refused(&self) {
+        let mut file = File::open(&self.audit).expect("opens audit.log");
+        file.seek(SeekFrom::Start(self.from)).expect("seeks");
+        let mut text = String::new();
+        file.read_to_string(&mut text).expect("reads audit.log");
+        let refused: Vec<String> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| {
+                let code = v["responseStatus"]["code"].as_u64().unwrap_or(0);
+                let user = v["user"]["username"].as_str().unwrap_or_default();
+                (code == 401 || code == 403) && self.users.iter().any(|u| u == user)
+            })
+            .map(|v| {
+                format!(
+                    "{} {} {}: {}",
+                    v["user"]["username"].as_str().unwrap_or_default(),
+                    v["verb"].as_str().unwrap_or_default(),
+                    v["requestURI"].as_str().unwrap_or_default(),
+                    v["responseStatus"]["code"]
+                )
+            })
+            .collect();
+        assert!(refused.is_empty(), "the API server refused: {refused:#?}");
     }
 }
 

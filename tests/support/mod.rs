@@ -369,9 +369,27 @@ impl Backend for KubeBackend {
     }
 }
 
+/// What a suite case's environment lets the suite check afterwards: that the API servers refused
+/// none of the requests of the service (and the ccm) while the case ran, so the chart's and the
+/// ccm manifest's RBAC are enough for everything the case made them do.
+pub trait Refusals {
+    fn refusal_probes(&self) -> Vec<control_plane::RefusalProbe> {
+        Vec::new()
+    }
+}
+
+impl Refusals for EmbeddedBackend {}
+
+impl Refusals for KubeBackend {
+    fn refusal_probes(&self) -> Vec<control_plane::RefusalProbe> {
+        vec![self.cp.refusal_probe(&[kube_env::SERVICE_USER])]
+    }
+}
+
 /// Runs each case on each backend: `suite!([embedded => EmbeddedBackend::start(), kube =>
 /// KubeBackend::start()], [case_a, case_b])` makes `embedded::case_a`, `kube::case_a`, … calling
-/// `cases::case_a(<backend>)`. (Test files declare `#[macro_use] mod support;`.)
+/// `cases::case_a(<backend>)`, and then checks that the API servers refused the service nothing
+/// ([`Refusals`]). (Test files declare `#[macro_use] mod support;`.)
 #[allow(unused_macros)]
 macro_rules! suite {
     ([$($backend:ident => $start:expr),+ $(,)?], $cases:tt) => {
@@ -383,7 +401,12 @@ macro_rules! suite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    cases::$case($start.await).await
+                    let env = $start.await;
+                    let probes = support::Refusals::refusal_probes(&env);
+                    cases::$case(env).await;
+                    for probe in probes {
+                        probe.assert_none_refused();
+                    }
                 }
             )*
         }
