@@ -15,4 +15,5 @@ pub mod kubeconfig;
 pub mod lb;
 pub mod metrics;
 pub mod store;
+pub mod tunnel;
 pub mod validation;

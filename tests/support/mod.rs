@@ -263,6 +263,7 @@ pub fn account_yaml(ns: &str, sa: &str) -> String {
 
 pub mod control_plane;
 pub mod kube_env;
+pub mod rancher_peer;
 
 use control_plane::ControlPlane;
 
