@@ -20,13 +20,14 @@ use futures::StreamExt;
 use harvester_cloud::{
     app,
     config::{Cli, Command},
+    controller::leader::AlwaysLeader,
     crd,
     guest::{
         self,
         clusters::{ClusterKey, ClusterStore},
         keys,
     },
-    lb::{self, leader::AlwaysLeader},
+    lb,
     store::{Api, LabelSelector, ObjectStore},
 };
 use k8s_openapi::api::core::v1::Service;

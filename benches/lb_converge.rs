@@ -17,8 +17,9 @@ use std::{
 
 use futures::StreamExt;
 use harvester_cloud::{
+    controller::leader::AlwaysLeader,
     crd::{self, IPPool, IPPoolSpec, LoadBalancer, LoadBalancerSpec, Range, Selector, Tuple},
-    lb::{self, leader::AlwaysLeader},
+    lb,
     store::{
         LabelSelector, ObjectStore,
         embedded::{Durability, EmbeddedStore},

@@ -558,15 +558,17 @@ pub async fn serve_on(
         concurrency: args.lb_concurrency,
         ..crate::lb::Settings::default()
     };
-    let elector: Arc<dyn crate::lb::leader::LeaderElector> = match &app {
-        Backend::Kube(_) if args.leader_elect => Arc::new(crate::lb::leader::LeaseElector::new(
-            store.clone(),
-            &args.harvester_namespace,
-            LB_LEASE,
-            &settings.identity,
-            crate::lb::leader::LeaseTiming::default(),
-        )),
-        _ => Arc::new(crate::lb::leader::AlwaysLeader),
+    let elector: Arc<dyn crate::controller::leader::LeaderElector> = match &app {
+        Backend::Kube(_) if args.leader_elect => {
+            Arc::new(crate::controller::leader::LeaseElector::new(
+                store.clone(),
+                &args.harvester_namespace,
+                LB_LEASE,
+                &settings.identity,
+                crate::controller::leader::LeaseTiming::default(),
+            ))
+        }
+        _ => Arc::new(crate::controller::leader::AlwaysLeader),
     };
     // Guest clusters kept here get their reconcilers next to the load balancer's, under the same
     // leadership.
@@ -579,7 +581,7 @@ pub async fn serve_on(
         };
         tokio::spawn(
             async move {
-                crate::lb::leader::lead(
+                crate::controller::leader::lead(
                     elector.as_ref(),
                     &shutdown,
                     "guest cluster reconcilers",

@@ -27,17 +27,17 @@ use axum::{
 use clap::Parser;
 use harvester_cloud::{
     config::{Cli, Command},
+    controller::{
+        kinds::{NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance},
+        leader::AlwaysLeader,
+    },
     guest::{
         self,
         clusters::{ClusterKey, ClusterStore},
         naming::load_balancer_name,
         reconcile,
     },
-    lb::{
-        self,
-        kinds::{NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance},
-        leader::AlwaysLeader,
-    },
+    lb,
     store::{Api, LabelSelector, ObjectStore, Preconditions},
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Service};

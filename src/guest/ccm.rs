@@ -22,7 +22,7 @@ use super::{
 };
 use crate::{
     config::{CcmArgs, KubeArgs},
-    lb::leader::{AlwaysLeader, LeaderElector, LeaseElector, LeaseTiming, lead},
+    controller::leader::{AlwaysLeader, LeaderElector, LeaseElector, LeaseTiming, lead},
     store::{ObjectStore, kubernetes::KubeStore},
 };
 

@@ -44,8 +44,8 @@ use tracing::{debug, info, warn};
 
 use super::{keys, mapping::GuestContext};
 use crate::{
+    controller::kinds::VirtualMachineInstance,
     kubeconfig::objects::{MANAGED_BY, MANAGED_BY_LABEL},
-    lb::kinds::VirtualMachineInstance,
     store::{Api, Kind, ObjectStore, StoreError, watcher::watcher},
 };
 

@@ -57,9 +57,14 @@ use super::{
     nad, naming, network, share,
 };
 use crate::{
+    controller::{
+        Backoff, Event, FinalizerError, Release, Target,
+        events::{EventType, Recorder},
+        finalizer_when, modify,
+    },
     crd::{LoadBalancer, LoadBalancerSpec, lb_api, lb_kind},
-    lb::events::{EventType, Recorder},
     store::{Api, Kind, ObjectStore, Preconditions, StoreError, watcher::watcher},
+    sync::lock,
 };
 
 /// The finalizer on guest Services, Kubernetes' service controller's own (so Services that
@@ -83,8 +88,6 @@ pub mod reason {
 const WAIT_RECHECK: Duration = Duration::from_secs(30);
 const REFUSED_RECHECK: Duration = Duration::from_secs(60);
 const BLOCKED_RECHECK: Duration = Duration::from_secs(15);
-/// Attempts at a write that keeps meeting a newer version of the object.
-const WRITE_ATTEMPTS: usize = 4;
 
 /// The two store ports: the guest cluster's and Harvester's.
 #[derive(Clone)]
@@ -109,7 +112,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             concurrency: 256,
-            identity: crate::lb::default_identity(),
+            identity: crate::controller::default_identity(),
             prune_events: true,
         }
     }
@@ -132,13 +135,6 @@ pub fn is_load_balancer(svc: &Service) -> bool {
     svc.spec.as_ref().is_some_and(|s| {
         s.type_.as_deref() == Some(LOAD_BALANCER) && s.load_balancer_class.is_none()
     })
-}
-
-fn has_finalizer(svc: &Service) -> bool {
-    svc.metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == FINALIZER))
 }
 
 /// The primary a Service's annotation names, if it names one.
@@ -248,8 +244,8 @@ pub enum SyncError {
     Read { what: String, source: StoreError },
     #[error("update load balancer IP of service {service} failed, error: {source}")]
     WriteService { service: String, source: StoreError },
-    #[error("cannot update the finalizers of service {service}: {source}")]
-    Finalizer { service: String, source: StoreError },
+    #[error(transparent)]
+    Finalizer(#[from] FinalizerError),
 }
 
 impl SyncError {
@@ -259,8 +255,8 @@ impl SyncError {
             SyncError::WriteLoadBalancer { source, .. }
             | SyncError::DeleteLoadBalancer { source, .. }
             | SyncError::Read { source, .. }
-            | SyncError::WriteService { source, .. }
-            | SyncError::Finalizer { source, .. } => Some(source),
+            | SyncError::WriteService { source, .. } => Some(source),
+            SyncError::Finalizer(e) => Some(e.store_error()),
         }
     }
 
@@ -277,7 +273,7 @@ impl SyncError {
             SyncError::DeleteLoadBalancer { .. } => "delete_load_balancer",
             SyncError::Read { .. } => "read",
             SyncError::WriteService { .. } => "write_service",
-            SyncError::Finalizer { .. } => "finalizer",
+            SyncError::Finalizer(_) => "finalizer",
         }
     }
 }
@@ -357,11 +353,7 @@ struct Ctx {
     /// Share-IP checks of one primary's secondaries run one at a time.
     share_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     status_forbidden: AtomicBool,
-    failures: Mutex<HashMap<String, u32>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    backoff: Backoff,
 }
 
 impl Ctx {
@@ -391,25 +383,6 @@ impl Ctx {
         info!(service = %key, %message, "refused");
         self.report(svc, key, EventType::Warning, reason::SYNC_FAILED, message);
         Action::requeue(REFUSED_RECHECK)
-    }
-
-    fn succeeded(&self, key: &str) {
-        let mut failures = lock(&self.failures);
-        if !failures.is_empty() {
-            failures.remove(key);
-        }
-    }
-
-    /// Capped exponential back-off; conflicts retry quickly, the newer version being on its way.
-    fn backoff(&self, key: &str, conflict: bool) -> Action {
-        let mut failures = lock(&self.failures);
-        let n = failures.entry(key.to_string()).or_insert(0);
-        *n = n.saturating_add(1);
-        if conflict {
-            return Action::requeue(Duration::from_millis(50 * u64::from((*n).min(20))));
-        }
-        let millis = 250u64.saturating_mul(1 << (*n).min(10));
-        Action::requeue(Duration::from_millis(millis).min(Duration::from_secs(300)))
     }
 
     fn share_lock(&self, primary: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -491,80 +464,6 @@ impl Ctx {
         }
         found.remove(except);
         found.into_values().collect()
-    }
-
-    /// Applies `change` to the Service (or only its status) and writes it, again on the stored
-    /// object after a conflict; stops if the Service is gone or was recreated (another UID).
-    /// `change` says whether it changed anything. Returns the Service as it now is and whether it
-    /// was written (`None`: gone).
-    async fn write_service(
-        &self,
-        svc: &Service,
-        status: bool,
-        change: impl Fn(&mut Service) -> bool,
-    ) -> Result<Option<(Service, bool)>, StoreError> {
-        let (ns, name) = (
-            svc.metadata.namespace.clone().unwrap_or_default(),
-            svc.metadata.name.clone().unwrap_or_default(),
-        );
-        let mut current = svc.clone();
-        for attempt in 1..=WRITE_ATTEMPTS {
-            let mut next = current.clone();
-            if !change(&mut next) {
-                return Ok(Some((current, false)));
-            }
-            let written = if status {
-                self.services.replace_status(&next).await
-            } else {
-                self.services.replace(&next).await
-            };
-            match written {
-                Ok(s) => return Ok(Some((s, true))),
-                Err(e) if e.is_not_found() => return Ok(None),
-                Err(StoreError::Conflict { .. }) if attempt < WRITE_ATTEMPTS => {
-                    match self.services.get(&ns, &name).await? {
-                        Some(fresh) if fresh.metadata.uid == svc.metadata.uid => current = fresh,
-                        _ => return Ok(None),
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(Some((current, false)))
-    }
-
-    /// As [`Ctx::write_service`], for a LoadBalancer.
-    async fn write_lb(
-        &self,
-        lb: &LoadBalancer,
-        status: bool,
-        change: impl Fn(&mut LoadBalancer) -> bool,
-    ) -> Result<Option<LoadBalancer>, StoreError> {
-        let name = lb.metadata.name.clone().unwrap_or_default();
-        let mut current = lb.clone();
-        for attempt in 1..=WRITE_ATTEMPTS {
-            let mut next = current.clone();
-            if !change(&mut next) {
-                return Ok(Some(current));
-            }
-            let written = if status {
-                self.lbs.replace_status(&next).await
-            } else {
-                self.lbs.replace(&next).await
-            };
-            match written {
-                Ok(l) => return Ok(Some(l)),
-                Err(e) if e.is_not_found() => return Ok(None),
-                Err(StoreError::Conflict { .. }) if attempt < WRITE_ATTEMPTS => {
-                    match self.lbs.get(self.lb_namespace(), &name).await? {
-                        Some(fresh) if fresh.metadata.uid == lb.metadata.uid => current = fresh,
-                        _ => return Ok(None),
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(Some(current))
     }
 
     /// The NAD mapping ConfigMap's value (`None` when the ConfigMap does not exist).
@@ -710,57 +609,44 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, SyncError
         .ok_or(missing("metadata.namespace"))?;
     svc.metadata.name.as_ref().ok_or(missing("metadata.name"))?;
     let key = service_key(&svc);
-    let result = if svc.metadata.deletion_timestamp.is_some() {
-        release(&svc, &key, &ctx, true).await
-    } else if !is_load_balancer(&svc) {
-        // Not (or no longer) a load balancer: release what it had, if it had anything.
+    if svc.metadata.deletion_timestamp.is_some() || !is_load_balancer(&svc) {
+        // Going, or no longer a load balancer: no longer anyone's secondary either.
         ctx.forget_secondary(&key);
-        if has_finalizer(&svc) {
-            release(&svc, &key, &ctx, false).await
-        } else {
-            Ok(Action::await_change())
-        }
-    } else {
-        ensure(&svc, &key, &ctx).await
-    };
+    }
+    // A Service that is no longer of type LoadBalancer releases what it had, as a deleted one does.
+    let result = finalizer_when(
+        &ctx.services,
+        FINALIZER,
+        svc,
+        is_load_balancer,
+        |event| async {
+            match event {
+                Event::Apply(svc) => ensure(&svc, &key, &ctx).await,
+                Event::Cleanup(svc, release) => cleanup(&svc, release, &key, &ctx).await,
+            }
+        },
+    )
+    .await;
     crate::metrics::observe_reconcile(
         "guestservice",
         started.elapsed(),
         result.as_ref().err().map(SyncError::reason),
     );
     if result.is_ok() {
-        ctx.succeeded(&key);
+        ctx.backoff.succeeded(&key);
     }
     result
 }
 
+/// A Service of type LoadBalancer with the finalizer: a primary gets its own LoadBalancer, a
+/// secondary its primary's address.
 async fn ensure(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncError> {
-    // The finalizer is durable before any LoadBalancer exists, so a deletion always releases it.
-    let written = ctx
-        .write_service(svc, false, |s| {
-            if has_finalizer(s) {
-                return false;
-            }
-            s.metadata
-                .finalizers
-                .get_or_insert_default()
-                .push(FINALIZER.into());
-            true
-        })
-        .await
-        .map_err(|source| SyncError::Finalizer {
-            service: key.into(),
-            source,
-        })?;
-    let Some((svc, _)) = written else {
-        return Ok(Action::await_change());
-    };
-    match primary_of(&svc) {
-        Err(e) => Ok(ctx.refuse(&svc, key, e.to_string())),
-        Ok(Some(primary)) => secondary(&svc, key, primary, ctx).await,
+    match primary_of(svc) {
+        Err(e) => Ok(ctx.refuse(svc, key, e.to_string())),
+        Ok(Some(primary)) => secondary(svc, key, primary, ctx).await,
         Ok(None) => {
             ctx.forget_secondary(key);
-            primary(&svc, key, ctx).await
+            primary(svc, key, ctx).await
         }
     }
 }
@@ -812,10 +698,12 @@ async fn primary(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncErro
                     .await
                     .map_err(write_failed)?;
                 match fresh {
-                    Some(fresh) => ctx
-                        .write_lb(&fresh, false, |l| update_lb(l, &plan))
-                        .await
-                        .map_err(write_failed)?,
+                    Some(fresh) => {
+                        modify(&ctx.lbs, &fresh, Target::Object, |l| update_lb(l, &plan))
+                            .await
+                            .map_err(write_failed)?
+                            .map(|m| m.object)
+                    }
                     None => None,
                 }
             }
@@ -824,8 +712,8 @@ async fn primary(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncErro
             }
             Err(e) => return Err(write_failed(e)),
         },
-        Some(lb) => match ctx.write_lb(&lb, false, |l| update_lb(l, &plan)).await {
-            Ok(lb) => lb,
+        Some(lb) => match modify(&ctx.lbs, &lb, Target::Object, |l| update_lb(l, &plan)).await {
+            Ok(lb) => lb.map(|m| m.object),
             Err(source @ StoreError::Invalid { .. }) => {
                 return Ok(ctx.refuse(svc, key, write_failed(source).to_string()));
             }
@@ -891,19 +779,20 @@ async fn write_back(
         service: key.into(),
         source,
     };
-    let Some((annotated, mut changed)) = ctx
-        .write_service(svc, false, annotate)
+    let Some(annotated) = modify(&ctx.services, svc, Target::Object, annotate)
         .await
         .map_err(failed)?
     else {
         return Ok(false);
     };
+    let mut changed = annotated.written;
     if let Some(ip) = ingress {
-        let written = ctx
-            .write_service(&annotated, true, |s| set_ingress(s, Some(ip)))
-            .await
-            .map_err(failed)?;
-        changed |= written.is_some_and(|(_, wrote)| wrote);
+        let written = modify(&ctx.services, &annotated.object, Target::Status, |s| {
+            set_ingress(s, Some(ip))
+        })
+        .await
+        .map_err(failed)?;
+        changed |= written.is_some_and(|m| m.written);
     }
     Ok(changed)
 }
@@ -924,16 +813,15 @@ async fn report_address(
     if !current.unwrap_or_default().is_empty() {
         return Ok(());
     }
-    let written = ctx
-        .write_lb(lb, true, |l| {
-            let status = l.status.get_or_insert_default();
-            if status.address == address {
-                return false;
-            }
-            status.address = address.to_string();
-            true
-        })
-        .await;
+    let written = modify(&ctx.lbs, lb, Target::Status, |l| {
+        let status = l.status.get_or_insert_default();
+        if status.address == address {
+            return false;
+        }
+        status.address = address.to_string();
+        true
+    })
+    .await;
     match written {
         Ok(_) => Ok(()),
         Err(StoreError::Forbidden { message }) => {
@@ -1024,13 +912,15 @@ async fn secondary(
     Ok(Action::await_change())
 }
 
-/// Deletion (`deleting`), or a Service that is no longer of type LoadBalancer: its LoadBalancer
-/// goes, then the finalizer. A primary that secondaries still use waits.
-async fn release(svc: &Service, key: &str, ctx: &Ctx, deleting: bool) -> Result<Action, SyncError> {
-    if !has_finalizer(svc) {
-        ctx.forget_secondary(key);
-        return Ok(Action::await_change());
-    }
+/// Deletion, or a Service that is no longer of type LoadBalancer: its LoadBalancer goes, then the
+/// finalizer. A primary that secondaries still use waits.
+async fn cleanup(
+    svc: &Service,
+    release: Release<Service>,
+    key: &str,
+    ctx: &Ctx,
+) -> Result<Action, SyncError> {
+    let deleting = svc.metadata.deletion_timestamp.is_some();
     let (ns, name) = key.split_once('/').unwrap_or_default();
     let primary = primary_of(svc).ok().flatten();
     if primary.is_none() {
@@ -1065,34 +955,26 @@ async fn release(svc: &Service, key: &str, ctx: &Ctx, deleting: bool) -> Result<
             }
         }
     }
-    ctx.forget_secondary(key);
-    let failed = |source| SyncError::Finalizer {
-        service: key.into(),
-        source,
-    };
-    let written = ctx
-        .write_service(svc, false, |s| {
-            let mut changed = false;
-            if let Some(f) = s.metadata.finalizers.as_mut() {
-                let before = f.len();
-                f.retain(|x| x != FINALIZER);
-                changed = f.len() != before;
-            }
-            if !deleting {
-                changed |= remove_annotation(s, keys::KUBE_VIP_IPS);
-                changed |= remove_annotation(s, keys::KUBE_VIP_INTERFACE);
-            }
-            changed
+    // A Service that stays (no longer a load balancer) also loses what was written for kube-vip.
+    let written = release
+        .release_with(svc, |s| {
+            !deleting
+                && (remove_annotation(s, keys::KUBE_VIP_IPS)
+                    | remove_annotation(s, keys::KUBE_VIP_INTERFACE))
         })
-        .await
-        .map_err(failed)?;
+        .await?;
     // Only the pass that took the finalizer off reports: a later pass on a stale copy (the
     // LoadBalancer still being released answers its delete too) must not report it again.
-    let finalized = matches!(written, Some((_, true)));
-    if !deleting && let Some((written, _)) = written {
-        ctx.write_service(&written, true, |s| set_ingress(s, None))
-            .await
-            .map_err(failed)?;
+    let finalized = written.as_ref().is_some_and(|m| m.written);
+    if !deleting && let Some(written) = written {
+        modify(&ctx.services, &written.object, Target::Status, |s| {
+            set_ingress(s, None)
+        })
+        .await
+        .map_err(|source| SyncError::WriteService {
+            service: key.into(),
+            source,
+        })?;
     }
     if let Some(lb) = deleted_lb.filter(|_| finalized) {
         info!(service = %key, %lb, "deleted load balancer");
@@ -1235,7 +1117,7 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
         accepted: Mutex::new(Accepted::default()),
         share_locks: Mutex::new(HashMap::new()),
         status_forbidden: AtomicBool::new(false),
-        failures: Mutex::new(HashMap::new()),
+        backoff: Backoff::default(),
         cluster: cluster.clone(),
     });
 
@@ -1364,7 +1246,7 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
                         } else {
                             warn!(service = %key, error = %e, "service reconcile failed");
                         }
-                        ctx.backoff(&key, e.is_conflict())
+                        ctx.backoff.failed(&key, e.is_conflict())
                     },
                     ctx,
                 )

@@ -16,7 +16,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use k8s_openapi::api::core::v1::Namespace;
 
-use super::kinds::{
+use crate::controller::kinds::{
     LABEL_CREATOR, NODE_DRIVER, NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance,
 };
 use crate::{
@@ -630,8 +630,8 @@ mod tests {
     use super::*;
     use crate::crd::{HealthCheck, Listener, LoadBalancerSpec};
     use crate::{
+        controller::kinds::LABEL_GUEST_CLUSTER_NAME,
         crd::{ANNOTATION_CLUSTER, ANNOTATION_MANAGEMENT_NETWORK},
-        lb::kinds::LABEL_GUEST_CLUSTER_NAME,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -853,7 +853,7 @@ mod tests {
         if removing {
             vm.metadata.annotations = Some(
                 [(
-                    super::super::kinds::ANNOTATION_REMOVE_ALL_PVCS.to_string(),
+                    crate::controller::kinds::ANNOTATION_REMOVE_ALL_PVCS.to_string(),
                     "true".to_string(),
                 )]
                 .into(),

@@ -182,8 +182,9 @@ impl ObjectStore for AdmittedStore {
 mod tests {
     use super::*;
     use crate::{
+        controller::kinds::VirtualMachineInstance,
         crd::{ANNOTATION_NETWORK, lb_api},
-        lb::{admission::NetworkCheck, kinds::VirtualMachineInstance},
+        lb::admission::NetworkCheck,
         store::{
             Api,
             embedded::{Durability, EmbeddedStore},

@@ -30,6 +30,7 @@ use crate::{
         PoolError,
     },
     store::{Api, ObjectStore, StoreError},
+    sync::lock,
 };
 
 /// Requests applied in one round (and one status write) at most.
@@ -144,7 +145,7 @@ impl Pools {
     }
 
     fn sender(&self, pool: &str) -> mpsc::UnboundedSender<Request> {
-        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tasks = lock(&self.tasks);
         if let Some(tx) = tasks.get(pool).filter(|tx| !tx.is_closed()) {
             return tx.clone();
         }
@@ -177,20 +178,12 @@ impl Pools {
 
     /// The pools that have (or had) a task in this process.
     pub fn known(&self) -> Vec<String> {
-        self.tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .cloned()
-            .collect()
+        lock(&self.tasks).keys().cloned().collect()
     }
 
     /// Forgets a pool's task (after the pool is gone).
     pub fn forget(&self, pool: &str) {
-        self.tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(pool);
+        lock(&self.tasks).remove(pool);
     }
 }
 
