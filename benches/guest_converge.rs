@@ -21,11 +21,10 @@ use harvester_cloud::{
     app,
     config::{Cli, Command},
     controller::leader::AlwaysLeader,
-    crd,
+    crd::{self, keys},
     guest::{
         self,
         clusters::{ClusterKey, ClusterStore},
-        keys,
     },
     lb,
     store::{Api, LabelSelector, ObjectStore},

@@ -1,6 +1,6 @@
 //! The `loadbalancer.harvesterhci.io/v1beta1` custom resources, LoadBalancer (namespaced) and IPPool
 //! (cluster-scoped), as kube-derive types with every field, printer column and short name of Harvester's
-//! CRDs, plus the keys (annotations, labels, finalizers) that other Harvester components read.
+//! CRDs, their finalizers, and ([`keys`]) every annotation and label key of Harvester's.
 //!
 //! One deliberate difference: both CRDs declare the status subresource (upstream has none, so every
 //! status write upstream is a full-object update that conflicts with spec edits). Objects written
@@ -22,6 +22,10 @@ use crate::{
     store::{Kind, Object},
 };
 
+pub mod keys;
+
+use keys::{ANNOTATION_CLUSTER, ANNOTATION_NAMESPACE, ANNOTATION_NETWORK, ANNOTATION_PROJECT};
+
 /// The API group of both resources.
 pub const GROUP: &str = "loadbalancer.harvesterhci.io";
 
@@ -32,23 +36,6 @@ pub const LB_FINALIZER: &str = "wrangler.cattle.io/harvester-lb-controller";
 pub const POOL_FINALIZER: &str = "wrangler.cattle.io/harvester-ipam-controller";
 /// Finalizer of the guest-cluster cleanup on guest-cluster VirtualMachines.
 pub const VM_FINALIZER: &str = "wrangler.cattle.io/harvester-lb-vm-controller";
-
-/// LoadBalancer annotations that pool selection reads (written by the guest cloud provider and the
-/// mutator).
-pub const ANNOTATION_NETWORK: &str = "loadbalancer.harvesterhci.io/network";
-pub const ANNOTATION_PROJECT: &str = "loadbalancer.harvesterhci.io/project";
-pub const ANNOTATION_NAMESPACE: &str = "loadbalancer.harvesterhci.io/namespace";
-pub const ANNOTATION_CLUSTER: &str = "loadbalancer.harvesterhci.io/cluster";
-/// Written by the guest cloud provider: the guest cluster's management network.
-pub const ANNOTATION_MANAGEMENT_NETWORK: &str = "cloudprovider.harvesterhci.io/managementNetwork";
-/// Label of a guest cluster's LoadBalancers: the cluster name.
-pub const LABEL_GUEST_CLUSTER: &str = "cloudprovider.harvesterhci.io/cluster";
-/// IPPool labels set by the mutator.
-pub const LABEL_VID: &str = "loadbalancer.harvesterhci.io/vid";
-pub const LABEL_GLOBAL_POOL: &str = "loadbalancer.harvesterhci.io/global-ip-pool";
-
-/// `allocatedAddress.ip` of a DHCP load balancer: the guest's kube-vip obtains the lease.
-pub const DHCP_ADDRESS: &str = "0.0.0.0";
 
 /// What a load balancer asks for: how its address is obtained and, for VMs, its listeners.
 #[derive(CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -18,12 +18,11 @@ use serde_json::Value;
 use super::{
     GuestError,
     clusters::{self, ClusterDeletion, ClusterKey, ClusterNameError, ClusterStore},
-    keys,
     reconcile::{self, judge_primary, judge_secondary, lb_name_of, primary_of},
     share,
 };
 use crate::{
-    crd::{LoadBalancer, lb_api},
+    crd::{LoadBalancer, keys, lb_api},
     store::{Api, Deleted, LabelSelector, ObjectStore, Preconditions, StoreError},
 };
 

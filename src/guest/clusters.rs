@@ -27,9 +27,9 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span};
 
-use super::{keys, mapping::GuestContext, reconcile};
+use super::{mapping::GuestContext, reconcile};
 use crate::{
-    crd::{LoadBalancer, lb_api, lb_kind},
+    crd::{LoadBalancer, keys, lb_api, lb_kind},
     store::{
         Change, ChangeStream, Deleted, Kind, LabelSelector, NameRule, ObjectList, ObjectStore,
         Preconditions, StoreError, watcher::watcher,
@@ -509,7 +509,7 @@ pub async fn delete_cluster(
     let listed = lbs
         .list(
             Some(&key.namespace),
-            &LabelSelector::from_labels([(keys::LABEL_CLUSTER, key.cluster.as_str())]),
+            &LabelSelector::from_labels([(keys::LABEL_GUEST_CLUSTER, key.cluster.as_str())]),
         )
         .await
         .map_err(|source| DeleteClusterError::List {
@@ -591,7 +591,7 @@ fn cluster_of_lb(lb: &LoadBalancer) -> Option<ClusterKey> {
     if !ours {
         return None;
     }
-    let cluster = labels.get(keys::LABEL_CLUSTER)?;
+    let cluster = labels.get(keys::LABEL_GUEST_CLUSTER)?;
     ClusterKey::new(lb.metadata.namespace.as_deref()?, cluster).ok()
 }
 
@@ -623,7 +623,7 @@ async fn has_nothing_left(
     let lbs = lb_api(harvester.clone())
         .list(
             Some(&key.namespace),
-            &LabelSelector::from_labels([(keys::LABEL_CLUSTER, key.cluster.as_str())]),
+            &LabelSelector::from_labels([(keys::LABEL_GUEST_CLUSTER, key.cluster.as_str())]),
         )
         .await;
     match (services, lbs) {

@@ -5,7 +5,7 @@
 //! [`nad`] keeps the guest's NAD mapping ConfigMap from the cluster's VMIs on Harvester (the
 //! reconciler runs it alongside).
 //!
-//! `keys`, `mapping`, `naming`, `network` and `share` are pure domain code: callers bring the
+//! `mapping`, `naming`, `network` and `share` are pure domain code: callers bring the
 //! objects (as plain views) and apply the plans. [`reconcile`] is the reconciler that applies them
 //! between a guest cluster's store port and Harvester's; [`clusters`] keeps the guest clusters of the
 //! embedded backend (and shows each as its own store port); [`ccm`] runs the reconciler inside a
@@ -14,7 +14,6 @@
 pub mod api;
 pub mod ccm;
 pub mod clusters;
-pub mod keys;
 pub mod mapping;
 pub mod nad;
 pub mod naming;

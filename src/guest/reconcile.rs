@@ -52,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::{
-    GuestError, keys,
+    GuestError,
     mapping::{self, ExistingLb, GuestContext, LbPlan, annotation, label},
     nad, naming, network, share,
 };
@@ -62,7 +62,7 @@ use crate::{
         events::{EventType, Recorder},
         finalizer_when, modify,
     },
-    crd::{LoadBalancer, LoadBalancerSpec, lb_api, lb_kind},
+    crd::{LoadBalancer, LoadBalancerSpec, keys, lb_api, lb_kind},
     store::{Api, Kind, ObjectStore, Preconditions, StoreError, watcher::watcher},
     sync::lock,
 };
@@ -213,7 +213,7 @@ pub fn is_leftover(cluster: &str, lb: &LoadBalancer, svc: Option<&Service>) -> b
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(keys::LB_SERVICE_UID));
+        .and_then(|a| a.get(keys::ANNOTATION_SERVICE_UID));
     recorded.is_some_and(|r| r != uid)
         || lb_name_of(cluster, svc).as_deref() != lb.metadata.name.as_deref()
 }
@@ -221,7 +221,7 @@ pub fn is_leftover(cluster: &str, lb: &LoadBalancer, svc: Option<&Service>) -> b
 /// The Service a LoadBalancer was made for: its labels, when it is one of `cluster`'s.
 fn service_of(cluster: &str, lb: &LoadBalancer) -> Option<ObjectRef<Service>> {
     let labels = lb.metadata.labels.as_ref()?;
-    if labels.get(keys::LABEL_CLUSTER).map(String::as_str) != Some(cluster) {
+    if labels.get(keys::LABEL_GUEST_CLUSTER).map(String::as_str) != Some(cluster) {
         return None;
     }
     let ns = labels.get(keys::LABEL_SERVICE_NAMESPACE)?;
@@ -1320,8 +1320,8 @@ mod tests {
         let mut lb = new_lb(&plan);
         let annotations = lb.metadata.annotations.get_or_insert_default();
         match uid_annotation {
-            Some(u) => annotations.insert(keys::LB_SERVICE_UID.into(), u.into()),
-            None => annotations.remove(keys::LB_SERVICE_UID),
+            Some(u) => annotations.insert(keys::ANNOTATION_SERVICE_UID.into(), u.into()),
+            None => annotations.remove(keys::ANNOTATION_SERVICE_UID),
         };
         lb
     }
@@ -1344,10 +1344,10 @@ mod tests {
         assert_eq!(lb.spec.workload_type, "cluster");
         assert_eq!(lb.spec.ipam, "pool");
         let a = lb.metadata.annotations.clone().expect("annotations");
-        assert_eq!(a[keys::LB_NETWORK], "default/vlan1");
-        assert_eq!(a[keys::LB_SERVICE_NETWORK], "default/vlan1");
-        assert_eq!(a[keys::LB_SERVICE_UID], UID);
-        assert!(!a.contains_key(keys::LB_MANAGEMENT_NETWORK));
+        assert_eq!(a[keys::ANNOTATION_NETWORK], "default/vlan1");
+        assert_eq!(a[keys::ANNOTATION_SERVICE_NETWORK], "default/vlan1");
+        assert_eq!(a[keys::ANNOTATION_SERVICE_UID], UID);
+        assert!(!a.contains_key(keys::ANNOTATION_MANAGEMENT_NETWORK));
         // Updating with the same plan changes nothing; the create-only annotations are kept.
         let mut same = lb.clone();
         assert!(!update_lb(&mut same, &plan));
@@ -1356,7 +1356,7 @@ mod tests {
             .metadata
             .annotations
             .get_or_insert_default()
-            .insert(keys::LB_CLUSTER.into(), "other".into());
+            .insert(keys::ANNOTATION_CLUSTER.into(), "other".into());
         assert!(update_lb(&mut edited, &plan));
         assert_eq!(edited, lb);
     }

@@ -4,7 +4,8 @@
 
 use k8s_openapi::api::core::v1::Service;
 
-use super::{GuestError, keys, mapping};
+use super::{GuestError, mapping};
+use crate::crd::keys;
 
 /// The primary named by a secondary's annotation: `<ns>/<name>`, or a bare name in the secondary's
 /// own namespace (as the documentation shows).

@@ -16,13 +16,16 @@ use std::{collections::HashMap, sync::Arc};
 
 use k8s_openapi::api::core::v1::Namespace;
 
-use crate::controller::kinds::{
-    LABEL_CREATOR, NODE_DRIVER, NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance,
-};
 use crate::{
+    controller::kinds::{NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance},
     crd::{
-        ANNOTATION_NAMESPACE, ANNOTATION_NETWORK, ANNOTATION_PROJECT, IPPool, LABEL_GLOBAL_POOL,
-        LABEL_GUEST_CLUSTER, LABEL_VID, LoadBalancer, pool_api,
+        IPPool, LoadBalancer,
+        keys::{
+            ANNOTATION_CLUSTER, ANNOTATION_MANAGEMENT_NETWORK, ANNOTATION_NAMESPACE,
+            ANNOTATION_NETWORK, ANNOTATION_PROJECT, LABEL_CREATOR, LABEL_GLOBAL_POOL,
+            LABEL_GUEST_CLUSTER, LABEL_GUEST_CLUSTER_NAME, LABEL_VID, NODE_DRIVER,
+        },
+        pool_api,
     },
     ipam::{self, PoolEntry},
     store::{Api, LabelSelector, ObjectStore, StoreError},
@@ -360,37 +363,44 @@ pub fn validate_lb_update(old: &LoadBalancer, new: &LoadBalancer) -> Result<(), 
     Ok(())
 }
 
-/// Upstream's findNetwork (v1.9), as [`crate::guest::network::find_network`] decides it: the
-/// LoadBalancer's network annotation, else the guest cluster's management network, else the first
-/// Multus network of a VMI of its guest cluster (by label, then the legacy name prefix). `vmis` are
-/// the VMIs of the load balancer's namespace.
+/// Upstream's findNetwork (v1.9): the LoadBalancer's network annotation, else the guest cluster's
+/// management network, else the first Multus network of a VMI of its guest cluster (by label, then
+/// by the legacy name prefix of a node-driver VMI). `vmis` are the VMIs of the load balancer's
+/// namespace.
 pub fn find_network(lb: &LoadBalancer, vmis: &[VirtualMachineInstance]) -> String {
-    let annotations: std::collections::BTreeMap<String, String> = lb
-        .metadata
-        .annotations
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .collect();
-    let views: Vec<crate::guest::network::VmiView> = vmis
-        .iter()
-        .map(|v| crate::guest::network::VmiView {
-            name: v.metadata.name.clone().unwrap_or_default(),
-            labels: v
-                .metadata
-                .labels
-                .clone()
-                .unwrap_or_default()
-                .into_iter()
-                .collect(),
-            multus_networks: v
-                .first_multus_network()
-                .map(String::from)
-                .into_iter()
-                .collect(),
+    let get = |k: &str| {
+        lb.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(k))
+            .filter(|v| !v.is_empty())
+            .cloned()
+    };
+    if let Some(n) = get(ANNOTATION_NETWORK) {
+        return n;
+    }
+    if let Some(n) = get(ANNOTATION_MANAGEMENT_NETWORK) {
+        return n;
+    }
+    let Some(cluster) = get(ANNOTATION_CLUSTER) else {
+        return String::new();
+    };
+    let first_network = |pred: &dyn Fn(&VirtualMachineInstance) -> bool| {
+        vmis.iter()
+            .filter(|v| pred(v))
+            .find_map(|v| v.first_multus_network().map(String::from))
+    };
+    first_network(&|v| v.label(LABEL_GUEST_CLUSTER_NAME) == Some(cluster.as_str()))
+        .or_else(|| {
+            first_network(&|v| {
+                v.label(LABEL_CREATOR) == Some(NODE_DRIVER)
+                    && v.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(&cluster))
+            })
         })
-        .collect();
-    crate::guest::network::find_network(&annotations, &views)
+        .unwrap_or_default()
 }
 
 /// Upstream's mutator: VM type records its namespace; cluster type also gets its project (from the
@@ -628,11 +638,7 @@ fn entries(specs: &[(String, ipam::PoolSpec, bool)]) -> Vec<PoolEntry<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{HealthCheck, Listener, LoadBalancerSpec};
-    use crate::{
-        controller::kinds::LABEL_GUEST_CLUSTER_NAME,
-        crd::{ANNOTATION_CLUSTER, ANNOTATION_MANAGEMENT_NETWORK},
-    };
+    use crate::crd::{HealthCheck, Listener, LoadBalancerSpec, keys::ANNOTATION_REMOVE_ALL_PVCS};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn mk_listener(name: &str, port: i32, protocol: &str, backend: i32) -> Listener {
@@ -851,13 +857,8 @@ mod tests {
             .into(),
         );
         if removing {
-            vm.metadata.annotations = Some(
-                [(
-                    crate::controller::kinds::ANNOTATION_REMOVE_ALL_PVCS.to_string(),
-                    "true".to_string(),
-                )]
-                .into(),
-            );
+            vm.metadata.annotations =
+                Some([(ANNOTATION_REMOVE_ALL_PVCS.to_string(), "true".to_string())].into());
         }
         vm
     }
@@ -922,6 +923,59 @@ mod tests {
         assert_eq!(find_network(&lb, &vmis), "default/mgmt");
         set(&mut lb, ANNOTATION_NETWORK, "default/vlan10");
         assert_eq!(find_network(&lb, &vmis), "default/vlan10");
+    }
+
+    #[test]
+    fn find_network_resolution_order() {
+        let vmis = [
+            mk_vmi(
+                "x-legacy-1",
+                &[(LABEL_CREATOR, NODE_DRIVER)],
+                "default/legacy",
+            ),
+            mk_vmi(
+                "other",
+                &[(LABEL_GUEST_CLUSTER_NAME, "gc2")],
+                "default/gc2-net",
+            ),
+            mk_vmi(
+                "gc1-pool-a",
+                &[(LABEL_GUEST_CLUSTER_NAME, "gc1")],
+                "default/gc1-net",
+            ),
+            mk_vmi(
+                "gc3-pool",
+                &[(LABEL_CREATOR, NODE_DRIVER)],
+                "default/gc3-legacy",
+            ),
+        ];
+        let find = |a: &[(&str, &str)]| {
+            let mut lb = mk_lb("cluster", vec![]);
+            lb.metadata.annotations = Some(
+                a.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            find_network(&lb, &vmis)
+        };
+        assert_eq!(
+            find(&[
+                (ANNOTATION_NETWORK, "default/explicit"),
+                (ANNOTATION_MANAGEMENT_NETWORK, "default/m")
+            ]),
+            "default/explicit"
+        );
+        assert_eq!(
+            find(&[
+                (ANNOTATION_NETWORK, ""),
+                (ANNOTATION_MANAGEMENT_NETWORK, "default/m")
+            ]),
+            "default/m"
+        );
+        assert_eq!(find(&[]), "");
+        assert_eq!(find(&[(ANNOTATION_CLUSTER, "gc1")]), "default/gc1-net");
+        assert_eq!(find(&[(ANNOTATION_CLUSTER, "gc3")]), "default/gc3-legacy");
+        assert_eq!(find(&[(ANNOTATION_CLUSTER, "nobody")]), "");
     }
 
     #[test]

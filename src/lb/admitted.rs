@@ -183,7 +183,7 @@ mod tests {
     use super::*;
     use crate::{
         controller::kinds::VirtualMachineInstance,
-        crd::{ANNOTATION_NETWORK, lb_api},
+        crd::{keys::ANNOTATION_NETWORK, lb_api},
         lb::admission::NetworkCheck,
         store::{
             Api,

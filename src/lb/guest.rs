@@ -14,7 +14,7 @@ use tracing::info;
 use super::Shared;
 use crate::{
     controller::{Event, FinalizerError, finalizer_when, kinds::VirtualMachine},
-    crd::{LABEL_GUEST_CLUSTER, VM_FINALIZER},
+    crd::{VM_FINALIZER, keys::LABEL_GUEST_CLUSTER},
     store::{Api, LabelSelector, Preconditions, StoreError},
 };
 

@@ -28,7 +28,7 @@ use crate::{
         events::{EventType, reason},
         finalizer,
     },
-    crd::{AllocatedAddress, DHCP_ADDRESS, LB_FINALIZER, LoadBalancer, LoadBalancerStatus},
+    crd::{AllocatedAddress, LB_FINALIZER, LoadBalancer, LoadBalancerStatus, keys::DHCP_ADDRESS},
     ipam::{PoolEntry, PoolIndex, PoolPlan, SelectError, plan_pool},
     store::StoreError,
 };
