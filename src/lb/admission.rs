@@ -449,7 +449,7 @@ pub fn mutate_pool(pool: &mut IPPool, vid: u32) {
     if pool.metadata.deletion_timestamp.is_some() {
         return;
     }
-    let global = pool.ipam_spec().selector.is_global();
+    let global = pool.spec.selector.is_global();
     let labels = pool.metadata.labels.get_or_insert_default();
     labels.insert(LABEL_VID.into(), vid.to_string());
     labels.insert(LABEL_GLOBAL_POOL.into(), global.to_string());
@@ -578,16 +578,10 @@ impl Admission {
         let vid = self.vid(pool, true).await?;
         mutate_pool(pool, vid);
         let others = self.pools().await?;
-        let specs: Vec<(String, ipam::PoolSpec, bool)> = others
-            .iter()
-            .map(|p| (p.name().to_string(), p.ipam_spec(), p.is_deleting()))
-            .collect();
-        let entries = entries(&specs);
-        let spec = pool.ipam_spec();
+        let entries: Vec<PoolEntry<'_>> = others.iter().map(IPPool::entry).collect();
         let me = PoolEntry {
-            name: pool.name(),
-            spec: &spec,
             deleting: false,
+            ..pool.entry()
         };
         Ok(ipam::validate_create(&me, &entries)?)
     }
@@ -604,16 +598,10 @@ impl Admission {
         let vid = self.vid(new, false).await?;
         mutate_pool(new, vid);
         let others = self.pools().await?;
-        let specs: Vec<(String, ipam::PoolSpec, bool)> = others
-            .iter()
-            .map(|p| (p.name().to_string(), p.ipam_spec(), p.is_deleting()))
-            .collect();
-        let entries = entries(&specs);
-        let spec = new.ipam_spec();
+        let entries: Vec<PoolEntry<'_>> = others.iter().map(IPPool::entry).collect();
         let me = PoolEntry {
-            name: new.name(),
-            spec: &spec,
             deleting: false,
+            ..new.entry()
         };
         Ok(ipam::validate_update(&me, &old.allocated(), &entries)?)
     }
@@ -622,17 +610,6 @@ impl Admission {
     pub fn admit_pool_delete(&self, pool: &IPPool) -> Result<(), AdmitError> {
         Ok(ipam::validate_delete(pool.name(), &pool.allocated())?)
     }
-}
-
-fn entries(specs: &[(String, ipam::PoolSpec, bool)]) -> Vec<PoolEntry<'_>> {
-    specs
-        .iter()
-        .map(|(name, spec, deleting)| PoolEntry {
-            name,
-            spec,
-            deleting: *deleting,
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -1000,7 +977,7 @@ mod tests {
 #[cfg(test)]
 mod store_tests {
     use super::*;
-    use crate::crd::{IPPoolSpec, Range, Selector};
+    use crate::ipam::{PoolSpec, RangeSpec, Selector};
     use crate::store::embedded::{Durability, EmbeddedStore};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -1010,8 +987,8 @@ mod store_tests {
                 name: Some(name.into()),
                 ..Default::default()
             },
-            spec: IPPoolSpec {
-                ranges: vec![Range {
+            spec: PoolSpec {
+                ranges: vec![RangeSpec {
                     subnet: "10.0.0.0/24".into(),
                     ..Default::default()
                 }],
@@ -1020,7 +997,8 @@ mod store_tests {
                     ..Default::default()
                 },
                 ..Default::default()
-            },
+            }
+            .into(),
             status: None,
         }
     }

@@ -295,18 +295,7 @@ async fn pool(
 /// list).
 async fn select(lb: &LoadBalancer, ctx: &Shared) -> Result<Result<String, SelectError>, LbError> {
     let pools = ctx.pool_cache.state();
-    let specs: Vec<(String, crate::ipam::PoolSpec, bool)> = pools
-        .iter()
-        .map(|p| (p.name().to_string(), p.ipam_spec(), p.is_deleting()))
-        .collect();
-    let entries: Vec<PoolEntry<'_>> = specs
-        .iter()
-        .map(|(name, spec, deleting)| PoolEntry {
-            name,
-            spec,
-            deleting: *deleting,
-        })
-        .collect();
+    let entries: Vec<PoolEntry<'_>> = pools.iter().map(|p| p.entry()).collect();
     Ok(PoolIndex::new(&entries)
         .select(&lb.request())
         .map(|s| s.pool.to_string()))

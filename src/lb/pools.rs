@@ -24,10 +24,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
-    crd::{Condition, IPPool, IPPoolStatus, LoadBalancer, pool_api},
+    crd::{IPPool, LoadBalancer, pool_api},
     ipam::{
-        self, AllocateError, Allocation, ManualRelease, ManualReleaseOutcome, PoolAllocator,
-        PoolError,
+        self, AllocateError, Allocation, Condition, ManualRelease, ManualReleaseOutcome,
+        PoolAllocator, PoolError, PoolStatus,
     },
     store::{Api, ObjectStore, StoreError},
     sync::lock,
@@ -212,7 +212,7 @@ struct Applied {
     /// A sync ran: once its status is stored, the pool is synced.
     synced: bool,
     /// The status to write, if it changed.
-    status: Option<IPPoolStatus>,
+    status: Option<PoolStatus>,
     freed: bool,
     stop_after: bool,
 }
@@ -258,12 +258,9 @@ impl PoolTask {
         {
             return Ok(());
         }
-        let status = pool
-            .status
-            .as_ref()
-            .map(ipam::PoolStatus::from)
-            .unwrap_or_default();
-        let allocator = PoolAllocator::from_status(&self.name, &pool.ranges(), &status);
+        let none = PoolStatus::default();
+        let status = pool.status.as_ref().unwrap_or(&none);
+        let allocator = PoolAllocator::from_status(&self.name, &pool.spec.ranges, status);
         self.loaded = Some(Loaded {
             pool,
             allocator,
@@ -509,7 +506,7 @@ impl PoolTask {
         let current = loaded.pool.status.clone().unwrap_or_default();
         let mut status = current.clone();
         if let Ok(allocator) = &loaded.allocator {
-            status.set_allocation(allocator);
+            allocator.write_status(&mut status);
         }
         if let Some(ready) = ready {
             let (ok, message) = match ready {
