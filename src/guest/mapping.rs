@@ -81,7 +81,8 @@ pub fn service_ipam(svc: &Service) -> String {
         .to_string()
 }
 
-fn svc_ref(svc: &Service) -> String {
+/// `namespace/name` of a Service.
+pub fn service_key(svc: &Service) -> String {
     format!(
         "{}/{}",
         svc.metadata.namespace.as_deref().unwrap_or_default(),
@@ -123,7 +124,7 @@ pub fn plan(
             .unwrap_or_default();
         if lb_network != network {
             return Err(GuestError::NetworkChanged {
-                service: svc_ref(svc),
+                service: service_key(svc),
                 lb: format!("{}/{lb_name}", ctx.lb_namespace),
                 service_network: network,
                 lb_network,
@@ -136,7 +137,7 @@ pub fn plan(
         };
         if lb_ipam != ipam {
             return Err(GuestError::IpamChanged {
-                service: svc_ref(svc),
+                service: service_key(svc),
                 lb: format!("{}/{lb_name}", ctx.lb_namespace),
                 service_ipam: ipam,
                 lb_ipam,
