@@ -37,7 +37,7 @@ use crate::{
     },
     kubeconfig::{render, request::AccountRequest, service::vip_url},
     lb::{
-        admission::{Admission, NetworkCheck},
+        admission::{AdmittedStore, NetworkCheck},
         objects::Objects,
     },
     store::{
@@ -216,7 +216,10 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Kube> {
             args.allow_restricted_admin,
         )),
         // Pools' networks must name existing NetworkAttachmentDefinitions, as upstream's mutator wants.
-        objects: Objects::new(Admission::new(dyn_store.clone(), NetworkCheck::Require)),
+        objects: Objects::new(Arc::new(AdmittedStore::new(
+            dyn_store.clone(),
+            NetworkCheck::Require,
+        ))),
         // Guest clusters run `harvester-cloud ccm` themselves.
         guests: None,
         store: dyn_store,
@@ -316,16 +319,13 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
         },
     ));
     // The embedded backend has no VM networks to look pools' networks up in.
-    let admission = Admission::new(dyn_store.clone(), NetworkCheck::Skip);
+    let admitted = Arc::new(AdmittedStore::new(dyn_store.clone(), NetworkCheck::Skip));
     // Guest clusters' LoadBalancers go through the same admission as the API's.
-    let guests = crate::guest::api::GuestClusters::new(
-        dyn_store.clone(),
-        Arc::new(crate::lb::admitted::AdmittedStore::new(admission.clone())),
-    );
+    let guests = crate::guest::api::GuestClusters::new(dyn_store.clone(), admitted.clone());
     let state = AppState {
         cloud_config,
         authenticator: Arc::new(EmbeddedAuthenticator::new(store.pool().clone())),
-        objects: Objects::new(admission),
+        objects: Objects::new(admitted),
         guests: Some(guests),
         store: dyn_store,
         issuer: Some(issuer),

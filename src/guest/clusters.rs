@@ -249,6 +249,7 @@ fn guest_error(e: StoreError, name: &str) -> StoreError {
         StoreError::AlreadyExists { kind, .. } => StoreError::AlreadyExists { kind, name },
         StoreError::Conflict { kind, .. } => StoreError::Conflict { kind, name },
         StoreError::Invalid { kind, reason, .. } => StoreError::Invalid { kind, name, reason },
+        StoreError::Refused { kind, source, .. } => StoreError::Refused { kind, name, source },
         other => other,
     }
 }

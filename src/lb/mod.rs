@@ -10,7 +10,6 @@
 //! the shutdown token is cancelled, and starts over.
 
 pub mod admission;
-pub mod admitted;
 pub mod guest;
 pub mod ippool;
 pub mod loadbalancer;

@@ -402,14 +402,14 @@ async fn primary(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncErro
                     None => None,
                 }
             }
-            Err(source @ StoreError::Invalid { .. }) => {
+            Err(source @ (StoreError::Invalid { .. } | StoreError::Refused { .. })) => {
                 return Ok(ctx.refuse(svc, key, write_failed(source).to_string()));
             }
             Err(e) => return Err(write_failed(e)),
         },
         Some(lb) => match modify(&ctx.lbs, &lb, Target::Object, |l| update_lb(l, &plan)).await {
             Ok(lb) => lb.map(|m| m.object),
-            Err(source @ StoreError::Invalid { .. }) => {
+            Err(source @ (StoreError::Invalid { .. } | StoreError::Refused { .. })) => {
                 return Ok(ctx.refuse(svc, key, write_failed(source).to_string()));
             }
             Err(e) => return Err(write_failed(e)),
@@ -650,9 +650,21 @@ async fn cleanup(
             }
         }
     }
-    // A Service that stays (no longer a load balancer) also loses what was written for kube-vip.
+    // A Service that stays (no longer a load balancer) also loses what was written for it: its
+    // address first, so that once the finalizer is off nothing of it is left.
+    let mut current = svc.clone();
+    if !deleting
+        && let Some(cleared) = modify(&ctx.services, svc, Target::Status, |s| set_ingress(s, None))
+            .await
+            .map_err(|source| SyncError::WriteService {
+                service: key.into(),
+                source,
+            })?
+    {
+        current = cleared.object;
+    }
     let written = release
-        .release_with(svc, |s| {
+        .release_with(&current, |s| {
             !deleting
                 && (remove_annotation(s, keys::KUBE_VIP_IPS)
                     | remove_annotation(s, keys::KUBE_VIP_INTERFACE))
@@ -660,17 +672,7 @@ async fn cleanup(
         .await?;
     // Only the pass that took the finalizer off reports: a later pass on a stale copy (the
     // LoadBalancer still being released answers its delete too) must not report it again.
-    let finalized = written.as_ref().is_some_and(|m| m.written);
-    if !deleting && let Some(written) = written {
-        modify(&ctx.services, &written.object, Target::Status, |s| {
-            set_ingress(s, None)
-        })
-        .await
-        .map_err(|source| SyncError::WriteService {
-            service: key.into(),
-            source,
-        })?;
-    }
+    let finalized = written.is_some_and(|m| m.written);
     if let Some(lb) = deleted_lb.filter(|_| finalized) {
         info!(service = %key, %lb, "deleted load balancer");
         ctx.report(
