@@ -148,6 +148,7 @@ impl EmbeddedEnv {
         let lb = lb_reconcilers(b.store());
         let guests = b
             .app
+            .service
             .state
             .guests
             .clone()

@@ -15,7 +15,7 @@ use time::OffsetDateTime;
 
 use super::{AuthError, Authenticator, Credential, Identity, Principal, hash};
 use crate::{
-    store::embedded::tokens::{self, TokenRecord},
+    auth::tokens::{self, TokenRecord},
     sync::lock,
 };
 

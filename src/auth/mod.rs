@@ -5,10 +5,12 @@
 //! SubjectAccessReview for what the request is about to do). The HTTP layer only sees a
 //! [`Principal`] or an [`AuthError`].
 
+pub mod cli;
 pub mod embedded;
 pub mod hash;
 pub mod kubernetes;
 pub mod token;
+pub mod tokens;
 
 use std::collections::BTreeMap;
 

@@ -203,7 +203,7 @@ impl EmbeddedBackend {
 
 impl Backend for EmbeddedBackend {
     fn router(&self) -> Router {
-        harvester_cloud::http::router(self.app.state.clone())
+        harvester_cloud::http::router(self.app.service.state.clone())
     }
 
     fn admin_token(&self) -> String {
@@ -236,7 +236,7 @@ impl Backend for EmbeddedBackend {
     }
 
     fn store(&self) -> std::sync::Arc<dyn harvester_cloud::store::ObjectStore> {
-        self.app.state.store.clone()
+        self.app.service.state.store.clone()
     }
 
     fn expected_ca(&self) -> Vec<u8> {
@@ -361,11 +361,11 @@ pub mod kube_env {
         for (name, rules) in [
             (
                 "harvesterhci.io:cloudprovider",
-                harvester_cloud::app::cloudprovider_rules(),
+                harvester_cloud::kubeconfig::seed::cloudprovider_rules(),
             ),
             (
                 "harvesterhci.io:csi-driver",
-                harvester_cloud::app::csi_driver_rules(),
+                harvester_cloud::kubeconfig::seed::csi_driver_rules(),
             ),
         ] {
             let role = ClusterRole {
@@ -531,7 +531,7 @@ pub mod kube_env {
 pub struct KubeBackend {
     pub fake: kube_fake::FakeHandle,
     pub client: kube::Client,
-    pub app: app::Kube,
+    pub app: app::Service,
     pub dir: tempfile::TempDir,
     pub extra_args: Vec<String>,
     token: String,
@@ -577,7 +577,7 @@ impl KubeBackend {
         }
     }
 
-    async fn open(dir: &Path, extra: &[String]) -> app::Kube {
+    async fn open(dir: &Path, extra: &[String]) -> app::Service {
         let mut args = vec![
             "--backend".to_string(),
             "kube".into(),

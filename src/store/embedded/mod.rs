@@ -11,7 +11,6 @@
 //! many requests write at once, each pays one shared fsync rather than one each.
 
 mod state;
-pub mod tokens;
 
 use std::{
     path::{Path, PathBuf},
@@ -859,7 +858,7 @@ impl ObjectStore for EmbeddedStore {
                 .and_then(Value::as_str)
                 .is_some_and(|n| !n.is_empty());
             if !has_name && let Some(prefix) = meta.get("generateName").and_then(Value::as_str) {
-                let name = format!("{prefix}{}", crate::auth::token::random_alnum(5));
+                let name = format!("{prefix}{}", crate::validation::random_alnum(5));
                 meta.insert("name".into(), Value::from(name));
             }
         }
