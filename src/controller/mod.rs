@@ -1,9 +1,10 @@
 //! The kit every reconciler uses, on the store port of either backend: leader election
 //! ([`leader`]), Events ([`events`]), the foreign kinds they read ([`kinds`]), the back-off of failed
-//! objects ([`backoff`]), the finalizer that brackets a reconcile ([`finalizer`]) and the
-//! read-modify-write with conflict retry that every write of a reconciler goes through ([`modify`]).
+//! objects ([`backoff`]), the finalizer that brackets a reconcile ([`mod@finalizer`]) and the
+//! read-modify-write with conflict retry that every write of a reconciler goes through ([`mod@modify`]).
 //!
-//! [`crate::lb`] and [`crate::guest`] stand on it side by side; nothing here knows either.
+//! The load balancer reconcilers and the guest reconciler stand on it side by side; nothing here
+//! knows either.
 
 pub mod backoff;
 pub mod events;

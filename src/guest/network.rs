@@ -1,6 +1,6 @@
 //! The guest's NAD-to-interface mapping: which host interface kube-vip announces a Service's
 //! address on. (Which network a LoadBalancer takes its address from, when the Service names none,
-//! is the Harvester side's choice: [`crate::lb::admission::find_network`].)
+//! is the Harvester side's choice: upstream's findNetwork, in the load balancer's admission.)
 
 use std::collections::BTreeMap;
 

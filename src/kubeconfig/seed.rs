@@ -38,7 +38,7 @@ pub enum SeedError {
 }
 
 /// Creates the ClusterRoles unless they exist, and the `vip` ConfigMap in `harvester_namespace`:
-/// `vip` when given, else whatever it already says, else [`DEFAULT_VIP`].
+/// `vip` when given, else whatever it already says, else `127.0.0.1`.
 pub async fn seed(
     store: &Arc<dyn ObjectStore>,
     harvester_namespace: &str,
