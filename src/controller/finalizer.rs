@@ -216,6 +216,15 @@ mod tests {
         (dir, Api::new(store))
     }
 
+    /// Creates `name`, then writes a newer version; returns the first (a stale copy).
+    async fn mk_stale(api: &Api<ConfigMap>, name: &str) -> ConfigMap {
+        let created = api.create(&mk_config_map(name)).await.expect("creates");
+        let mut newer = created.clone();
+        newer.data = Some([("k".to_string(), "v".to_string())].into());
+        api.replace(&newer).await.expect("updates");
+        created
+    }
+
     /// Which arm ran, on which version of the object.
     async fn run(
         api: &Api<ConfigMap>,
@@ -243,12 +252,9 @@ mod tests {
     #[tokio::test]
     async fn apply_after_the_finalizer_and_cleanup_before_it_goes() {
         let (_dir, api) = mk_api().await;
-        let created = api.create(&mk_config_map("a")).await.expect("creates");
         // A stale copy: the finalizer is added to the stored version, and apply sees that one.
-        let mut newer = created.clone();
-        newer.data = Some([("k".to_string(), "v".to_string())].into());
-        api.replace(&newer).await.expect("updates");
-        let (arm, applied) = run(&api, created, false).await.expect("ran");
+        let stale = mk_stale(&api, "a").await;
+        let (arm, applied) = run(&api, stale, false).await.expect("ran");
         assert_eq!(arm, "apply");
         assert!(has(&applied, NAME));
         assert!(applied.data.is_some(), "applied the stored version");
@@ -273,10 +279,7 @@ mod tests {
     #[tokio::test]
     async fn modify_retries_on_the_stored_version_and_stops_at_another_uid() {
         let (_dir, api) = mk_api().await;
-        let stale = api.create(&mk_config_map("b")).await.expect("creates");
-        let mut newer = stale.clone();
-        newer.data = Some([("k".to_string(), "v".to_string())].into());
-        api.replace(&newer).await.expect("updates");
+        let stale = mk_stale(&api, "b").await;
         let set = |o: &mut ConfigMap| {
             let data = o.data.get_or_insert_default();
             data.insert("x".into(), "y".into()).is_none()

@@ -20,7 +20,7 @@ use self::{
     semantics::{
         checked_key, conflict, meta_mut, meta_str, not_an_object, not_found, now_rfc3339, row_of,
     },
-    sql::{commit, create_data_dir, load, migrate, options},
+    sql::{commit, create_data_dir, load, migrated_pool, options},
 };
 
 use std::{
@@ -35,7 +35,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use sqlx::{
     Connection, SqliteConnection,
-    sqlite::{SqlitePool, SqlitePoolOptions, SqliteSynchronous},
+    sqlite::{SqlitePool, SqliteSynchronous},
 };
 use tokio::sync::{Mutex, Notify, broadcast, watch};
 use tracing::{Instrument, info};
@@ -145,15 +145,7 @@ impl EmbeddedStore {
 
         let path = data_dir.join("harvester-cloud.db");
         let opts = options(&path, SqliteSynchronous::Normal);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(opts.clone())
-            .await
-            .map_err(|source| OpenError::Open {
-                path: path.clone(),
-                source,
-            })?;
-        migrate(&pool, &path).await?;
+        let pool = migrated_pool(&path, &opts, 4).await?;
         let writer = SqliteConnection::connect_with(&opts)
             .await
             .map_err(|source| OpenError::Open {

@@ -23,15 +23,24 @@ use crate::store::{ChangeType, StoreError};
 pub async fn open_pool(data_dir: &Path) -> Result<SqlitePool, OpenError> {
     create_data_dir(data_dir)?;
     let path = data_dir.join("harvester-cloud.db");
+    migrated_pool(&path, &options(&path, SqliteSynchronous::Full), 2).await
+}
+
+/// A pool of `connections` on the database at `path`, migrated to the current schema.
+pub(super) async fn migrated_pool(
+    path: &Path,
+    options: &SqliteConnectOptions,
+    connections: u32,
+) -> Result<SqlitePool, OpenError> {
     let pool = SqlitePoolOptions::new()
-        .max_connections(2)
-        .connect_with(options(&path, SqliteSynchronous::Full))
+        .max_connections(connections)
+        .connect_with(options.clone())
         .await
         .map_err(|source| OpenError::Open {
-            path: path.clone(),
+            path: path.to_path_buf(),
             source,
         })?;
-    migrate(&pool, &path).await?;
+    migrate(&pool, path).await?;
     Ok(pool)
 }
 
@@ -60,7 +69,7 @@ pub(super) fn options(path: &Path, synchronous: SqliteSynchronous) -> SqliteConn
         .busy_timeout(Duration::from_secs(10))
 }
 
-pub(super) async fn migrate(pool: &SqlitePool, path: &Path) -> Result<(), OpenError> {
+async fn migrate(pool: &SqlitePool, path: &Path) -> Result<(), OpenError> {
     sqlx::migrate!("./migrations")
         .run(pool)
         .await
