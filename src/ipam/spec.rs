@@ -1,7 +1,7 @@
 //! The IPPool `spec` as it travels on the wire: ranges and selector, in the CRD's camelCase JSON.
 //!
 //! Field order, names and omission rules follow the upstream Go types so a pool written by Harvester
-//! round-trips unchanged. These are the IPPool CRD's own types ([`crate::crd::IPPoolSpec`] embeds
+//! round-trips unchanged. These are the IPPool CRD's own types (the CRD module's `IPPoolSpec` embeds
 //! them), so their doc comments and schema attributes are the CRD's published schema; nothing here
 //! validates.
 
