@@ -18,12 +18,12 @@ use serde_json::Value;
 use super::{
     GuestError,
     clusters::{self, ClusterDeletion, ClusterKey, ClusterNameError, ClusterStore},
-    keys,
-    reconcile::{self, judge_primary, judge_secondary, lb_name_of, primary_of},
+    decide::{is_load_balancer, judge_primary, judge_secondary, lb_name_of, primary_of},
+    mapping::service_key,
     share,
 };
 use crate::{
-    crd::{LoadBalancer, lb_api},
+    crd::{LoadBalancer, keys, lb_api},
     store::{Api, Deleted, LabelSelector, ObjectStore, Preconditions, StoreError},
 };
 
@@ -432,10 +432,10 @@ impl GuestClusters {
         guest: &Arc<dyn ObjectStore>,
         svc: &Service,
     ) -> Result<(), GuestApiError> {
-        if !reconcile::is_load_balancer(svc) {
+        if !is_load_balancer(svc) {
             return Ok(());
         }
-        let svc_key = reconcile::service_key(svc);
+        let svc_key = service_key(svc);
         let read = |what: &'static str| Self::store_err(what, key, &svc_key);
         match primary_of(svc)? {
             Some((pns, pname)) => {
@@ -452,7 +452,7 @@ impl GuestClusters {
                     .into_iter()
                     .filter(|s| {
                         s.metadata.deletion_timestamp.is_none()
-                            && reconcile::service_key(s) != reconcile::service_key(svc)
+                            && service_key(s) != service_key(svc)
                             && primary_of(s).ok().flatten() == Some((pns.clone(), pname.clone()))
                     })
                     .collect();
