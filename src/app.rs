@@ -106,6 +106,8 @@ pub struct Service {
     /// Serving certificate chain and key, unless plain HTTP was asked for.
     pub tls: Option<certs::TlsMaterial>,
     pub close: Close,
+    /// The Kubernetes backend's client (for what lives beside the store: the Rancher tunnel).
+    pub kube: Option<kube::Client>,
 }
 
 /// The embedded backend, opened: the service, and what only this backend has.
@@ -170,7 +172,10 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
     let admitted = Arc::new(AdmittedStore::new(store.clone(), NetworkCheck::Require));
     let state = AppState {
         cloud_config,
-        authenticator: Arc::new(KubeAuthenticator::new(client, args.allow_restricted_admin)),
+        authenticator: Arc::new(KubeAuthenticator::new(
+            client.clone(),
+            args.allow_restricted_admin,
+        )),
         objects: Objects::new(admitted),
         // Guest clusters run `harvester-cloud ccm` themselves.
         guests: None,
@@ -181,6 +186,7 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
         state,
         tls: certs::serving(args, None)?,
         close: Box::new(|| Box::pin(async {})),
+        kube: Some(client),
     })
 }
 
@@ -247,6 +253,7 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
             state,
             tls,
             close: Box::new(move || Box::pin(async move { closing.close().await })),
+            kube: None,
         },
         store,
         admin_token,
@@ -316,6 +323,70 @@ async fn serve(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<()> {
     served
 }
 
+/// Registers the Rancher APIService and keeps the aggregation tunnel up to whatever Rancher writes
+/// into its Secret, serving the router on every connection Rancher opens through it.
+fn spawn_tunnel(
+    client: kube::Client,
+    name: &str,
+    args: &ServeArgs,
+    state: &AppState,
+    shutdown: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    use crate::tunnel::{self, rancher};
+    let (secret_namespace, secret_name) =
+        args.rancher_apiservice_secret.clone().unwrap_or_else(|| {
+            (
+                args.harvester_namespace.clone(),
+                format!("{name}-aggregation"),
+            )
+        });
+    let spec = rancher::ApiServiceSpec {
+        name: name.to_string(),
+        secret_namespace: secret_namespace.clone(),
+        secret_name: secret_name.clone(),
+    };
+    let (endpoints_tx, endpoints) = tokio::sync::watch::channel(None);
+    let register = {
+        let (client, stop) = (client.clone(), shutdown.clone());
+        async move {
+            let mut wait = std::time::Duration::from_secs(1);
+            loop {
+                match rancher::register(&client, &spec).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        warn!(error = %e, retry_in = ?wait, "cannot register the Rancher APIService")
+                    }
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(std::time::Duration::from_secs(60));
+            }
+        }
+    };
+    let follow = rancher::follow_secret(
+        client,
+        secret_namespace,
+        secret_name,
+        endpoints_tx,
+        shutdown.clone(),
+    );
+    let accept = http::tunnel::acceptor(http::router(state.clone()), shutdown.clone());
+    let run = tunnel::run(
+        endpoints,
+        accept,
+        tunnel::Limits::default(),
+        Arc::new(tunnel::Stats::default()),
+        shutdown.clone(),
+    );
+    vec![
+        tokio::spawn(register.instrument(info_span!("apiservice", name = %name))),
+        tokio::spawn(follow.instrument(info_span!("apiservice_secret"))),
+        tokio::spawn(run.instrument(info_span!("tunnel"))),
+    ]
+}
+
 /// Starts the reconcilers next to the API, stopped by the same token: the load balancer's and, where
 /// guest clusters are kept here, theirs, under the same leadership. Only one replica writes: the
 /// embedded store is owned by this one process (its data directory is locked), so it always leads;
@@ -383,9 +454,20 @@ pub async fn serve_on(
     args: &ServeArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let Service { state, tls, close } = app.into();
+    let Service {
+        state,
+        tls,
+        close,
+        kube,
+    } = app.into();
     let local = listener.local_addr()?;
-    let reconcilers = spawn_reconcilers(&state, args, &shutdown);
+    let mut reconcilers = spawn_reconcilers(&state, args, &shutdown);
+    if let Some(name) = &args.rancher_apiservice {
+        let Some(client) = kube else {
+            anyhow::bail!("--rancher-apiservice needs the Kubernetes backend (--backend kube)");
+        };
+        reconcilers.extend(spawn_tunnel(client, name, args, &state, &shutdown));
+    }
     // The listener closes at the signal; open connections drain first (see http::drain).
     let drain = http::drain::Drain::new(shutdown.clone());
     let router = drain.router(http::router(state));

@@ -245,6 +245,16 @@ pub struct ServeArgs {
     /// backend always has exactly one.
     #[arg(long, env = "HARVESTER_CLOUD_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
+    /// Kubernetes backend: register Rancher's aggregation `APIService` (management.cattle.io/v3) of
+    /// this name for `/v1/harvester/kubeconfig`, and serve the requests Rancher's dashboard sends
+    /// there through the tunnel this service dials to Rancher (with the URL, token and CA Rancher
+    /// writes into the APIService's Secret).
+    #[arg(long, env = "HARVESTER_CLOUD_RANCHER_APISERVICE", value_parser = parse_apiservice_name)]
+    pub rancher_apiservice: Option<String>,
+    /// The Secret Rancher is to write for the APIService: `namespace/name`. Default:
+    /// `<--harvester-namespace>/<APIService name>-aggregation`.
+    #[arg(long, env = "HARVESTER_CLOUD_RANCHER_APISERVICE_SECRET", value_parser = parse_namespaced_name)]
+    pub rancher_apiservice_secret: Option<(String, String)>,
     /// After SIGTERM or Ctrl-C, how long in-flight requests may take before the process exits.
     #[arg(long, env = "HARVESTER_CLOUD_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
@@ -256,6 +266,21 @@ pub struct ServeArgs {
         default_value = "127.0.0.1:9090"
     )]
     pub metrics_listen: SocketAddr,
+}
+
+fn parse_apiservice_name(s: &str) -> Result<String, String> {
+    crate::validation::dns1123_subdomain(s)?;
+    Ok(s.to_string())
+}
+
+/// `namespace/name`, both valid Kubernetes names.
+fn parse_namespaced_name(s: &str) -> Result<(String, String), String> {
+    let (ns, name) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not namespace/name"))?;
+    crate::validation::dns1123_label(ns)?;
+    crate::validation::dns1123_subdomain(name)?;
+    Ok((ns.to_string(), name.to_string()))
 }
 
 /// `500ms`, `30s`, `5m`, `12h`, `90d`, or a plain number of seconds.

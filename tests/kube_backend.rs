@@ -809,3 +809,65 @@ async fn stopping_releases_the_lease() {
         "the Lease is still held after a clean stop"
     );
 }
+
+/// A client that hangs up while its POST waits for the token does not cut the POST short: it runs
+/// to its end (here the 504 after `--token-timeout`) and rolls back what it created, instead of
+/// leaving the ServiceAccount, its Secret and the bindings behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_whose_client_hangs_up_leaves_nothing_behind() {
+    use tokio::io::AsyncWriteExt;
+    let b = KubeBackend::start_with(&["--token-timeout", "3s"]).await;
+    let _never = b.cp.hold_tokens("gc-test", None).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = b.router();
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let body = account("gc-test", "hangs-up");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(
+        format!(
+            "POST {PATH} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            b.admin_token(),
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    // The POST has made its ServiceAccount and waits for the token: hang up now.
+    support::eventually("the POST to create its ServiceAccount", async || {
+        b.cp.object("", "serviceaccounts", "gc-test", "hangs-up")
+            .await
+            .map(|_| ())
+    })
+    .await;
+    drop(tcp);
+    // After the token timeout the POST's own rollback has removed everything it made.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    support::eventually("the rollback", async || {
+        let mut left = Vec::new();
+        for (group, plural, ns, name) in [
+            ("", "serviceaccounts", "gc-test", "hangs-up"),
+            ("", "secrets", "gc-test", "hangs-up-token"),
+            (
+                "rbac.authorization.k8s.io",
+                "rolebindings",
+                "gc-test",
+                "gc-test-hangs-up",
+            ),
+            (
+                "rbac.authorization.k8s.io",
+                "clusterrolebindings",
+                "",
+                "gc-test-hangs-up",
+            ),
+        ] {
+            if b.cp.object(group, plural, ns, name).await.is_some() {
+                left.push(plural);
+            }
+        }
+        left.is_empty().then_some(())
+    })
+    .await;
+    server.abort();
+}

@@ -111,6 +111,8 @@ pub enum AuthError {
     Revoked { name: String },
     #[error("token {name} is disabled")]
     Disabled { name: String },
+    #[error("user {user:?} is disabled")]
+    UserDisabled { user: String },
     #[error("user {user:?} is not a Rancher administrator (no GlobalRoleBinding to {roles})")]
     NotAdmin { user: String, roles: String },
     #[error(
@@ -124,6 +126,10 @@ pub enum AuthError {
         resource: String,
         namespace: Option<String>,
     },
+    /// A request through the Rancher tunnel whose caller could not be identified: 403, not 401, on
+    /// that path (the dashboard logs its user out on a 401, and Rancher has authenticated them).
+    #[error("the caller Rancher forwarded was not identified: {why}")]
+    Unidentified { why: String },
     #[error("authentication backend failed: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
@@ -138,8 +144,10 @@ impl AuthError {
             AuthError::Expired { .. } => "expired",
             AuthError::Revoked { .. } => "revoked",
             AuthError::Disabled { .. } => "disabled",
+            AuthError::UserDisabled { .. } => "user_disabled",
             AuthError::NotAdmin { .. } => "not_admin",
             AuthError::Forbidden { .. } => "forbidden",
+            AuthError::Unidentified { .. } => "unidentified",
             AuthError::Backend(_) => "backend",
         }
     }
@@ -148,12 +156,25 @@ impl AuthError {
     pub fn is_forbidden(&self) -> bool {
         matches!(
             self,
-            AuthError::NotAdmin { .. } | AuthError::Forbidden { .. }
+            AuthError::NotAdmin { .. }
+                | AuthError::Forbidden { .. }
+                | AuthError::Unidentified { .. }
         )
     }
 
     pub fn backend(e: impl std::error::Error + Send + Sync + 'static) -> Self {
         AuthError::Backend(Box::new(e))
+    }
+
+    /// The same refusal as a tunnelled request must see it: never a 401.
+    pub fn on_tunnel(self) -> Self {
+        if self.is_forbidden() || matches!(self, AuthError::Backend(_)) {
+            self
+        } else {
+            AuthError::Unidentified {
+                why: self.to_string(),
+            }
+        }
     }
 }
 

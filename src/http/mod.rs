@@ -204,6 +204,18 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
+        // Through the Rancher tunnel, and only there, Rancher says who the caller is; a caller it
+        // forwards without a name is refused with a 403, never a 401.
+        let via_tunnel = parts.extensions.get::<tunnel::ViaTunnel>().is_some();
+        if via_tunnel {
+            if let Some(principal) = tunnel::impersonated(&parts.headers) {
+                debug!(principal = %principal.name, "identified by Rancher");
+                return Ok(Caller(principal));
+            }
+            if !parts.headers.contains_key(header::AUTHORIZATION) {
+                return Ok(Caller(tunnel::anonymous()));
+            }
+        }
         let principal = async {
             let header = parts
                 .headers
@@ -217,6 +229,7 @@ impl FromRequestParts<AppState> for Caller {
             state.authenticator.authenticate(&credential).await
         }
         .await
+        .map_err(|e| if via_tunnel { e.on_tunnel() } else { e })
         .inspect_err(|e| crate::metrics::auth_failed(e.reason()))?;
         debug!(principal = %principal.name, "authenticated");
         Ok(Caller(principal))
@@ -311,7 +324,10 @@ async fn post_kubeconfig(
                 },
             )
             .await?;
-        let kubeconfig = state.cloud_config.ensure(&req).await?;
+        let kubeconfig = {
+            let (cloud_config, req) = (state.cloud_config.clone(), req.clone());
+            to_completion(async move { cloud_config.ensure(&req).await }).await?
+        };
         Ok::<_, ApiError>((req, kubeconfig))
     };
     let (req, kubeconfig) = metrics::cloud_config(Create, |(r, _)| r.output, issued.await)?;
@@ -364,15 +380,35 @@ async fn delete_kubeconfig(
             },
         )
         .await?;
-    let revocation = state
-        .cloud_config
-        .revoke(&req.namespace, &req.service_account)
-        .await?;
+    let revocation = {
+        let (cloud_config, req) = (state.cloud_config.clone(), req.clone());
+        to_completion(async move {
+            cloud_config
+                .revoke(&req.namespace, &req.service_account)
+                .await
+        })
+        .await?
+    };
     Ok(Json(RevocationBody {
         namespace: req.namespace,
         service_account_name: req.service_account,
         revocation,
     }))
+}
+
+/// Runs a write to its end even when its caller goes away: hyper drops a request's handler when
+/// the connection closes, and a POST or DELETE cut off there would leave the objects it had made
+/// (or half of those it was removing) instead of finishing or rolling back.
+async fn to_completion<T: Send + 'static>(
+    work: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    use tracing::Instrument;
+    match tokio::spawn(work.instrument(tracing::Span::current())).await {
+        Ok(done) => done,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled: only when the runtime itself shuts down, and with it this request.
+        Err(_) => std::future::pending().await,
+    }
 }
 
 async fn healthz() -> &'static str {
