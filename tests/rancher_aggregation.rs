@@ -318,6 +318,23 @@ async fn the_dashboards_post_through_rancher_is_authorized_by_the_users_rbac() {
         "{body}"
     );
 
+    // A caller Rancher did not authenticate but whose bearer token it passes on: the token is
+    // checked as on the direct listener, and a bad one is a 403 here too.
+    let r = peer
+        .client()
+        .post(peer.proxy_url(PATH))
+        .bearer_auth("token-zzzzz:not-a-real-secret")
+        .body(refused.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["message"],
+        "the caller Rancher forwarded was not identified: invalid token"
+    );
+
     // Rancher restarts: the tunnel comes back, and so does the dashboard.
     let mut peer = peer;
     peer.restart();
