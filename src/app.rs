@@ -468,28 +468,31 @@ pub async fn serve_on(
         };
         reconcilers.extend(spawn_tunnel(client, name, args, &state, &shutdown));
     }
-    // The listener closes at the signal; open connections drain first (see http::drain).
+    // The listener closes at the signal; open connections drain first (see http::drain and
+    // http::server).
     let drain = http::drain::Drain::new(shutdown.clone());
     let router = drain.router(http::router(state));
-    let drained = drain.graceful(http::drain::LINGER.min(args.shutdown_timeout));
+    let limits = http::server::Limits {
+        max_connections: args.max_connections as usize,
+        header_timeout: args.header_timeout,
+        handshake_timeout: args.header_timeout,
+        ..Default::default()
+    };
+    let linger = http::drain::LINGER.min(args.shutdown_timeout);
     let server = async {
-        match tls {
+        let config = match tls {
             Some(tls) => {
                 let config = http::tls::server_config(&tls.cert_chain_pem, &tls.key_pem)
                     .map_err(|e| anyhow::anyhow!("invalid TLS certificate or key: {e}"))?;
                 info!(address = %local, url = %format!("https://{}:{}", public_host(local), local.port()), "listening (HTTPS)");
-                let listener = drain.listener(http::tls::TlsListener::new(listener, config)?)?;
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(drained)
-                    .await?;
+                Some(config)
             }
             None => {
                 info!(address = %local, url = %format!("http://{}:{}", public_host(local), local.port()), "listening (plain HTTP)");
-                axum::serve(drain.listener(listener)?, router)
-                    .with_graceful_shutdown(drained)
-                    .await?;
+                None
             }
-        }
+        };
+        http::server::serve(listener, config, router, limits, linger, shutdown.clone()).await?;
         anyhow::Ok(())
     };
     tokio::pin!(server);

@@ -255,6 +255,13 @@ pub struct ServeArgs {
     /// `<--harvester-namespace>/<APIService name>-aggregation`.
     #[arg(long, env = "HARVESTER_CLOUD_RANCHER_APISERVICE_SECRET", value_parser = parse_namespaced_name)]
     pub rancher_apiservice_secret: Option<(String, String)>,
+    /// Connections the API listener keeps open at once; past it, new ones wait in the backlog.
+    #[arg(long, env = "HARVESTER_CLOUD_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+    /// How long a client may take to send a request's head (and how long an idle keep-alive
+    /// connection stays open), and a new connection its first request.
+    #[arg(long, env = "HARVESTER_CLOUD_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
+    pub header_timeout: Duration,
     /// After SIGTERM or Ctrl-C, how long in-flight requests may take before the process exits.
     #[arg(long, env = "HARVESTER_CLOUD_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
@@ -281,6 +288,15 @@ fn parse_namespaced_name(s: &str) -> Result<(String, String), String> {
     crate::validation::dns1123_label(ns)?;
     crate::validation::dns1123_subdomain(name)?;
     Ok((ns.to_string(), name.to_string()))
+}
+
+/// A [`parse_duration`] that is not zero.
+pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err("must be longer than zero".into());
+    }
+    Ok(d)
 }
 
 /// `500ms`, `30s`, `5m`, `12h`, `90d`, or a plain number of seconds.

@@ -28,6 +28,12 @@ pub enum ApiError {
     CloudConfig(#[from] CloudConfigError),
     #[error("request body is larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    #[error("the request body did not arrive within {after:?}")]
+    RequestTimeout { after: std::time::Duration },
+    #[error("the request target is longer than {limit} bytes")]
+    UriTooLong { limit: usize },
+    #[error("the request's header fields are larger than {limit} bytes")]
+    HeadersTooLarge { limit: usize },
     #[error("cannot read the request body: {reason}")]
     BadBody { reason: String },
     #[error("method {method} is not allowed on {path}; allowed: {}", allowed.join(", "))]
@@ -134,6 +140,12 @@ impl ApiError {
                 (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge")
             }
             ApiError::BadBody { .. } => (StatusCode::BAD_REQUEST, "InvalidBodyContent"),
+            ApiError::RequestTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "RequestTimeout"),
+            ApiError::UriTooLong { .. } => (StatusCode::URI_TOO_LONG, "RequestURITooLong"),
+            ApiError::HeadersTooLarge { .. } => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "RequestHeaderFieldsTooLarge",
+            ),
             ApiError::MethodNotAllowed { .. } => {
                 (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed")
             }

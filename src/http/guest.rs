@@ -99,7 +99,7 @@ pub async fn put_service(
     Path((namespace, cluster, svc_namespace, name)): Path<(String, String, String, String)>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_bytes(body)?;
+    let body = body_bytes(body, super::limits::OBJECT_BODY)?;
     let put = guests(&state)?
         .put_service(&namespace, &cluster, &svc_namespace, &name, &body)
         .await?;

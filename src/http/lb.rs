@@ -91,7 +91,7 @@ pub async fn create_pool(
     _admin: Admin,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_bytes(body)?;
+    let body = body_bytes(body, super::limits::OBJECT_BODY)?;
     let pool = state.objects.create_pool(&body).await?;
     Ok(created(resource(POOL_TYPE, &pool)?))
 }
@@ -111,7 +111,7 @@ pub async fn update_pool(
     Path(name): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let body = body_bytes(body)?;
+    let body = body_bytes(body, super::limits::OBJECT_BODY)?;
     let pool = state.objects.update_pool(&name, &body).await?;
     Ok(Json(resource(POOL_TYPE, &pool)?))
 }
@@ -147,7 +147,7 @@ pub async fn create_lb(
     _admin: Admin,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_bytes(body)?;
+    let body = body_bytes(body, super::limits::OBJECT_BODY)?;
     let lb = state.objects.create_lb(&body).await?;
     Ok(created(resource(LB_TYPE, &lb)?))
 }
@@ -167,7 +167,7 @@ pub async fn update_lb(
     Path((namespace, name)): Path<(String, String)>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let body = body_bytes(body)?;
+    let body = body_bytes(body, super::limits::OBJECT_BODY)?;
     let lb = state.objects.update_lb(&namespace, &name, &body).await?;
     Ok(Json(resource(LB_TYPE, &lb)?))
 }
@@ -187,7 +187,7 @@ pub async fn delete_lb(
 fn review(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Result<AdmissionReview<DynamicObject>, AdmissionReview<DynamicObject>>, ApiError> {
-    let body = body_bytes(body)?;
+    let body = body_bytes(body, super::limits::REVIEW_BODY)?;
     let bad = |reason: String| ApiError::BadReview { reason };
     let value: Value = serde_json::from_slice(&body).map_err(|e| bad(e.to_string()))?;
     let fields = value

@@ -7,8 +7,10 @@ pub mod drain;
 pub mod error;
 pub mod guest;
 pub mod lb;
+pub mod limits;
 pub mod metrics;
 pub mod openapi;
+pub mod server;
 pub mod tls;
 pub mod tunnel;
 
@@ -40,8 +42,8 @@ use crate::{
     store::ObjectStore,
 };
 
-/// Largest request body accepted (Harvester's clients send a few hundred bytes).
-pub const BODY_LIMIT: usize = 64 * 1024;
+/// Largest request body of the cloud-config routes (Harvester's clients send a few hundred bytes).
+pub const BODY_LIMIT: usize = limits::KUBECONFIG_BODY;
 pub const KUBECONFIG_PATH: &str = "/v1/harvester/kubeconfig";
 
 #[derive(Clone)]
@@ -121,42 +123,54 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
     .add(
         lb::POOLS_PATH,
         &["GET", "POST"],
-        get(lb::list_pools).post(lb::create_pool),
+        objects(get(lb::list_pools).post(lb::create_pool)),
     )
     .add(
         lb::POOL_PATH,
         &["GET", "PUT", "DELETE"],
-        get(lb::get_pool)
-            .put(lb::update_pool)
-            .delete(lb::delete_pool),
+        objects(
+            get(lb::get_pool)
+                .put(lb::update_pool)
+                .delete(lb::delete_pool),
+        ),
     )
     .add(
         lb::LBS_PATH,
         &["GET", "POST"],
-        get(lb::list_lbs).post(lb::create_lb),
+        objects(get(lb::list_lbs).post(lb::create_lb)),
     )
     .add(lb::LBS_NAMESPACE_PATH, &["GET"], get(lb::list_lbs_in))
     .add(
         lb::LB_PATH,
         &["GET", "PUT", "DELETE"],
-        get(lb::get_lb).put(lb::update_lb).delete(lb::delete_lb),
+        objects(get(lb::get_lb).put(lb::update_lb).delete(lb::delete_lb)),
     )
     .add(guest::SERVICES_PATH, &["GET"], get(guest::list_services))
     .add(guest::EVENTS_PATH, &["GET"], get(guest::list_events))
     .add(
         guest::SERVICE_PATH,
         &["GET", "PUT", "DELETE"],
-        get(guest::get_service)
-            .put(guest::put_service)
-            .delete(guest::delete_service),
+        objects(
+            get(guest::get_service)
+                .put(guest::put_service)
+                .delete(guest::delete_service),
+        ),
     )
     .add(
         guest::CLUSTER_PATH,
         &["DELETE"],
         axum::routing::delete(guest::delete_cluster),
     )
-    .add(lb::VALIDATION_PATH, &["POST"], post(lb::validation))
-    .add(lb::MUTATION_PATH, &["POST"], post(lb::mutation))
+    .add(
+        lb::VALIDATION_PATH,
+        &["POST"],
+        post(lb::validation).layer(DefaultBodyLimit::max(limits::REVIEW_BODY)),
+    )
+    .add(
+        lb::MUTATION_PATH,
+        &["POST"],
+        post(lb::mutation).layer(DefaultBodyLimit::max(limits::REVIEW_BODY)),
+    )
     .add(openapi::OPENAPI_PATH, &["GET"], get(openapi::openapi_json));
 
     let router = routes
@@ -167,6 +181,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
             }
         })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(limits::bounded))
         .layer(axum::middleware::from_fn(metrics::track))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(
@@ -186,6 +201,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
                 .on_failure(()),
         )
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(axum::middleware::from_fn(limits::sanitize_request_id))
         .with_state(state);
     (router, routes.table)
 }
@@ -276,10 +292,15 @@ impl FromRequestParts<AppState> for Admin {
     }
 }
 
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+/// A route of IPPools, LoadBalancers or guest Services: bodies up to [`limits::OBJECT_BODY`].
+fn objects(route: MethodRouter<AppState>) -> MethodRouter<AppState> {
+    route.layer(DefaultBodyLimit::max(limits::OBJECT_BODY))
+}
+
+fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge { limit: BODY_LIMIT }
+            ApiError::PayloadTooLarge { limit }
         } else {
             ApiError::BadBody {
                 reason: rejection.body_text(),
@@ -315,7 +336,7 @@ async fn post_kubeconfig(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let issued = async {
-        let req = kubeconfig::request::from_json(&body_bytes(body)?)?;
+        let req = kubeconfig::request::from_json(&body_bytes(body, BODY_LIMIT)?)?;
         caller
             .authorize(
                 &state,

@@ -1,81 +1,8 @@
-//! HTTPS for `axum::serve`: a listener that completes TLS handshakes off the accept loop (a slow or
-//! silent client cannot stall other connections) and hands finished streams to the server.
+//! TLS for the listeners: the rustls server configuration of the serving certificate. The
+//! handshake itself happens per connection in the server loop ([`super::server`]), with its
+//! timeout, inside the connection limit.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
-
-use tokio::{net::TcpListener, sync::mpsc};
-use tokio_rustls::{TlsAcceptor, server::TlsStream};
-use tracing::{Instrument, debug, info_span, warn};
-
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-const PENDING: usize = 256;
-
-pub struct TlsListener {
-    local: SocketAddr,
-    rx: mpsc::Receiver<(TlsStream<tokio::net::TcpStream>, SocketAddr)>,
-}
-
-impl TlsListener {
-    pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
-        let local = tcp.local_addr()?;
-        let acceptor = TlsAcceptor::from(config);
-        let (tx, rx) = mpsc::channel(PENDING);
-        tokio::spawn(
-            async move {
-                loop {
-                    let (stream, peer) = tokio::select! {
-                        // The server stopped accepting (shutdown): stop too.
-                        _ = tx.closed() => return,
-                        r = tcp.accept() => match r {
-                            Ok(x) => x,
-                            Err(e) => {
-                                // Out of file descriptors and similar: back off instead of spinning.
-                                warn!(error = %e, "accept failed");
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                                continue;
-                            }
-                        },
-                    };
-                    let _ = stream.set_nodelay(true);
-                    let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                    tokio::spawn(
-                        async move {
-                            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream))
-                                .await
-                            {
-                                Ok(Ok(tls)) => {
-                                    let _ = tx.send((tls, peer)).await;
-                                }
-                                Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
-                                Err(_) => debug!(%peer, "TLS handshake timed out"),
-                            }
-                        }
-                        .instrument(info_span!("tls_handshake")),
-                    );
-                }
-            }
-            .instrument(info_span!("tls_accept", %local)),
-        );
-        Ok(TlsListener { local, rx })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<tokio::net::TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(conn) => conn,
-            // The accept task only ends once this listener is dropped; never resolve meanwhile.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
-}
+use std::sync::Arc;
 
 /// A rustls server config for a PEM certificate chain and key, offering HTTP/2 and HTTP/1.1.
 pub fn server_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<rustls::ServerConfig>, String> {
