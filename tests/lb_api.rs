@@ -951,6 +951,65 @@ pub mod cases {
         assert_consistent(&b).await;
     }
 
+    /// A body's `metadata.deletionTimestamp` is not the store's: it does not make admission treat
+    /// the object as being deleted (the store drops the claim and would keep the object unchecked).
+    pub async fn a_claimed_deletion_does_not_skip_admission<B: Backend>(b: B) {
+        let _r = Reconcilers::start(b.service_store());
+        let claimed = json!("2026-01-01T00:00:00Z");
+        create_pool(
+            &b,
+            mk_pool(
+                "held",
+                range("10.60.0.0/24", "10.60.0.10", "10.60.0.20"),
+                global(),
+            ),
+        )
+        .await;
+        create_lb(&b, mk_lb("default", "holder", json!({}))).await;
+        allocated(&b, "default", "holder").await;
+        // A second pool over the same addresses, created plainly, then PUT claiming deletion.
+        let mut other = mk_pool(
+            "other",
+            range("10.61.0.0/24", "10.61.0.10", "10.61.0.20"),
+            json!({"scope": [{"project": "p", "namespace": "ns1", "guestCluster": "*"}]}),
+        );
+        let created = ok(
+            call(&b, Method::POST, POOLS, Some(other.clone())).await,
+            StatusCode::CREATED,
+        );
+        other["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"].clone();
+        other["metadata"]["deletionTimestamp"] = claimed.clone();
+        other["spec"]["ranges"] = range("10.60.0.0/24", "10.60.0.10", "10.60.0.20");
+        let m = call(&b, Method::PUT, &format!("{POOLS}/other"), Some(other))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert!(m.contains("overlap"), "{m}");
+        assert_eq!(
+            pool(&b, "other").await["spec"]["ranges"][0]["subnet"],
+            "10.61.0.0/24",
+            "nothing of the refused update was stored"
+        );
+        // A LoadBalancer with duplicate listener names and port 0, claiming deletion.
+        let mut lb = ok(
+            get(&b, &format!("{LBS}/default/holder")).await,
+            StatusCode::OK,
+        );
+        lb["metadata"]["deletionTimestamp"] = claimed;
+        lb["spec"]["listeners"] = json!([
+            {"name": "a", "port": 0, "protocol": "TCP", "backendPort": 1},
+            {"name": "a", "port": 81, "protocol": "TCP", "backendPort": 2}
+        ]);
+        call(&b, Method::PUT, &format!("{LBS}/default/holder"), Some(lb))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        // And a create claiming deletion is judged as a create.
+        let mut fresh = mk_lb("default", "fresh", json!({"listeners": []}));
+        fresh["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        call(&b, Method::POST, LBS, Some(fresh))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+    }
+
     pub async fn validation_messages<B: Backend>(b: B) {
         let refuse = async |method: Method, path: &str, body: Value| {
             call(&b, method, path, Some(body))
@@ -1377,6 +1436,7 @@ suite!(
         manual_release_annotation,
         guest_cluster_cleanup,
         validation_messages,
+        a_claimed_deletion_does_not_skip_admission,
         authentication_is_required,
         restart_resyncs_without_double_assignment,
         webhook_answers_admission_reviews,
