@@ -241,7 +241,7 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
     let guests = crate::guest::api::GuestClusters::new(dyn_store.clone(), admitted.clone());
     let state = AppState {
         cloud_config,
-        authenticator: Arc::new(EmbeddedAuthenticator::new(store.pool().clone())),
+        authenticator: Arc::new(EmbeddedAuthenticator::new(store.pool().clone(), data_dir)),
         objects: Objects::new(admitted),
         guests: Some(guests),
         store: dyn_store,

@@ -240,3 +240,29 @@ async fn plain_http_mode() {
     assert_eq!(r.text().await.unwrap(), "ok");
     server.stop();
 }
+
+/// `token create --ttl` refuses what cannot make a usable token (zero), or a date (a hundred
+/// years and more), with a message and exit status 2-ish instead of a panic.
+#[test]
+fn token_ttls_out_of_range_are_refused_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // A first token command creates the database.
+    assert!(token_cmd(&data, &["list"]).status.success());
+    for (ttl, says) in [
+        ("0s", "a token must live longer than zero"),
+        ("3000000d", "at most 36500 days"),
+    ] {
+        let out = token_cmd(&data, &["create", "--ttl", ttl]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--ttl {ttl} was accepted");
+        assert_ne!(
+            out.status.code(),
+            Some(101),
+            "--ttl {ttl} panicked: {stderr}"
+        );
+        assert!(stderr.contains(says), "--ttl {ttl}: {stderr}");
+    }
+    let list = String::from_utf8(token_cmd(&data, &["list"]).stdout).unwrap();
+    assert_eq!(list.lines().count(), 1, "no token was created: {list}");
+}

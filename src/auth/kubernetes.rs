@@ -185,7 +185,7 @@ impl KubeAuthenticator {
             .and_then(|a| a.get(HASHED_ANNOTATION))
             .is_some_and(|v| v == "true");
         let matches = if hashed {
-            hash::verify(secret, &stored).unwrap_or(false)
+            verified(secret, &stored).await?
         } else {
             !stored.is_empty() && bool::from(stored.as_bytes().ct_eq(secret.as_bytes()))
         };
@@ -261,7 +261,7 @@ impl KubeAuthenticator {
                     .unwrap_or_default();
             }
         }
-        if stored.is_empty() || !hash::verify(secret, &stored).unwrap_or(false) {
+        if stored.is_empty() || !verified(secret, &stored).await? {
             return Ok(Some(Err(Refusal::Invalid)));
         }
         // Only after the secret matched does the answer say anything about the token.
@@ -355,6 +355,16 @@ impl KubeAuthenticator {
                 Ok(Err(Refusal::Invalid))
             }
         }
+    }
+}
+
+/// Whether `secret` matches a stored Rancher hash; a busy slow lane (a flood of scrypt checks) is
+/// a failure to decide, not a refusal.
+async fn verified(secret: &str, stored: &str) -> Result<bool, AuthError> {
+    match hash::verify_async(secret, stored).await {
+        Ok(matches) => Ok(matches),
+        Err(hash::VerifyError::Hash(_)) => Ok(false),
+        Err(e @ hash::VerifyError::Busy) => Err(AuthError::Busy(e.to_string())),
     }
 }
 

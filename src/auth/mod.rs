@@ -130,6 +130,9 @@ pub enum AuthError {
     /// that path (the dashboard logs its user out on a 401, and Rancher has authenticated them).
     #[error("the caller Rancher forwarded was not identified: {why}")]
     Unidentified { why: String },
+    /// Too many slow token checks are waiting: 503 with a Retry-After.
+    #[error("{0}")]
+    Busy(String),
     #[error("authentication backend failed: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
@@ -148,6 +151,7 @@ impl AuthError {
             AuthError::NotAdmin { .. } => "not_admin",
             AuthError::Forbidden { .. } => "forbidden",
             AuthError::Unidentified { .. } => "unidentified",
+            AuthError::Busy(_) => "busy",
             AuthError::Backend(_) => "backend",
         }
     }
@@ -168,7 +172,7 @@ impl AuthError {
 
     /// The same refusal as a tunnelled request must see it: never a 401.
     pub fn on_tunnel(self) -> Self {
-        if self.is_forbidden() || matches!(self, AuthError::Backend(_)) {
+        if self.is_forbidden() || matches!(self, AuthError::Backend(_) | AuthError::Busy(_)) {
             self
         } else {
             AuthError::Unidentified {

@@ -119,6 +119,9 @@ impl ApiError {
             ApiError::Unauthorized(AuthError::Backend(_)) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "ServerError")
             }
+            ApiError::Unauthorized(AuthError::Busy(_)) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable")
+            }
             ApiError::Unauthorized(e) if e.is_forbidden() => {
                 (StatusCode::FORBIDDEN, "PermissionDenied")
             }
@@ -250,6 +253,11 @@ impl IntoResponse for ApiError {
                     header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer realm=\"harvester-cloud\""),
                 );
+            }
+            ApiError::Unauthorized(AuthError::Busy(_)) => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             ApiError::MethodNotAllowed { allowed, .. } => {
                 if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {
