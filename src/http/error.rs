@@ -106,9 +106,10 @@ fn store_status(e: &StoreError) -> (StatusCode, &'static str) {
         StoreError::TokenTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout"),
         // Forbidden here means the service's own account lacks a permission: a deployment fault,
         // not the caller's.
-        StoreError::Gone | StoreError::Backend(_) | StoreError::Forbidden { .. } => {
-            (StatusCode::INTERNAL_SERVER_ERROR, "ServerError")
-        }
+        StoreError::Gone
+        | StoreError::Backend(_)
+        | StoreError::Forbidden { .. }
+        | StoreError::Undecodable { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
     }
 }
 

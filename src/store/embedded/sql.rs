@@ -146,7 +146,17 @@ pub(super) async fn load(pool: &SqlitePool) -> Result<State, StoreError> {
     while let Some(row) = rows.next().await {
         let row = row.map_err(StoreError::backend)?;
         let body: String = row.get("body");
-        let object: Value = serde_json::from_str(&body).map_err(StoreError::backend)?;
+        let object: Value = match serde_json::from_str(&body) {
+            Ok(v) => v,
+            Err(e) => {
+                // One corrupt row must not keep the service down: it stays in the file, out of
+                // the index, and the log says which.
+                let (kind, namespace, name): (String, String, String) =
+                    (row.get("kind"), row.get("namespace"), row.get("name"));
+                tracing::error!(%kind, %namespace, %name, error = %e, "a stored object is not JSON; leaving it out");
+                continue;
+            }
+        };
         let rv: i64 = row.get("resource_version");
         state.insert_loaded(StateRow {
             api_version: row.get("api_version"),
