@@ -193,7 +193,7 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
 /// Opens the embedded store in the data directory and prepares everything `serve` needs.
 pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Embedded> {
     let data_dir = &global.data_dir;
-    let store = EmbeddedStore::open(data_dir, args.durability).await?;
+    let store = EmbeddedStore::open_with(data_dir, args.durability, args.reinitialize).await?;
 
     let admin_token = ensure_admin_token(store.pool(), data_dir).await?;
 
@@ -295,16 +295,17 @@ pub async fn shutdown_signal() {
 }
 
 async fn serve(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<()> {
-    let app: Service = match args.backend {
-        BackendKind::Embedded => open_embedded(global, args).await?.into(),
-        BackendKind::Kube => open_kube(args).await?,
-    };
+    // The ports first: a start that cannot listen must not have created a token or a key first.
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let metrics_listener = TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("cannot listen on --metrics-listen {}", args.metrics_listen))?;
+    let app: Service = match args.backend {
+        BackendKind::Embedded => open_embedded(global, args).await?.into(),
+        BackendKind::Kube => open_kube(args).await?,
+    };
     let shutdown = CancellationToken::new();
     // Metrics stay up until the API has drained, so a scrape during the drain still answers.
     let metrics_stop = CancellationToken::new();

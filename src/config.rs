@@ -233,6 +233,11 @@ pub struct ServeArgs {
     /// How long a POST waits for a service-account token before answering 504.
     #[arg(long, env = "HARVESTER_CLOUD_TOKEN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub token_timeout: Duration,
+    /// Embedded store: start with a new, empty store when the database is missing or empty although
+    /// the data directory was used before (otherwise such a start is refused, so that a lost
+    /// database is noticed instead of silently replaced). Everything of the old store is lost.
+    #[arg(long, env = "HARVESTER_CLOUD_REINITIALIZE")]
+    pub reinitialize: bool,
     /// SQLite durability: `full` makes every acknowledged write survive power loss.
     #[arg(long, env = "HARVESTER_CLOUD_DURABILITY", value_enum, default_value_t = Durability::Full)]
     pub durability: Durability,

@@ -86,6 +86,10 @@ pub enum OpenError {
     },
     #[error("cannot load objects from {path}: {source}")]
     Load { path: PathBuf, source: StoreError },
+    #[error(
+        "the database {path} {problem}: restore it from a backup, or start with --reinitialize to begin with an empty store (every object, key and token of the old one is lost)"
+    )]
+    LostDatabase { path: PathBuf, problem: String },
 }
 
 /// The service-account token controller of the embedded backend: it fills token Secrets on creation.
@@ -117,6 +121,16 @@ pub struct EmbeddedStore {
 impl EmbeddedStore {
     /// Opens (creating if needed) the store in `data_dir` and loads every object into memory.
     pub async fn open(data_dir: &Path, durability: Durability) -> Result<Arc<Self>, OpenError> {
+        Self::open_with(data_dir, durability, false).await
+    }
+
+    /// [`Self::open`], and with `reinitialize` a lost or empty database is replaced by a new one
+    /// instead of refused.
+    pub async fn open_with(
+        data_dir: &Path,
+        durability: Durability,
+        reinitialize: bool,
+    ) -> Result<Arc<Self>, OpenError> {
         create_data_dir(data_dir)?;
         let lock_path = data_dir.join("lock");
         let lock = std::fs::OpenOptions::new()
@@ -143,7 +157,8 @@ impl EmbeddedStore {
             }
         }
 
-        let path = data_dir.join("harvester-cloud.db");
+        let path = data_dir.join(sql::DB_FILE);
+        sql::prepare_database_file(data_dir, reinitialize)?;
         let opts = options(&path, SqliteSynchronous::Normal);
         let pool = migrated_pool(&path, &opts, 4).await?;
         let writer = SqliteConnection::connect_with(&opts)
