@@ -179,6 +179,11 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
         objects: Objects::new(admitted),
         // Guest clusters run `harvester-cloud ccm` themselves.
         guests: None,
+        webhooks: if args.webhook_client_ca.is_some() {
+            http::WebhookAccess::ClientCertificate
+        } else {
+            http::WebhookAccess::Open
+        },
         store,
         issuer: None,
     };
@@ -246,6 +251,8 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
         guests: Some(guests),
         store: dyn_store,
         issuer: Some(issuer),
+        // No API server calls them here, and an open one would only be an oracle of the pools.
+        webhooks: http::WebhookAccess::Off,
     };
     let closing = store.clone();
     Ok(Embedded {
@@ -483,8 +490,21 @@ pub async fn serve_on(
     let server = async {
         let config = match tls {
             Some(tls) => {
-                let config = http::tls::server_config(&tls.cert_chain_pem, &tls.key_pem)
-                    .map_err(|e| anyhow::anyhow!("invalid TLS certificate or key: {e}"))?;
+                let client_ca = args
+                    .webhook_client_ca
+                    .as_ref()
+                    .map(|p| {
+                        std::fs::read(p).with_context(|| {
+                            format!("cannot read --webhook-client-ca {}", p.display())
+                        })
+                    })
+                    .transpose()?;
+                let config = http::tls::server_config_with_clients(
+                    &tls.cert_chain_pem,
+                    &tls.key_pem,
+                    client_ca.as_deref(),
+                )
+                .map_err(|e| anyhow::anyhow!("invalid TLS certificate, key or client CA: {e}"))?;
                 info!(address = %local, url = %format!("https://{}:{}", public_host(local), local.port()), "listening (HTTPS)");
                 Some(config)
             }

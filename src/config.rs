@@ -260,6 +260,12 @@ pub struct ServeArgs {
     /// `<--harvester-namespace>/<APIService name>-aggregation`.
     #[arg(long, env = "HARVESTER_CLOUD_RANCHER_APISERVICE_SECRET", value_parser = parse_namespaced_name)]
     pub rancher_apiservice_secret: Option<(String, String)>,
+    /// Kubernetes backend: answer admission reviews only from a client that presents a certificate
+    /// signed by a CA in this PEM file (configure kube-apiserver's WebhookAdmissionConfiguration
+    /// to present one). Without it they are answered for anyone who reaches the port, as
+    /// Harvester's webhooks are, which lets them probe which IPPool ranges exist.
+    #[arg(long, env = "HARVESTER_CLOUD_WEBHOOK_CLIENT_CA")]
+    pub webhook_client_ca: Option<PathBuf>,
     /// Connections the API listener keeps open at once; past it, new ones wait in the backlog.
     #[arg(long, env = "HARVESTER_CLOUD_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: u32,

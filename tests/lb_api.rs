@@ -1439,10 +1439,32 @@ suite!(
         a_claimed_deletion_does_not_skip_admission,
         authentication_is_required,
         restart_resyncs_without_double_assignment,
-        webhook_answers_admission_reviews,
         only_the_leader_reconciles_and_the_other_takes_over,
     ]
 );
+
+/// The admission webhooks, as the Kubernetes API server calls them (the embedded store serves
+/// none: nothing calls them there, and answering anyone would only tell which pools exist).
+mod webhooks {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kube_answers_admission_reviews() {
+        cases::webhook_answers_admission_reviews(KubeBackend::start().await).await
+    }
+
+    #[tokio::test]
+    async fn the_embedded_store_serves_no_webhooks() {
+        let b = EmbeddedBackend::start().await;
+        for path in ["/v1/webhook/validation", "/v1/webhook/mutation"] {
+            let m = b
+                .call(Method::POST, path, None, Body::from("{}"))
+                .await
+                .error(StatusCode::NOT_FOUND, "NotFound");
+            assert!(m.contains("no admission webhooks here"), "{m}");
+        }
+    }
+}
 
 // --- Leader election: two replicas on one store -------------------------------------------------
 

@@ -60,6 +60,14 @@ pub enum ApiError {
     NoGuestClusters,
     #[error(transparent)]
     Guest(Box<GuestApiError>),
+    #[error(
+        "admission reviews are answered for the API server only: present a client certificate signed by the service's --webhook-client-ca"
+    )]
+    WebhookClient,
+    #[error(
+        "no admission webhooks here: the embedded store admits every write itself, and no API server calls them"
+    )]
+    NoWebhooks,
 }
 
 impl From<GuestApiError> for ApiError {
@@ -170,7 +178,8 @@ impl ApiError {
             },
             ApiError::Encode { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
             ApiError::BadReview { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
-            ApiError::NoGuestClusters => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::NoGuestClusters | ApiError::NoWebhooks => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::WebhookClient => (StatusCode::FORBIDDEN, "PermissionDenied"),
             ApiError::Guest(e) => match e.as_ref() {
                 GuestApiError::Name(_)
                 | GuestApiError::ServiceName { .. }

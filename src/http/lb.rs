@@ -214,10 +214,25 @@ fn review(
 
 /// The ValidatingAdmissionWebhook. The API server authenticates itself by TLS only, so there is no
 /// bearer token; the endpoint only answers questions and changes nothing.
+/// Refuses an admission review from a caller the webhooks do not answer ([`super::WebhookAccess`]).
+fn webhook_allowed(
+    state: &AppState,
+    verified: Option<&super::VerifiedClient>,
+) -> Result<(), ApiError> {
+    match state.webhooks {
+        super::WebhookAccess::Open => Ok(()),
+        super::WebhookAccess::ClientCertificate if verified.is_some() => Ok(()),
+        super::WebhookAccess::ClientCertificate => Err(ApiError::WebhookClient),
+        super::WebhookAccess::Off => Err(ApiError::NoWebhooks),
+    }
+}
+
 pub async fn validation(
     State(state): State<AppState>,
+    verified: Option<axum::Extension<super::VerifiedClient>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AdmissionReview<DynamicObject>>, ApiError> {
+    webhook_allowed(&state, verified.as_deref())?;
     Ok(Json(match review(body)? {
         Ok(review) => webhook::validate(state.objects.admission(), review).await,
         Err(refusal) => refusal,
@@ -227,8 +242,10 @@ pub async fn validation(
 /// The MutatingAdmissionWebhook (labels, annotations and defaults, as a JSON Patch).
 pub async fn mutation(
     State(state): State<AppState>,
+    verified: Option<axum::Extension<super::VerifiedClient>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    webhook_allowed(&state, verified.as_deref())?;
     let answer = match review(body)? {
         Ok(review) => webhook::mutate(state.objects.admission(), review).await,
         Err(refusal) => refusal,

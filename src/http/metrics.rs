@@ -78,7 +78,9 @@ fn failure_reason(e: &ApiError) -> &'static str {
         | ApiError::Encode { .. }
         | ApiError::BadReview { .. }
         | ApiError::NoGuestClusters
-        | ApiError::Guest(_) => "other",
+        | ApiError::Guest(_)
+        | ApiError::WebhookClient
+        | ApiError::NoWebhooks => "other",
     }
 }
 

@@ -57,7 +57,27 @@ pub struct AppState {
     pub objects: crate::lb::objects::Objects,
     /// Guest clusters' Services, when this backend keeps them (embedded).
     pub guests: Option<crate::guest::api::GuestClusters>,
+    /// Who may send admission reviews.
+    pub webhooks: WebhookAccess,
 }
+
+/// Who the admission webhooks answer. Their answers tell which IPPool ranges overlap, so they
+/// are an oracle to whoever may ask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WebhookAccess {
+    /// Not served: no API server calls them (the embedded store admits writes itself).
+    Off,
+    /// Anyone who reaches the port, as Harvester's own (the API server authenticates by TLS only).
+    Open,
+    /// Only a client presenting a certificate signed by `--webhook-client-ca` (the API server,
+    /// configured to present one).
+    ClientCertificate,
+}
+
+/// Marks a request whose connection presented a client certificate the listener verified (set
+/// by the server loop, never by a client).
+#[derive(Clone, Copy, Debug)]
+pub struct VerifiedClient;
 
 /// A route as declared: its path and the methods it serves.
 #[derive(Clone, Debug, PartialEq, Eq)]

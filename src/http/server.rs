@@ -161,14 +161,26 @@ pub async fn serve_counting(
             async move {
                 let _permit = permit;
                 match acceptor {
-                    None => serve_connection(tcp, peer, router, &limits, closing, &refusals).await,
+                    None => {
+                        serve_connection(tcp, peer, router, &limits, closing, &refusals, false)
+                            .await
+                    }
                     Some(acceptor) => {
                         match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp))
                             .await
                         {
                             Ok(Ok(tls)) => {
-                                serve_connection(tls, peer, router, &limits, closing, &refusals)
-                                    .await
+                                // The verifier checked any certificate presented; its presence
+                                // is the verification.
+                                let verified = tls
+                                    .get_ref()
+                                    .1
+                                    .peer_certificates()
+                                    .is_some_and(|c| !c.is_empty());
+                                serve_connection(
+                                    tls, peer, router, &limits, closing, &refusals, verified,
+                                )
+                                .await
                             }
                             Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
                             Err(_) => {
@@ -198,6 +210,7 @@ async fn serve_connection<I>(
     limits: &Limits,
     closing: CancellationToken,
     refusals: &Refusals,
+    verified_client: bool,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -212,6 +225,9 @@ async fn serve_connection<I>(
                 // The router counts the request as in flight once its body has arrived
                 // (super::limits), until its response is sent.
                 req.extensions_mut().insert(Activity(in_flight.clone()));
+                if verified_client {
+                    req.extensions_mut().insert(super::VerifiedClient);
+                }
                 router.clone().oneshot(req.map(axum::body::Body::new))
             },
         ))
