@@ -871,3 +871,84 @@ async fn a_post_whose_client_hangs_up_leaves_nothing_behind() {
     .await;
     server.abort();
 }
+
+/// Kubernetes users (TokenReview) use the IPPool and LoadBalancer routes as far as the cluster's
+/// RBAC lets them use those kinds: cluster-admin may do everything, a namespaced grant reaches its
+/// namespace only, and a refusal names the permission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_users_reach_the_load_balancer_routes_by_their_rbac() {
+    let b = KubeBackend::start().await;
+    let c = &b.client;
+    let pools = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
+    let lbs = "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers";
+    // dave: cluster-admin (as a system:masters user would be).
+    let crbs: Api<ClusterRoleBinding> = Api::all(c.clone());
+    crbs.create(
+        &PostParams::default(),
+        &ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some("dave-admin".into()),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: "cluster-admin".into(),
+            },
+            subjects: user_subject("dave"),
+        },
+    )
+    .await
+    .unwrap();
+    let dave = b.cp.user_token("dave");
+    let r = b.call(Method::GET, pools, Some(&dave), Body::empty()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let pool = serde_json::json!({"metadata": {"name": "daves"},
+        "spec": {"ranges": [{"subnet": "10.77.0.0/24"}],
+            "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}});
+    let r = b
+        .call(Method::POST, pools, Some(&dave), pool.to_string())
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+
+    // eve: read access to LoadBalancers in ns1 only.
+    grant_in_namespace(
+        c,
+        "eve",
+        "ns1",
+        vec![rule(
+            "loadbalancer.harvesterhci.io",
+            &["loadbalancers"],
+            &["get", "list"],
+        )],
+    )
+    .await;
+    let eve = b.cp.user_token("eve");
+    let r = b
+        .call(
+            Method::GET,
+            &format!("{lbs}/ns1"),
+            Some(&eve),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let m = b
+        .call(
+            Method::GET,
+            &format!("{lbs}/ns2"),
+            Some(&eve),
+            Body::empty(),
+        )
+        .await
+        .error(StatusCode::FORBIDDEN, "PermissionDenied");
+    assert_eq!(
+        m,
+        "user \"eve\" cannot list resource \"loadbalancers\" in API group \"loadbalancer.harvesterhci.io\" in the namespace \"ns2\""
+    );
+    let m = b
+        .call(Method::GET, pools, Some(&eve), Body::empty())
+        .await
+        .error(StatusCode::FORBIDDEN, "PermissionDenied");
+    assert!(m.contains("cannot list resource \"ippools\""), "{m}");
+}

@@ -1010,6 +1010,54 @@ pub mod cases {
             .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
     }
 
+    /// The edges of the contract: undecodable path segments and invalid namespaces name nothing
+    /// (404 in the error shape), a listener protocol a Service cannot take and a range with no
+    /// address to give are refused, and a pool far larger than a cloud-config body is taken.
+    pub async fn contract_edges<B: Backend>(b: B) {
+        get(&b, &format!("{POOLS}/%FF%FE"))
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
+        get(&b, &format!("{LBS}/Not_A_Namespace"))
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
+        let sctpx = mk_lb(
+            "default",
+            "sctpx",
+            json!({"listeners": [{"name": "a", "port": 80, "protocol": "SCTPX", "backendPort": 80}]}),
+        );
+        let m = call(&b, Method::POST, LBS, Some(sctpx))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert!(m.contains("protocol \"SCTPX\""), "{m}");
+        let m = call(
+            &b,
+            Method::POST,
+            POOLS,
+            Some(mk_pool(
+                "v6-127",
+                json!([{"subnet": "2001:db8::/127"}]),
+                global(),
+            )),
+        )
+        .await
+        .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert!(m.contains("no address to allocate"), "{m}");
+        // 2,500 ranges: about 75 KB, past the cloud-config routes' 64 KiB.
+        let ranges: Vec<Value> = (0..2500)
+            .map(|i| json!({"subnet": format!("10.{}.{}.{}/32", 180 + i / 65536, (i / 256) % 256, i % 256)}))
+            .collect();
+        let big = mk_pool(
+            "many-ranges",
+            Value::Array(ranges),
+            json!({"scope": [{"project": "p", "namespace": "ns9", "guestCluster": "*"}]}),
+        );
+        assert!(big.to_string().len() > 64 * 1024);
+        ok(
+            call(&b, Method::POST, POOLS, Some(big)).await,
+            StatusCode::CREATED,
+        );
+    }
+
     pub async fn validation_messages<B: Backend>(b: B) {
         let refuse = async |method: Method, path: &str, body: Value| {
             call(&b, method, path, Some(body))
@@ -1437,6 +1485,7 @@ suite!(
         guest_cluster_cleanup,
         validation_messages,
         a_claimed_deletion_does_not_skip_admission,
+        contract_edges,
         authentication_is_required,
         restart_resyncs_without_double_assignment,
         only_the_leader_reconciles_and_the_other_takes_over,
@@ -1451,6 +1500,46 @@ mod webhooks {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn kube_answers_admission_reviews() {
         cases::webhook_answers_admission_reviews(KubeBackend::start().await).await
+    }
+
+    /// An UPDATE review carries the object and the old object: a pool with thousands of
+    /// allocations is far more than the cloud-config routes' 64 KiB, and is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kube_answers_reviews_of_large_objects() {
+        let b = KubeBackend::start().await;
+        let allocated: serde_json::Map<String, Value> = (0..1400)
+            .map(|i| {
+                (
+                    format!("10.90.{}.{}", i / 250, 1 + i % 250),
+                    json!(format!("default/lb-with-a-rather-long-name-{i:05}")),
+                )
+            })
+            .collect();
+        let mut old = mk_pool("big", json!([{"subnet": "10.90.0.0/16"}]), global());
+        old["status"] = json!({"allocated": allocated, "total": 65534, "available": 64134});
+        let mut new = old.clone();
+        new["metadata"]["labels"] = json!({"edited": "yes"});
+        let review = json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "big-review",
+                "kind": {"group": "loadbalancer.harvesterhci.io", "version": "v1beta1", "kind": "IPPool"},
+                "resource": {"group": "loadbalancer.harvesterhci.io", "version": "v1beta1", "resource": "ippools"},
+                "name": "big", "operation": "UPDATE", "userInfo": {"username": "admin"},
+                "object": new, "oldObject": old, "dryRun": false
+            }
+        });
+        assert!(review.to_string().len() > 64 * 1024);
+        let r = b
+            .call(
+                Method::POST,
+                "/v1/webhook/validation",
+                None,
+                Body::from(review.to_string()),
+            )
+            .await;
+        let v = ok(r, StatusCode::OK);
+        assert_eq!(v["response"]["uid"], "big-review");
     }
 
     #[tokio::test]

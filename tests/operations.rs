@@ -1097,3 +1097,54 @@ async fn the_connection_limit_holds_new_clients_until_a_slot_frees() {
     drop(idle);
     server.stop();
 }
+
+/// A client's `X-Request-Id` reaches the logs and the response only when it is a short token of
+/// safe characters: text that imitates a log line, or 60 KB of it, is replaced by a generated id.
+/// A malformed chunked body is a 400 in the error shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_cannot_forge_log_lines_and_bad_bodies_are_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: PathBuf = dir.path().join("data");
+    let server = Server::start(&data, "debug", &["--http"]);
+    let http = reqwest::Client::new();
+    let forged = "x\"},{\"level\":\"ERROR\",\"message\":\"FORGED-LINE\"}";
+    let huge = "FORGED-HUGE".repeat(6000);
+    for id in [forged, huge.as_str(), "ok-id_1.2:3"] {
+        let r = http
+            .get(format!("{}/healthz", server.url))
+            .header("x-request-id", id)
+            .send()
+            .await
+            .unwrap();
+        let answered = r
+            .headers()
+            .get("x-request-id")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        if id == "ok-id_1.2:3" {
+            assert_eq!(answered, id);
+        } else {
+            assert_ne!(answered, id);
+            assert_eq!(answered.len(), 36, "a generated UUID: {answered}");
+        }
+    }
+    // A chunked body whose chunk size is not hex.
+    let mut tcp = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+    tcp.write_all(
+        b"POST /v1/harvester/kubeconfig HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nZZ\r\nnot hex\r\n0\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut got)).await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("\"code\":\"InvalidBodyContent\""), "{text}");
+    let logs = server.stop();
+    assert!(
+        !logs.iter().any(|l| l.contains("FORGED")),
+        "a forged id reached the log"
+    );
+}

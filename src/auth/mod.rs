@@ -51,6 +51,13 @@ pub enum Action<'a> {
     ReadAccount { namespace: &'a str },
     /// DELETE: remove the account's objects.
     DeleteAccount { namespace: &'a str },
+    /// An IPPool or LoadBalancer route: the one permission the request needs on that resource
+    /// (`namespace` `None`: cluster-wide).
+    Object {
+        verb: &'static str,
+        resource: &'static str,
+        namespace: Option<&'a str>,
+    },
 }
 
 /// One permission, as Kubernetes RBAC spells it.
@@ -90,6 +97,11 @@ impl<'a> Action<'a> {
                 p("delete", RBAC, "rolebindings", Some(namespace)),
                 p("delete", RBAC, "clusterrolebindings", None),
             ],
+            Action::Object {
+                verb,
+                resource,
+                namespace,
+            } => vec![p(verb, "loadbalancer.harvesterhci.io", resource, namespace)],
         }
     }
 }

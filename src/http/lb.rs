@@ -7,7 +7,7 @@
 use axum::{
     Json,
     body::Bytes,
-    extract::{Path, State, rejection::BytesRejection},
+    extract::{State, rejection::BytesRejection},
     http::StatusCode,
     response::{IntoResponse, Response},
 };
@@ -15,7 +15,7 @@ use kube::core::{DynamicObject, admission::AdmissionReview};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::{Admin, ApiError, AppState, body_bytes};
+use super::{Admin, ApiError, AppState, body_bytes, path::ApiPath};
 use crate::lb::webhook;
 
 pub const POOLS_PATH: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
@@ -99,7 +99,7 @@ pub async fn create_pool(
 pub async fn get_pool(
     State(state): State<AppState>,
     _admin: Admin,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let pool = state.objects.get_pool(&name).await?;
     Ok(Json(resource(POOL_TYPE, &pool)?))
@@ -108,7 +108,7 @@ pub async fn get_pool(
 pub async fn update_pool(
     State(state): State<AppState>,
     _admin: Admin,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body_bytes(body, super::limits::OBJECT_BODY)?;
@@ -119,7 +119,7 @@ pub async fn update_pool(
 pub async fn delete_pool(
     State(state): State<AppState>,
     _admin: Admin,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let deleted = state.objects.delete_pool(&name).await?;
     Ok(Json(resource_value(POOL_TYPE, deleted)))
@@ -136,8 +136,14 @@ pub async fn list_lbs(
 pub async fn list_lbs_in(
     State(state): State<AppState>,
     _admin: Admin,
-    Path(namespace): Path<String>,
+    ApiPath(namespace): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
+    // No namespace of an invalid name exists, so there is no such collection either.
+    if crate::validation::dns1123_label(&namespace).is_err() {
+        return Err(ApiError::NotFound {
+            path: format!("{LBS_PATH}/{namespace}"),
+        });
+    }
     let (lbs, revision) = state.objects.list_lbs(Some(&namespace)).await?;
     collection(LB_TYPE, &lbs, revision)
 }
@@ -155,7 +161,7 @@ pub async fn create_lb(
 pub async fn get_lb(
     State(state): State<AppState>,
     _admin: Admin,
-    Path((namespace, name)): Path<(String, String)>,
+    ApiPath((namespace, name)): ApiPath<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let lb = state.objects.get_lb(&namespace, &name).await?;
     Ok(Json(resource(LB_TYPE, &lb)?))
@@ -164,7 +170,7 @@ pub async fn get_lb(
 pub async fn update_lb(
     State(state): State<AppState>,
     _admin: Admin,
-    Path((namespace, name)): Path<(String, String)>,
+    ApiPath((namespace, name)): ApiPath<(String, String)>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body_bytes(body, super::limits::OBJECT_BODY)?;
@@ -175,7 +181,7 @@ pub async fn update_lb(
 pub async fn delete_lb(
     State(state): State<AppState>,
     _admin: Admin,
-    Path((namespace, name)): Path<(String, String)>,
+    ApiPath((namespace, name)): ApiPath<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let deleted = state.objects.delete_lb(&namespace, &name).await?;
     Ok(Json(resource_value(LB_TYPE, deleted)))

@@ -10,6 +10,7 @@ pub mod lb;
 pub mod limits;
 pub mod metrics;
 pub mod openapi;
+pub mod path;
 pub mod server;
 pub mod tls;
 pub mod tunnel;
@@ -297,10 +298,21 @@ impl FromRequestParts<AppState> for Admin {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let Caller(principal) = Caller::from_request_parts(parts, state).await?;
-        match &principal.identity {
-            auth::Identity::Admin => Ok(Admin(principal)),
+        let caller = Caller::from_request_parts(parts, state).await?;
+        match &caller.0.identity {
+            auth::Identity::Admin => Ok(Admin(caller.0)),
             auth::Identity::User { username, .. } => {
+                // A Kubernetes user may use the IPPool and LoadBalancer routes as far as the
+                // cluster's RBAC lets them use those kinds.
+                if let Some((verb, resource, namespace)) = object_permission(parts) {
+                    let action = auth::Action::Object {
+                        verb,
+                        resource,
+                        namespace: namespace.as_deref(),
+                    };
+                    caller.authorize(state, action).await?;
+                    return Ok(Admin(caller.0));
+                }
                 let refused = auth::AuthError::NotAdmin {
                     user: username.clone(),
                     roles: "admin".into(),
@@ -315,6 +327,40 @@ impl FromRequestParts<AppState> for Admin {
 /// A route of IPPools, LoadBalancers or guest Services: bodies up to [`limits::OBJECT_BODY`].
 fn objects(route: MethodRouter<AppState>) -> MethodRouter<AppState> {
     route.layer(DefaultBodyLimit::max(limits::OBJECT_BODY))
+}
+
+/// The permission a request of an IPPool or LoadBalancer route needs: the verb from the method and
+/// whether it names one object, the namespace from the path (a create names none: it is checked
+/// cluster-wide). `None` for any other route.
+fn object_permission(parts: &Parts) -> Option<(&'static str, &'static str, Option<String>)> {
+    let rest = parts
+        .uri
+        .path()
+        .strip_prefix("/v1/harvester/loadbalancer.harvesterhci.io.")?;
+    let mut segments = rest.split('/').filter(|s| !s.is_empty());
+    let (resource, namespaced) = match segments.next()? {
+        "ippools" => ("ippools", false),
+        "loadbalancers" => ("loadbalancers", true),
+        _ => return None,
+    };
+    let after: Vec<&str> = segments.collect();
+    let (namespace, named) = match (namespaced, after.as_slice()) {
+        (false, []) => (None, false),
+        (false, [_]) => (None, true),
+        (true, []) => (None, false),
+        (true, [ns]) => (Some(ns.to_string()), false),
+        (true, [ns, _]) => (Some(ns.to_string()), true),
+        _ => return None,
+    };
+    let verb = match (&parts.method, named) {
+        (&Method::GET, true) => "get",
+        (&Method::GET, false) => "list",
+        (&Method::POST, false) => "create",
+        (&Method::PUT, true) => "update",
+        (&Method::DELETE, true) => "delete",
+        _ => return None,
+    };
+    Some((verb, resource, namespace))
 }
 
 fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
