@@ -856,3 +856,47 @@ mod external_checkers {
         assert!(!out.status.success());
     }
 }
+
+/// A POST that fails part-way (the disk fills: its third write fails, and so do the first tries
+/// of its rollback) leaves nothing behind once the store writes again: the rollback is retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_failing_part_way_leaves_nothing_once_the_store_recovers() {
+    use harvester_cloud::store::{Kind, LabelSelector};
+    let b = EmbeddedBackend::start().await;
+    // The ServiceAccount and its Secret are written; the RoleBinding and then three rollback
+    // deletes fail.
+    b.app.store.inject_write_failures(2, 4);
+    let r = b.post(&account("gc-test", "disk-full")).await;
+    r.error(StatusCode::INTERNAL_SERVER_ERROR, "ServerError");
+    let store = b.store();
+    let left = async || {
+        let mut left = Vec::new();
+        for kind in [
+            Kind::of::<ServiceAccount>(),
+            Kind::of::<Secret>(),
+            Kind::of::<RoleBinding>(),
+            Kind::of::<ClusterRoleBinding>(),
+        ] {
+            for o in store
+                .list(&kind, None, &LabelSelector::everything())
+                .await
+                .unwrap()
+                .items
+            {
+                if o["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("disk-full"))
+                {
+                    left.push(format!("{} {}", kind.kind, o["metadata"]["name"]));
+                }
+            }
+        }
+        left
+    };
+    support::eventually("the retried rollback", async || {
+        left().await.is_empty().then_some(())
+    })
+    .await;
+    // And the account can be made afterwards.
+    b.post(&account("gc-test", "disk-full")).await.kubeconfig();
+}

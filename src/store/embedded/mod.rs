@@ -115,6 +115,8 @@ pub struct EmbeddedStore {
     sync_failed: std::sync::atomic::AtomicBool,
     wal_path: PathBuf,
     token_controller: RwLock<Option<Arc<TokenController>>>,
+    /// Fault injection: writes to let through, then writes to fail ([`Self::inject_write_failures`]).
+    faults: std::sync::Mutex<(usize, usize)>,
     _lock: std::fs::File,
 }
 
@@ -187,6 +189,7 @@ impl EmbeddedStore {
             sync_failed: std::sync::atomic::AtomicBool::new(false),
             wal_path,
             token_controller: RwLock::new(None),
+            faults: std::sync::Mutex::new((0, 0)),
             _lock: lock,
         });
         let weak = Arc::downgrade(&store);
@@ -338,6 +341,27 @@ impl EmbeddedStore {
 
     /// Runs one write: `plan` sees the current state (stable: writers are serialised) and returns the
     /// rows to store; they are committed in one transaction, then applied to memory and published.
+    /// Fault injection (tests, drills): after `after` more writes succeed, the next `count` fail
+    /// as a full disk makes them fail (nothing is stored, the caller gets a backend error).
+    pub fn inject_write_failures(&self, after: usize, count: usize) {
+        *crate::sync::lock(&self.faults) = (after, count);
+    }
+
+    fn injected_failure(&self) -> bool {
+        let mut faults = crate::sync::lock(&self.faults);
+        match *faults {
+            (0, 0) => false,
+            (0, n) => {
+                *faults = (0, n - 1);
+                true
+            }
+            (k, n) => {
+                *faults = (k - 1, n);
+                false
+            }
+        }
+    }
+
     async fn write<T>(
         &self,
         plan: impl FnOnce(&State) -> Result<(Vec<StateRow>, T), StoreError>,
@@ -359,6 +383,11 @@ impl EmbeddedStore {
             return Ok(out);
         }
         let last_rv = rows.iter().map(|r| r.rv).max().unwrap_or_default();
+        if self.injected_failure() {
+            return Err(StoreError::backend(std::io::Error::other(
+                "database or disk is full (injected)",
+            )));
+        }
         commit(conn, &rows, last_rv).await?;
 
         {
