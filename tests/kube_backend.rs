@@ -92,7 +92,12 @@ async fn a_missing_cluster_role_is_422_as_upstream() {
         .post(&account("gc-test", "gc4"))
         .await
         .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
-    assert_eq!(m, "clusterRole harvesterhci.io:cloudprovider is not found");
+    // harvester pkg/api/kubeconfig/generate_handler.go: errors.Wrapf(err, "clusterRole %s is not
+    // found", ...) around the cache's NotFound.
+    assert_eq!(
+        m,
+        "clusterRole harvesterhci.io:cloudprovider is not found: clusterrole.rbac.authorization.k8s.io \"harvesterhci.io:cloudprovider\" not found"
+    );
 }
 
 #[tokio::test]

@@ -46,6 +46,9 @@ use crate::{
 /// Largest request body of the cloud-config routes (Harvester's clients send a few hundred bytes).
 pub const BODY_LIMIT: usize = limits::KUBECONFIG_BODY;
 pub const KUBECONFIG_PATH: &str = "/v1/harvester/kubeconfig";
+/// The same path with a trailing slash, which Harvester's router (gorilla/mux with StrictSlash)
+/// answers with a 301 to the path without it.
+pub const KUBECONFIG_SLASH_PATH: &str = "/v1/harvester/kubeconfig/";
 
 #[derive(Clone)]
 pub struct AppState {
@@ -132,6 +135,13 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         get(get_kubeconfig)
             .post(post_kubeconfig)
             .delete(delete_kubeconfig),
+    )
+    .add(
+        KUBECONFIG_SLASH_PATH,
+        &["GET", "POST", "DELETE"],
+        get(kubeconfig_slash)
+            .post(kubeconfig_slash)
+            .delete(kubeconfig_slash),
     )
     .add("/healthz", &["GET"], get(healthz))
     .add("/readyz", &["GET"], get(readyz))
@@ -495,6 +505,26 @@ async fn to_completion<T: Send + 'static>(
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         // Cancelled: only when the runtime itself shuts down, and with it this request.
         Err(_) => std::future::pending().await,
+    }
+}
+
+/// A 301 to the kubeconfig path, the query kept, as Harvester's StrictSlash does (it answers
+/// before authenticating, so neither do we: the redirect tells nothing). The location is relative
+/// so that it resolves right behind a proxy that mounts us under a prefix (Rancher's).
+async fn kubeconfig_slash(OriginalUri(uri): OriginalUri) -> Response {
+    let location = match uri.query() {
+        Some(query) => format!("../kubeconfig?{query}"),
+        None => "../kubeconfig".to_string(),
+    };
+    match HeaderValue::from_str(&location) {
+        Ok(value) => (StatusCode::MOVED_PERMANENTLY, [(header::LOCATION, value)]).into_response(),
+        // A query the URI parser accepted is a valid header value; should it not be, the path
+        // without it still is.
+        Err(_) => (
+            StatusCode::MOVED_PERMANENTLY,
+            [(header::LOCATION, HeaderValue::from_static("../kubeconfig"))],
+        )
+            .into_response(),
     }
 }
 
