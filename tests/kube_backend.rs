@@ -100,6 +100,66 @@ async fn a_missing_cluster_role_is_422_as_upstream() {
     );
 }
 
+/// The server URL comes from Harvester's `vip` ConfigMap as upstream reads it (harvester
+/// pkg/api/kubeconfig/generate_handler.go getServerURL: the data decoded with mapstructure, whose
+/// key match ignores case; a missing key is an empty address, "invalid vip ").
+#[tokio::test]
+async fn the_vip_configmap_is_read_as_upstream_reads_it() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let b = KubeBackend::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(b.client.clone(), "harvester-system");
+    let set = |data: Value| {
+        let cms = cms.clone();
+        async move {
+            let mut cm = cms.get("vip").await.unwrap();
+            cm.data = serde_json::from_value(data).unwrap();
+            cms.replace("vip", &PostParams::default(), &cm)
+                .await
+                .unwrap();
+        }
+    };
+    // Errors are not cached; a good address is, so the good case comes last.
+    set(serde_json::json!({"enabled": "true"})).await;
+    let m = b
+        .post(&account("gc-test", "gc4"))
+        .await
+        .error(StatusCode::INTERNAL_SERVER_ERROR, "ServerError");
+    assert!(
+        m.starts_with("failed to get server url: invalid vip  ("),
+        "{m}"
+    );
+    set(serde_json::json!({"ip": "10.0.0.300"})).await;
+    let m = b
+        .post(&account("gc-test", "gc4"))
+        .await
+        .error(StatusCode::INTERNAL_SERVER_ERROR, "ServerError");
+    assert_eq!(m, "failed to get server url: invalid vip 10.0.0.300");
+    cms.delete("vip", &Default::default()).await.unwrap();
+    let m = b
+        .post(&account("gc-test", "gc4"))
+        .await
+        .error(StatusCode::INTERNAL_SERVER_ERROR, "ServerError");
+    assert_eq!(m, "failed to get server url: configmap \"vip\" not found");
+    // Nothing was made by the failed requests.
+    assert!(
+        b.cp.object("", "serviceaccounts", "gc-test", "gc4")
+            .await
+            .is_none()
+    );
+    kube_env::apply(
+        &b.client,
+        &serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "vip", "namespace": "harvester-system"},
+            "data": {"IP": "10.1.2.3"}
+        }),
+        "configmaps",
+    )
+    .await;
+    let k = b.post(&account("gc-test", "gc4")).await.kubeconfig();
+    assert!(k.contains("server: https://10.1.2.3:6443\n"), "{k}");
+}
+
 #[tokio::test]
 async fn rancher_tokens() {
     let backend = KubeBackend::start().await;
