@@ -71,6 +71,7 @@ fn failure_reason(e: &ApiError) -> &'static str {
         ApiError::Unauthorized(_) => "unauthorized",
         ApiError::MethodNotAllowed { .. }
         | ApiError::NotFound { .. }
+        | ApiError::NoAsset { .. }
         | ApiError::NoIssuer
         | ApiError::Unavailable { .. }
         | ApiError::Objects(_)

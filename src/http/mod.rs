@@ -10,6 +10,7 @@ pub mod lb;
 pub mod metrics;
 pub mod openapi;
 pub mod tls;
+pub mod ui;
 
 use std::sync::Arc;
 
@@ -140,6 +141,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         &["GET", "PUT", "DELETE"],
         get(lb::get_lb).put(lb::update_lb).delete(lb::delete_lb),
     )
+    .add(lb::LB_EVENTS_PATH, &["GET"], get(lb::list_lb_events))
     .add(guest::SERVICES_PATH, &["GET"], get(guest::list_services))
     .add(guest::EVENTS_PATH, &["GET"], get(guest::list_events))
     .add(
@@ -157,6 +159,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
     .add(lb::VALIDATION_PATH, &["POST"], post(lb::validation))
     .add(lb::MUTATION_PATH, &["POST"], post(lb::mutation))
     .add(openapi::OPENAPI_PATH, &["GET"], get(openapi::openapi_json));
+    let routes = ui::routes(routes);
 
     let router = routes
         .router
