@@ -90,7 +90,8 @@ if [[ -n "${HARVESTER_CLOUD_CONTROL_PLANES:-}" ]]; then
     k create namespace "$ns" --dry-run=client -o yaml | k apply --server-side -f - >/dev/null
   done
   for f in "$MANIFEST" "$WORK/generated-tls.yaml" "$WORK/custom.yaml" "$ROOT/deploy/ccm/harvester-cloud-ccm.yaml"; do
-    k apply --dry-run=server -f "$f" >/dev/null || { echo "kube-apiserver refused $f" >&2; exit 1; }
+    k apply --server-side --field-manager=check-manifests --dry-run=server -f "$f" >/dev/null ||
+      { echo "kube-apiserver refused $f" >&2; exit 1; }
   done
   flock -u 9
 fi

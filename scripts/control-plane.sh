@@ -303,25 +303,26 @@ with() {
     shift
     [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "usage: $0 with N CMD..."
     build
-    local base
-    base="$(mktemp -d "${TMPDIR:-/tmp}/harvester-cloud-cp.XXXXXX")"
-    local dirs=() pids=() i
+    # Globals, not locals: the EXIT trap runs after this function has returned.
+    with_base="$(mktemp -d "${TMPDIR:-/tmp}/harvester-cloud-cp.XXXXXX")"
+    with_dirs=()
+    local pids=() i base="$with_base"
     for ((i = 0; i < n; i++)); do
-        dirs+=("$base/cp$i")
+        with_dirs+=("$base/cp$i")
     done
     # shellcheck disable=SC2317 # called by the trap
     cleanup() {
         local d
-        for d in "${dirs[@]}"; do
+        for d in "${with_dirs[@]}"; do
             "$0" down "$d" || true
         done
-        rm -rf "$base"
+        rm -rf "$with_base"
     }
     trap cleanup EXIT
     trap 'exit 130' INT TERM
     say "starting $n control plane(s) under $base"
     for ((i = 0; i < n; i++)); do
-        "$0" up "${dirs[$i]}" 2>"$base/up$i.log" &
+        "$0" up "${with_dirs[$i]}" 2>"$base/up$i.log" &
         pids+=($!)
     done
     for ((i = 0; i < n; i++)); do
@@ -332,7 +333,7 @@ with() {
     done
     HARVESTER_CLOUD_CONTROL_PLANES="$(
         IFS=:
-        echo "${dirs[*]}"
+        echo "${with_dirs[*]}"
     )"
     export HARVESTER_CLOUD_CONTROL_PLANES
     say "running: $*"
