@@ -72,7 +72,8 @@ export function facts(pairs) {
 
 /** A table with a caption, column headings and rows of cells (strings or nodes). */
 export function table(caption, headings, rows, { captionHidden = false } = {}) {
-  return h('div', { class: 'table-wrap' },
+  // The wrapper scrolls a wide table sideways in a narrow window, so it takes keyboard focus.
+  return h('div', { class: 'table-wrap', role: 'region', tabindex: '0', 'aria-label': caption },
     h('table', null,
       h('caption', { class: captionHidden ? 'visually-hidden' : null }, caption),
       h('thead', null, h('tr', null, headings.map((t) => h('th', { scope: 'col' }, t)))),
