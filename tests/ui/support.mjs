@@ -28,14 +28,15 @@ export function binary() {
 }
 
 /**
- * Starts `harvester-cloud serve --http` on a free loopback port and a fresh data directory
- * (or, with `url` and `token` given, uses a server someone else started). Resolves once it logs
- * that it listens; `stop()` sends SIGTERM and waits for a clean exit.
+ * Starts `harvester-cloud serve --http` on a free loopback port and a fresh data directory, with
+ * `extra` arguments (e.g. `--backend kube …`). Resolves once it logs that it listens; the admin
+ * token is `token`, else the one the embedded store wrote. `stop()` sends SIGTERM and waits for
+ * a clean exit.
  */
-export async function startServer(extra = []) {
-  const dir = mkdtempSync(join(tmpdir(), 'hc-console-'));
+export async function startServer(extra = [], { token: given } = {}) {
   const bin = binary();
   if (!existsSync(bin)) throw new Error(`${bin} does not exist: run cargo build first`);
+  const dir = mkdtempSync(join(tmpdir(), 'hc-console-'));
   const child = spawn(bin, [
     '--data-dir', join(dir, 'data'), '--log-format', 'json',
     'serve', '--http', '--listen', '127.0.0.1:0', '--metrics-listen', '127.0.0.1:0', '--vip', '10.0.0.1',
@@ -56,7 +57,7 @@ export async function startServer(extra = []) {
     });
     exited.then(({ code }) => { clearTimeout(timer); rej(new Error(`the server exited (${code}):\n${log.join('\n')}`)); });
   }).catch((e) => { child.kill('SIGKILL'); rmSync(dir, { recursive: true, force: true }); throw e; });
-  const token = readFileSync(join(dir, 'data/admin-token'), 'utf8').trim();
+  const token = given ?? readFileSync(join(dir, 'data/admin-token'), 'utf8').trim();
   return {
     url,
     token,
