@@ -207,4 +207,51 @@ mod tests {
         etags.dedup();
         assert_eq!(etags.len(), ASSETS.len());
     }
+
+    #[test]
+    fn an_asset_carries_its_type_the_policy_and_its_etag_and_revalidates_to_304() {
+        let at = asset_names().position(|n| n == "app.js").unwrap();
+        let first = serve(at, &HeaderMap::new());
+        assert_eq!(first.status(), StatusCode::OK);
+        let h = first.headers();
+        assert_eq!(h[header::CONTENT_TYPE], "text/javascript; charset=utf-8");
+        assert_eq!(h[header::CONTENT_SECURITY_POLICY], CONTENT_SECURITY_POLICY);
+        assert_eq!(h[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+        assert_eq!(h[header::CACHE_CONTROL], "no-cache");
+        let etag = h[header::ETAG].to_str().unwrap().to_string();
+        let again = serve(at, &mk_headers(&etag));
+        assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
+        assert_eq!(again.headers()[header::ETAG].to_str().unwrap(), etag);
+        assert!(again.headers().get(header::CONTENT_TYPE).is_none());
+        assert_eq!(serve(at, &mk_headers("\"other\"")).status(), StatusCode::OK);
+    }
+
+    #[test]
+    fn the_policy_allows_nothing_inline_nor_foreign() {
+        for directive in [
+            "default-src 'self'",
+            "script-src 'self'",
+            "style-src 'self'",
+            "frame-ancestors 'none'",
+            "object-src 'none'",
+        ] {
+            assert!(CONTENT_SECURITY_POLICY.contains(directive), "{directive}");
+        }
+        for loose in ["unsafe-", "data:", "blob:", "*", "http"] {
+            assert!(!CONTENT_SECURITY_POLICY.contains(loose), "{loose}");
+        }
+    }
+
+    #[test]
+    fn openapi_lists_exactly_the_assets() {
+        let spec: serde_json::Value =
+            yaml_serde::from_str(include_str!("../../openapi/openapi.yaml")).unwrap();
+        let listed: Vec<&str> = spec["paths"]["/ui/{asset}"]["parameters"][0]["schema"]["enum"]
+            .as_array()
+            .expect("the asset parameter is an enum")
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(listed, asset_names().collect::<Vec<_>>());
+    }
 }
