@@ -1369,7 +1369,11 @@ pub mod cases {
         let _r = Reconcilers::start(b.service_store());
         create_pool(
             &b,
-            mk_pool("one", range("10.0.0.0/24", "10.0.0.10", "10.0.0.10"), global()),
+            mk_pool(
+                "one",
+                range("10.0.0.0/24", "10.0.0.10", "10.0.0.10"),
+                global(),
+            ),
         )
         .await;
         let events = async |name: &str, reason: &str| {
@@ -1418,7 +1422,9 @@ pub mod cases {
             assert_eq!(e["involvedObject"]["uid"], new["metadata"]["uid"], "{e}");
         }
         assert!(
-            !items.iter().any(|e| e["reason"] == "Allocated" || e["reason"] == "Released"),
+            !items
+                .iter()
+                .any(|e| e["reason"] == "Allocated" || e["reason"] == "Released"),
             "the old e1's Events are not the new one's: {items:?}"
         );
         let stored = events_about(&b, "e1", "Allocated").await;
