@@ -61,12 +61,14 @@ function stopPolling() {
   timer = null;
 }
 
+/** Refreshes the page shown, then again after POLL_MS; a page without `refresh` (a form, with
+ * nothing that changes by itself) is not polled. `refresh` resolves to whether it got data. */
 async function tick(gen) {
-  if (gen !== generation || !current) return;
+  if (gen !== generation || !current?.refresh) return;
   if (!document.hidden) {
-    await current.refresh();
+    const fresh = await current.refresh();
     if (gen !== generation) return;
-    $('updated').textContent = `Updated ${new Date().toLocaleTimeString()}`;
+    if (fresh) $('updated').textContent = `Updated ${new Date().toLocaleTimeString()}`;
   }
   timer = setTimeout(() => tick(gen), POLL_MS);
 }
@@ -81,8 +83,9 @@ function mount({ focus } = {}) {
     else a.removeAttribute('aria-current');
   }
   document.title = `${page.title} · harvester-cloud console`;
-  current = page.make({ api, params, navigate: (hash) => { location.hash = hash; } });
+  current = page.make({ api, params });
   $('page').replaceChildren(current.el);
+  $('updated').textContent = '';
   if (focus) current.el.querySelector('h1')?.focus();
   tick(generation);
 }

@@ -205,6 +205,6 @@ export function cloudConfigsPage({ api }) {
   }
 
   renderIssued();
-  // Nothing here changes by itself: the page has nothing to poll.
-  return { el, refresh: async () => {} };
+  // Nothing here changes by itself: no `refresh`, so the page is not polled.
+  return { el };
 }

@@ -122,7 +122,7 @@ export function guestClustersPage({ api, params }) {
         }
       }));
       const text = JSON.stringify([lbs, clusters, entries.map((e) => (e.error ? e.error.message : e))]);
-      if (text === shown) return;
+      if (text === shown) return true;
       shown = text;
       if (clusters.length === 0) {
         view.show(empty(
@@ -130,12 +130,14 @@ export function guestClustersPage({ api, params }) {
           h('p', null, 'On the embedded store, a guest cluster’s Services are PUT to ',
             h('code', null, '/v1/harvester/guestclusters/{namespace}/{cluster}/services/{namespace}/{name}'),
             '; on Kubernetes, guest clusters run ', h('code', null, 'harvester-cloud ccm'), ' and their load balancers show under Load balancers.')));
-        return;
+        return true;
       }
       view.show(clusters.map((c, i) => clusterCard(c, entries[i], lbs)));
+      return true;
     } catch (e) {
       shown = null;
       view.fail(e);
+      return false;
     }
   }
 

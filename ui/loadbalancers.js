@@ -179,9 +179,11 @@ export function loadBalancersPage({ api, params }) {
         shown = text;
         render();
       }
+      return true;
     } catch (e) {
       shown = null;
       view.fail(e);
+      return false;
     }
   }
 

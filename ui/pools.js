@@ -251,13 +251,16 @@ export function poolsPage({ api }) {
     try {
       const [pools, lbs] = await Promise.all([api.pools(), api.lbs()]);
       const text = JSON.stringify([pools, lbs]);
-      if (text === shown) return;
-      shown = text;
-      data = { pools, lbs };
-      render();
+      if (text !== shown) {
+        shown = text;
+        data = { pools, lbs };
+        render();
+      }
+      return true;
     } catch (e) {
       shown = null;
       view.fail(e);
+      return false;
     }
   }
 
