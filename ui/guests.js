@@ -35,7 +35,8 @@ function servicesTable(cluster, services, lbs) {
         h('span', { 'data-address-of': idOf(svc) }, serviceAddress(svc) || '—'),
         svc.spec?.type === 'LoadBalancer' ? (annotations[SVC_IPAM] || 'pool') : '',
         annotations[SVC_PRIMARY] ?? '',
-        lb ? h('a', { href: `#/loadbalancers?q=${encodeURIComponent(idOf(lb))}` }, `${idOf(lb)} (${lbState(lb).label})`) : '',
+        lb ? h('a', { href: `#/loadbalancers?q=${encodeURIComponent(idOf(lb))}` }, `${idOf(lb)} (${lbState(lb).label})`)
+          : annotations[SVC_PRIMARY] ? 'its primary’s' : '',
         serviceState(svc),
       ];
     }));

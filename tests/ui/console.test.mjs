@@ -306,6 +306,10 @@ describe('the console on the embedded store', () => {
     assert.match(await why.textContent(), /Why it is not Ready: fail to get allocator missing/);
     await eventually('its NoMatchedIPPool Event', async () => /NoMatchedIPPool/.test(await item.locator('table').last().textContent()));
     assert.match(await item.locator('table').first().textContent(), /Ready\s*False\s*NoMatchedIPPool/);
+    // Unfiltered again, it stays open among the others.
+    await page.getByLabel('Name or address').fill('');
+    await eventually('every load balancer listed', async () => (await names()).length >= 5);
+    assert.equal(await item.evaluate((d) => d.open), true);
     await screenshot(page, 'loadbalancers');
     // It stays open and up to date across refreshes: a pool for it makes it Ready.
     await ok(server, 'POST', POOLS, mkPool('missing', '10.30.0.0/28', '10.30.0.2', '10.30.0.5',
