@@ -20,13 +20,13 @@ use futures::StreamExt;
 use harvester_cloud::{
     app,
     config::{Cli, Command},
-    crd,
+    controller::leader::AlwaysLeader,
+    crd::{self, keys},
     guest::{
         self,
         clusters::{ClusterKey, ClusterStore},
-        keys,
     },
-    lb::{self, leader::AlwaysLeader},
+    lb,
     store::{Api, LabelSelector, ObjectStore},
 };
 use k8s_openapi::api::core::v1::Service;
@@ -110,8 +110,13 @@ async fn run(services: usize, concurrency: u16) {
         .await
         .expect("opens the embedded store");
     let token = embedded.admin_token.as_ref().expect("first start").expose();
-    let router = harvester_cloud::http::router(embedded.state.clone());
-    let guests = embedded.state.guests.clone().expect("guest clusters");
+    let router = harvester_cloud::http::router(embedded.service.state.clone());
+    let guests = embedded
+        .service
+        .state
+        .guests
+        .clone()
+        .expect("guest clusters");
     let pool = json!({
         "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
         "metadata": {"name": "bench"},
@@ -131,7 +136,7 @@ async fn run(services: usize, concurrency: u16) {
     );
     let stop = CancellationToken::new();
     let lb_task = tokio::spawn(lb::run(
-        embedded.state.store.clone(),
+        embedded.service.state.store.clone(),
         lb::Settings::default(),
         Arc::new(AlwaysLeader),
         stop.clone(),
@@ -146,7 +151,7 @@ async fn run(services: usize, concurrency: u16) {
         stop.clone(),
     ));
     let guest_api = Api::<Service>::new(Arc::new(ClusterStore::new(
-        embedded.state.store.clone(),
+        embedded.service.state.store.clone(),
         ClusterKey::new(NS, CLUSTER).expect("valid"),
     )) as Arc<dyn ObjectStore>);
 
@@ -186,7 +191,7 @@ async fn run(services: usize, concurrency: u16) {
 
     let distinct: HashSet<&String> = ips.iter().collect();
     assert_eq!(distinct.len(), services, "no address given twice");
-    let held = crd::pool_api(embedded.state.store.clone())
+    let held = crd::pool_api(embedded.service.state.store.clone())
         .get("", "bench")
         .await
         .expect("reads")

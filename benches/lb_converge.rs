@@ -17,8 +17,10 @@ use std::{
 
 use futures::StreamExt;
 use harvester_cloud::{
-    crd::{self, IPPool, IPPoolSpec, LoadBalancer, LoadBalancerSpec, Range, Selector, Tuple},
-    lb::{self, leader::AlwaysLeader},
+    controller::leader::AlwaysLeader,
+    crd::{self, IPPool, LoadBalancer, LoadBalancerSpec},
+    ipam::{PoolSpec, RangeSpec as Range, Selector, Tuple},
+    lb,
     store::{
         LabelSelector, ObjectStore,
         embedded::{Durability, EmbeddedStore},
@@ -57,7 +59,7 @@ async fn seed(dir: &std::path::Path, lbs: usize, pools: usize) {
                 name: Some(format!("pool{p}")),
                 ..Default::default()
             },
-            spec: IPPoolSpec {
+            spec: PoolSpec {
                 ranges: vec![Range {
                     subnet: format!("10.{p}.0.0/16"),
                     ..Default::default()
@@ -71,7 +73,8 @@ async fn seed(dir: &std::path::Path, lbs: usize, pools: usize) {
                     ..Default::default()
                 },
                 ..Default::default()
-            },
+            }
+            .into(),
             status: None,
         };
         pool_api.create(&pool).await.expect("creates pool");

@@ -42,6 +42,9 @@ scripts/schemathesis.sh
 step "hadolint Dockerfile"
 hadolint Dockerfile
 
+step "the Dockerfile's build stage, run as written on a clean copy of the context"
+scripts/docker-build-check.py
+
 step "Helm chart and manifests (helm lint/template, kubernetes-validate, kube-apiserver dry runs)"
 scripts/control-plane.sh with 1 scripts/check-manifests.sh
 

@@ -1,6 +1,7 @@
 //! The service's own TLS material: on first start a private CA and a serving certificate signed by it
 //! are created in `<data-dir>/tls/` and reused afterwards. Clients trust `ca.crt`; the embedded
-//! backend also hands it out as the cluster CA of the kubeconfigs it issues.
+//! backend also hands it out as the cluster CA of the kubeconfigs it issues. Or, with `--tls-cert`
+//! and `--tls-key`, the operator's own ([`serving`]).
 
 use std::{
     io::Write,
@@ -11,6 +12,8 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
 };
+
+use crate::config::ServeArgs;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
@@ -26,6 +29,14 @@ pub enum CertError {
     },
     #[error("cannot generate a certificate: {0}")]
     Generate(#[from] rcgen::Error),
+    #[error("cannot read --{flag} {path}: {source}")]
+    Flag {
+        flag: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--tls-cert {path} holds no PEM certificate")]
+    NoCertificate { path: PathBuf },
 }
 
 /// PEM-encoded serving chain and key, and the CA that signs them.
@@ -121,6 +132,51 @@ pub fn generate(hosts: &[String]) -> Result<TlsMaterial, CertError> {
         ca_pem: ca_cert.pem().into_bytes(),
     };
     Ok(material)
+}
+
+/// The serving certificate of `serve`: `--tls-cert` and `--tls-key` when given, else one generated
+/// for this host (kept in `<data-dir>/tls` when there is a data directory, in memory otherwise);
+/// `None` for plain HTTP (`--http`).
+pub fn serving(
+    args: &ServeArgs,
+    data_dir: Option<&Path>,
+) -> Result<Option<TlsMaterial>, CertError> {
+    if args.http {
+        return Ok(None);
+    }
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let read = |flag: &'static str, path: &Path| {
+            std::fs::read(path).map_err(|source| CertError::Flag {
+                flag,
+                path: path.to_path_buf(),
+                source,
+            })
+        };
+        let cert_chain_pem = read("tls-cert", cert)?;
+        let key_pem = read("tls-key", key)?;
+        let ca_pem = last_certificate_pem(&cert_chain_pem)
+            .ok_or_else(|| CertError::NoCertificate { path: cert.clone() })?;
+        return Ok(Some(TlsMaterial {
+            cert_chain_pem,
+            key_pem,
+            ca_pem,
+        }));
+    }
+    let mut hosts = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    if !args.listen.ip().is_unspecified() && !args.listen.ip().is_loopback() {
+        hosts.push(args.listen.ip().to_string());
+    }
+    if let Ok(pod_ip) = std::env::var("POD_IP") {
+        hosts.push(pod_ip);
+    }
+    Ok(Some(match data_dir {
+        Some(dir) => ensure_self_signed(&dir.join("tls"), &hosts)?,
+        None => generate(&hosts)?,
+    }))
 }
 
 /// The last certificate of a PEM chain: for a supplied chain, the one closest to the root.

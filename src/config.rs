@@ -344,3 +344,53 @@ mod tests {
         assert!(Cli::try_parse_from(["harvester-cloud", "serve", "--tls-cert", "x"]).is_err());
     }
 }
+
+/// Why no Kubernetes client configuration could be made from [`KubeArgs`].
+#[derive(Debug, thiserror::Error)]
+pub enum KubeConfigError {
+    #[error("cannot read --kubeconfig {path}: {source}")]
+    Read {
+        path: String,
+        source: kube::config::KubeconfigError,
+    },
+    /// `--context` of the default kubeconfig files.
+    #[error("cannot use --context {context}: {source}")]
+    Context {
+        context: String,
+        source: kube::config::KubeconfigError,
+    },
+    #[error(transparent)]
+    Infer(#[from] kube::config::InferConfigError),
+}
+
+impl KubeArgs {
+    /// The client configuration: `--kubeconfig` (and `--context`), else the in-cluster config or
+    /// the usual files.
+    pub async fn client_config(&self) -> Result<kube::Config, KubeConfigError> {
+        let options = kube::config::KubeConfigOptions {
+            context: self.context.clone(),
+            ..Default::default()
+        };
+        match (&self.kubeconfig, &self.context) {
+            (Some(path), _) => {
+                let read = |source| KubeConfigError::Read {
+                    path: path.display().to_string(),
+                    source,
+                };
+                let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(read)?;
+                kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                    .await
+                    .map_err(read)
+            }
+            (None, Some(context)) => {
+                kube::Config::from_kubeconfig(&options)
+                    .await
+                    .map_err(|source| KubeConfigError::Context {
+                        context: context.clone(),
+                        source,
+                    })
+            }
+            (None, None) => Ok(kube::Config::infer().await?),
+        }
+    }
+}

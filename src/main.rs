@@ -1,3 +1,5 @@
+//! The `harvester-cloud` binary: parses the command line and runs it ([`harvester_cloud::app::run`]).
+
 use clap::Parser;
 
 #[tokio::main]

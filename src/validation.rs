@@ -1,5 +1,7 @@
 //! Kubernetes name rules (RFC 1123 labels and subdomains) with the API server's own wording, so a
-//! rejected name reads the same here as from `kubectl`.
+//! rejected name reads the same here as from `kubectl`; and the random suffixes of generated names.
+
+use rand::Rng;
 
 pub const DNS1123_LABEL_MAX: usize = 63;
 pub const DNS1123_SUBDOMAIN_MAX: usize = 253;
@@ -66,6 +68,22 @@ pub fn path_segment_name(s: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The alphabet of generated name suffixes (`generateName`, token names): `[a-z0-9]`.
+pub const NAME_ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+
+/// `n` random characters from `[a-z0-9]`, as Kubernetes appends them to a `generateName`.
+pub fn random_alnum(n: usize) -> String {
+    random_from(NAME_ALPHABET, n)
+}
+
+/// `n` random characters from `alphabet` (ASCII).
+pub fn random_from(alphabet: &[u8], n: usize) -> String {
+    let mut rng = rand::rng();
+    (0..n)
+        .map(|_| alphabet[rng.random_range(0..alphabet.len())] as char)
+        .collect()
 }
 
 #[cfg(test)]

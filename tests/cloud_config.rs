@@ -550,7 +550,7 @@ suite!(
 
 mod embedded_only {
     use super::*;
-    use harvester_cloud::store::embedded::tokens;
+    use harvester_cloud::auth::tokens;
     use jsonwebtoken::{DecodingKey, Validation, jwk::JwkSet};
 
     #[tokio::test]
@@ -717,7 +717,7 @@ mod embedded_only {
             .unwrap();
         let token = app.admin_token.clone().unwrap().expose();
         let r = tower::ServiceExt::oneshot(
-            harvester_cloud::http::router(app.state.clone()),
+            harvester_cloud::http::router(app.service.state.clone()),
             axum::http::Request::post("/v1/harvester/kubeconfig")
                 .header("authorization", format!("Bearer {token}"))
                 .body(Body::from(account("gc-test", "gc4")))

@@ -28,17 +28,17 @@ use axum::{
 use clap::Parser;
 use harvester_cloud::{
     config::{Cli, Command},
+    controller::{
+        kinds::{NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance},
+        leader::AlwaysLeader,
+    },
     guest::{
         self,
         clusters::{ClusterKey, ClusterStore},
         naming::load_balancer_name,
         reconcile,
     },
-    lb::{
-        self,
-        kinds::{NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance},
-        leader::AlwaysLeader,
-    },
+    lb,
     store::{Api, LabelSelector, ObjectStore, Preconditions},
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Service};
@@ -149,6 +149,7 @@ impl EmbeddedEnv {
         let lb = lb_reconcilers(b.service_store());
         let guests = b
             .app
+            .service
             .state
             .guests
             .clone()

@@ -16,11 +16,11 @@ use axum::{
     http::{Method, StatusCode},
 };
 use harvester_cloud::{
-    lb::{
-        self,
+    controller::{
         kinds::{NetworkAttachmentDefinition, VirtualMachine},
         leader::AlwaysLeader,
     },
+    lb,
     store::{Api, LabelSelector, ObjectStore, Preconditions},
 };
 use k8s_openapi::api::core::v1::{Event, Namespace};
@@ -1471,7 +1471,7 @@ suite!(
 
 mod replicas {
     use super::*;
-    use harvester_cloud::lb::leader::{LeaseElector, LeaseTiming};
+    use harvester_cloud::controller::leader::{LeaseElector, LeaseTiming};
 
     fn replica(
         store: Arc<dyn ObjectStore>,

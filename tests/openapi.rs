@@ -50,7 +50,7 @@ fn concrete(path: &str) -> String {
 #[tokio::test]
 async fn router_and_spec_declare_the_same_routes() {
     let b = EmbeddedBackend::start().await;
-    let (_, table) = harvester_cloud::http::build(b.app.state.clone());
+    let (_, table) = harvester_cloud::http::build(b.app.service.state.clone());
     let declared: BTreeMap<String, BTreeSet<String>> = table
         .iter()
         .map(|r| {

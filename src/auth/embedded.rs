@@ -14,7 +14,10 @@ use sqlx::SqlitePool;
 use time::OffsetDateTime;
 
 use super::{AuthError, Authenticator, Credential, Identity, Principal, hash};
-use crate::store::embedded::tokens::{self, TokenRecord};
+use crate::{
+    auth::tokens::{self, TokenRecord},
+    sync::lock,
+};
 
 const CACHE_TTL: Duration = Duration::from_secs(1);
 const CACHE_MAX: usize = 10_000;
@@ -34,7 +37,7 @@ impl EmbeddedAuthenticator {
 
     async fn record(&self, name: &str) -> Result<Option<TokenRecord>, AuthError> {
         {
-            let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            let cache = lock(&self.cache);
             if let Some((at, rec)) = cache.get(name)
                 && at.elapsed() < CACHE_TTL
             {
@@ -44,7 +47,7 @@ impl EmbeddedAuthenticator {
         let rec = tokens::get(&self.pool, name)
             .await
             .map_err(|e| AuthError::Backend(Box::new(e)))?;
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = lock(&self.cache);
         if cache.len() >= CACHE_MAX {
             cache.retain(|_, (at, _)| at.elapsed() < CACHE_TTL);
         }

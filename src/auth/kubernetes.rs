@@ -29,6 +29,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tracing::debug;
 
+use crate::sync::lock;
+
 use super::{Action, AuthError, Authenticator, Credential, Identity, Principal, hash};
 
 const RANCHER_GROUP: &str = "management.cattle.io";
@@ -73,7 +75,7 @@ impl<V: Clone> Cache<V> {
     }
 
     fn get(&self, key: &Key) -> Option<V> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = lock(&self.entries);
         entries
             .get(key)
             .filter(|(at, ttl, _)| at.elapsed() < *ttl)
@@ -81,7 +83,7 @@ impl<V: Clone> Cache<V> {
     }
 
     fn put(&self, key: Key, ttl: Duration, value: V) {
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = lock(&self.entries);
         if entries.len() >= CACHE_MAX {
             entries.retain(|_, (at, ttl, _)| at.elapsed() < *ttl);
         }

@@ -4,11 +4,16 @@
 //! one checks Rancher API tokens and, for any other bearer token, asks the cluster (TokenReview, then
 //! SubjectAccessReview for what the request is about to do). The HTTP layer only sees a
 //! [`Principal`] or an [`AuthError`].
+//!
+//! The embedded backend's admin tokens are records in its database ([`tokens`], hashes only),
+//! managed from the command line ([`cli`]).
 
+pub mod cli;
 pub mod embedded;
 pub mod hash;
 pub mod kubernetes;
 pub mod token;
+pub mod tokens;
 
 use std::collections::BTreeMap;
 

@@ -4,25 +4,12 @@
 use std::fmt;
 
 use base64::{Engine, engine::general_purpose::STANDARD as B64};
-use rand::Rng;
+
+use crate::validation::{NAME_ALPHABET, random_alnum, random_from};
 
 /// Rancher's token alphabet: lowercase consonants and digits that cannot be misread.
 const SECRET_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 const SECRET_LEN: usize = 54;
-const NAME_ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-
-/// `n` random characters from `[a-z0-9]`.
-pub fn random_alnum(n: usize) -> String {
-    random_from(NAME_ALPHABET, n)
-}
-
-fn random_from(alphabet: &[u8], n: usize) -> String {
-    let mut rng = rand::rng();
-    (0..n)
-        .map(|_| alphabet[rng.random_range(0..alphabet.len())] as char)
-        .collect()
-}
-
 /// A token as presented by a client. `Debug` never shows the secret.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ApiToken {

@@ -1,26 +1,31 @@
 //! The `loadbalancer.harvesterhci.io/v1beta1` custom resources, LoadBalancer (namespaced) and IPPool
 //! (cluster-scoped), as kube-derive types with every field, printer column and short name of Harvester's
-//! CRDs, plus the keys (annotations, labels, finalizers) that other Harvester components read.
+//! CRDs, their finalizers, and ([`keys`]) every annotation and label key of Harvester's.
 //!
 //! One deliberate difference: both CRDs declare the status subresource (upstream has none, so every
 //! status write upstream is a full-object update that conflicts with spec edits). Objects written
 //! without it, by upstream controllers or clients that put `status` in a plain update, still decode:
 //! every field reads `null` or absence as empty, as Go clients write them.
 //!
-//! The IPAM engine has its own wire types ([`crate::ipam::PoolSpec`], [`crate::ipam::PoolStatus`]) and
-//! knows nothing of Kubernetes; the conversions between them live here.
+//! An IPPool's spec and status are the IPAM engine's own wire types ([`crate::ipam::PoolSpec`],
+//! embedded, and [`crate::ipam::PoolStatus`]), which know nothing of Kubernetes: there is one model of
+//! a pool, not a copy here and conversions.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResource;
 use schemars::JsonSchema;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
 use crate::{
-    ipam,
+    ipam::{self, Condition, spec::null_as_default},
     store::{Kind, Object},
 };
+
+pub mod keys;
+
+use keys::{ANNOTATION_CLUSTER, ANNOTATION_NAMESPACE, ANNOTATION_NETWORK, ANNOTATION_PROJECT};
 
 /// The API group of both resources.
 pub const GROUP: &str = "loadbalancer.harvesterhci.io";
@@ -32,23 +37,6 @@ pub const LB_FINALIZER: &str = "wrangler.cattle.io/harvester-lb-controller";
 pub const POOL_FINALIZER: &str = "wrangler.cattle.io/harvester-ipam-controller";
 /// Finalizer of the guest-cluster cleanup on guest-cluster VirtualMachines.
 pub const VM_FINALIZER: &str = "wrangler.cattle.io/harvester-lb-vm-controller";
-
-/// LoadBalancer annotations that pool selection reads (written by the guest cloud provider and the
-/// mutator).
-pub const ANNOTATION_NETWORK: &str = "loadbalancer.harvesterhci.io/network";
-pub const ANNOTATION_PROJECT: &str = "loadbalancer.harvesterhci.io/project";
-pub const ANNOTATION_NAMESPACE: &str = "loadbalancer.harvesterhci.io/namespace";
-pub const ANNOTATION_CLUSTER: &str = "loadbalancer.harvesterhci.io/cluster";
-/// Written by the guest cloud provider: the guest cluster's management network.
-pub const ANNOTATION_MANAGEMENT_NETWORK: &str = "cloudprovider.harvesterhci.io/managementNetwork";
-/// Label of a guest cluster's LoadBalancers: the cluster name.
-pub const LABEL_GUEST_CLUSTER: &str = "cloudprovider.harvesterhci.io/cluster";
-/// IPPool labels set by the mutator.
-pub const LABEL_VID: &str = "loadbalancer.harvesterhci.io/vid";
-pub const LABEL_GLOBAL_POOL: &str = "loadbalancer.harvesterhci.io/global-ip-pool";
-
-/// `allocatedAddress.ip` of a DHCP load balancer: the guest's kube-vip obtains the lease.
-pub const DHCP_ADDRESS: &str = "0.0.0.0";
 
 /// What a load balancer asks for: how its address is obtained and, for VMs, its listeners.
 #[derive(CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -236,41 +224,6 @@ impl AllocatedAddress {
     }
 }
 
-/// A status condition; the only type is `Ready`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Condition {
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub r#type: String,
-    /// `True`, `False` or `Unknown`.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub status: String,
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "String::is_empty"
-    )]
-    pub last_update_time: String,
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "String::is_empty"
-    )]
-    pub last_transition_time: String,
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "String::is_empty"
-    )]
-    pub reason: String,
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "String::is_empty"
-    )]
-    pub message: String,
-}
-
 /// Address ranges and the selector of load balancers that may use them.
 #[derive(CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
@@ -278,7 +231,7 @@ pub struct Condition {
     version = "v1beta1",
     kind = "IPPool",
     plural = "ippools",
-    status = "IPPoolStatus",
+    status = "ipam::PoolStatus",
     derive = "PartialEq",
     derive = "Default",
     shortname = "pool",
@@ -289,139 +242,30 @@ pub struct Condition {
     printcolumn = r#"{"name":"Priority","type":"string","jsonPath":".spec.selector.priority"}"#,
     printcolumn = r#"{"name":"AGE","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
-#[serde(rename_all = "camelCase")]
 pub struct IPPoolSpec {
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "String::is_empty"
-    )]
-    pub description: String,
-    /// The address ranges (at least one).
-    // `null` reads as empty so that validation can name the problem.
-    #[serde(deserialize_with = "null_as_default")]
-    pub ranges: Vec<Range>,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub selector: Selector,
+    // The IPAM engine's wire type, embedded as it is: one model of a pool's spec.
+    #[serde(flatten)]
+    pub pool: ipam::PoolSpec,
 }
 
-/// A range of a subnet; an empty start, end or gateway takes the subnet's default.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Range {
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "String::is_empty"
-    )]
-    pub range_start: String,
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "String::is_empty"
-    )]
-    pub range_end: String,
-    #[serde(deserialize_with = "null_as_default")]
-    pub subnet: String,
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "String::is_empty"
-    )]
-    pub gateway: String,
+impl std::ops::Deref for IPPoolSpec {
+    type Target = ipam::PoolSpec;
+
+    fn deref(&self) -> &ipam::PoolSpec {
+        &self.pool
+    }
 }
 
-/// `spec.selector`: which load balancers may use the pool.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Selector {
-    /// Among matching pools the highest wins.
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "is_zero_u32"
-    )]
-    #[schemars(schema_with = "uint32_schema")]
-    pub priority: u32,
-    /// `namespace/name` of a VM network (NetworkAttachmentDefinition), or empty.
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "String::is_empty"
-    )]
-    pub network: String,
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub scope: Vec<Tuple>,
+impl std::ops::DerefMut for IPPoolSpec {
+    fn deref_mut(&mut self) -> &mut ipam::PoolSpec {
+        &mut self.pool
+    }
 }
 
-/// One scope entry; `*` matches anything.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Tuple {
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "String::is_empty"
-    )]
-    pub project: String,
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "String::is_empty"
-    )]
-    pub namespace: String,
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "String::is_empty"
-    )]
-    pub guest_cluster: String,
-}
-
-/// The pool's allocation state: who holds which address, and who held the released ones.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-#[schemars(transform = pool_status_required)]
-pub struct IPPoolStatus {
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub total: i64,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub available: i64,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub last_allocated: String,
-    /// IP -> `<lbNamespace>/<lbName>`.
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "BTreeMap::is_empty"
-    )]
-    pub allocated: BTreeMap<String, String>,
-    /// Released IP -> its last `<lbNamespace>/<lbName>`.
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "BTreeMap::is_empty"
-    )]
-    pub allocated_history: BTreeMap<String, String>,
-    #[serde(
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub conditions: Vec<Condition>,
-}
-
-/// Upstream's status fields `total`, `available` and `lastAllocated` are required; they are read
-/// leniently here (a status written by hand may lack them), so the schema says so explicitly.
-fn pool_status_required(schema: &mut schemars::Schema) {
-    schema.insert(
-        "required".into(),
-        serde_json::json!(["available", "lastAllocated", "total"]),
-    );
+impl From<ipam::PoolSpec> for IPPoolSpec {
+    fn from(pool: ipam::PoolSpec) -> Self {
+        IPPoolSpec { pool }
+    }
 }
 
 /// Go's `uint`: an unsigned integer without a format Kubernetes would not know.
@@ -429,29 +273,11 @@ fn uint_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({"type": "integer", "minimum": 0})
 }
 
-/// Go's `uint32`, as controller-gen describes it.
-fn uint32_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({"type": "integer", "format": "int32", "minimum": 0})
-}
-
 fn is_zero(value: &u64) -> bool {
     *value == 0
 }
 
-fn is_zero_u32(value: &u32) -> bool {
-    *value == 0
-}
-
-/// Go clients write `null` for empty slices and maps; read it as the empty value.
-fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
-}
-
-/// The store descriptor of LoadBalancers (with the status subresource).
+/// The store descriptor of LoadBalancers/// The store descriptor of LoadBalancers (with the status subresource).
 pub fn lb_kind() -> Kind {
     Kind::of::<LoadBalancer>().with_status_subresource()
 }
@@ -514,65 +340,18 @@ impl LoadBalancer {
     }
 }
 
-impl From<&Range> for ipam::RangeSpec {
-    fn from(r: &Range) -> Self {
-        ipam::RangeSpec {
-            range_start: r.range_start.clone(),
-            range_end: r.range_end.clone(),
-            subnet: r.subnet.clone(),
-            gateway: r.gateway.clone(),
-        }
-    }
-}
-
-impl From<&IPPoolSpec> for ipam::PoolSpec {
-    fn from(spec: &IPPoolSpec) -> Self {
-        ipam::PoolSpec {
-            description: spec.description.clone(),
-            ranges: spec.ranges.iter().map(Into::into).collect(),
-            selector: ipam::Selector {
-                priority: spec.selector.priority,
-                network: spec.selector.network.clone(),
-                scope: spec
-                    .selector
-                    .scope
-                    .iter()
-                    .map(|t| ipam::Tuple {
-                        project: t.project.clone(),
-                        namespace: t.namespace.clone(),
-                        guest_cluster: t.guest_cluster.clone(),
-                    })
-                    .collect(),
-            },
-        }
-    }
-}
-
-impl From<&IPPoolStatus> for ipam::PoolStatus {
-    fn from(s: &IPPoolStatus) -> Self {
-        ipam::PoolStatus {
-            total: s.total,
-            available: s.available,
-            last_allocated: s.last_allocated.clone(),
-            allocated: s.allocated.clone(),
-            allocated_history: s.allocated_history.clone(),
-            // The allocator never reads conditions.
-            conditions: Vec::new(),
-        }
-    }
-}
-
 impl IPPool {
     pub fn name(&self) -> &str {
         self.metadata.name.as_deref().unwrap_or_default()
     }
 
-    pub fn ipam_spec(&self) -> ipam::PoolSpec {
-        (&self.spec).into()
-    }
-
-    pub fn ranges(&self) -> Vec<ipam::RangeSpec> {
-        self.spec.ranges.iter().map(Into::into).collect()
+    /// The pool as pool selection and admission see it.
+    pub fn entry(&self) -> ipam::PoolEntry<'_> {
+        ipam::PoolEntry {
+            name: self.name(),
+            spec: &self.spec.pool,
+            deleting: self.is_deleting(),
+        }
     }
 
     pub fn is_deleting(&self) -> bool {
@@ -585,19 +364,6 @@ impl IPPool {
             .as_ref()
             .map(|s| s.allocated.clone())
             .unwrap_or_default()
-    }
-}
-
-impl IPPoolStatus {
-    /// Overwrites everything but the conditions with the allocator's state.
-    pub fn set_allocation(&mut self, allocator: &ipam::PoolAllocator) {
-        let mut s = ipam::PoolStatus::default();
-        allocator.write_status(&mut s);
-        self.total = s.total;
-        self.available = s.available;
-        self.last_allocated = s.last_allocated;
-        self.allocated = s.allocated;
-        self.allocated_history = s.allocated_history;
     }
 }
 
@@ -681,9 +447,8 @@ mod tests {
                        "allocated": {"192.168.0.2": "default/lb1"}, "allocatedHistory": null}
         }))
         .expect("decodes");
-        let status = ipam::PoolStatus::from(pool.status.as_ref().expect("status"));
-        assert_eq!(status.allocated.len(), 1);
-        assert_eq!(pool.ipam_spec().ranges[0].subnet, "192.168.0.0/24");
+        assert_eq!(pool.status.as_ref().expect("status").allocated.len(), 1);
+        assert_eq!(pool.spec.ranges[0].subnet, "192.168.0.0/24");
     }
 
     #[test]

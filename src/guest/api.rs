@@ -18,12 +18,12 @@ use serde_json::Value;
 use super::{
     GuestError,
     clusters::{self, ClusterDeletion, ClusterKey, ClusterNameError, ClusterStore},
-    keys,
-    reconcile::{self, judge_primary, judge_secondary, lb_name_of, primary_of},
+    decide::{is_load_balancer, judge_primary, judge_secondary, lb_name_of, primary_of},
+    mapping::service_key,
     share,
 };
 use crate::{
-    crd::{LoadBalancer, lb_api},
+    crd::{LoadBalancer, keys, lb_api},
     store::{Api, Deleted, LabelSelector, ObjectStore, Preconditions, StoreError},
 };
 
@@ -269,7 +269,7 @@ impl GuestClusters {
         cluster: &str,
     ) -> Result<(Vec<Event>, String), GuestApiError> {
         let (mut events, revision) = self.list::<Event>(namespace, cluster).await?;
-        crate::lb::events::oldest_first(&mut events);
+        crate::controller::events::oldest_first(&mut events);
         Ok((events, revision))
     }
 
@@ -414,10 +414,10 @@ impl GuestClusters {
         guest: &Arc<dyn ObjectStore>,
         svc: &Service,
     ) -> Result<(), GuestApiError> {
-        if !reconcile::is_load_balancer(svc) {
+        if !is_load_balancer(svc) {
             return Ok(());
         }
-        let svc_key = reconcile::service_key(svc);
+        let svc_key = service_key(svc);
         let read = |what: &'static str| Self::store_err(what, key, &svc_key);
         match primary_of(svc)? {
             Some((pns, pname)) => {
@@ -434,7 +434,7 @@ impl GuestClusters {
                     .into_iter()
                     .filter(|s| {
                         s.metadata.deletion_timestamp.is_none()
-                            && reconcile::service_key(s) != reconcile::service_key(svc)
+                            && service_key(s) != service_key(svc)
                             && primary_of(s).ok().flatten() == Some((pns.clone(), pname.clone()))
                     })
                     .collect();

@@ -21,8 +21,8 @@ use super::{
     reconcile::{self, Ports},
 };
 use crate::{
-    config::{CcmArgs, KubeArgs},
-    lb::leader::{AlwaysLeader, LeaderElector, LeaseElector, LeaseTiming, lead},
+    config::{CcmArgs, KubeArgs, KubeConfigError},
+    controller::leader::{AlwaysLeader, LeaderElector, LeaseElector, LeaseTiming, lead},
     store::{ObjectStore, kubernetes::KubeStore},
 };
 
@@ -88,26 +88,14 @@ pub async fn cloud_config(path: &Path) -> Result<(kube::Config, String), CcmErro
 
 /// The guest cluster's API: `--kubeconfig` (and `--context`), else in cluster or the usual files.
 async fn guest_config(args: &KubeArgs) -> Result<kube::Config, CcmError> {
-    let options = KubeConfigOptions {
-        context: args.context.clone(),
-        ..Default::default()
-    };
-    let read = |path: &Path| {
-        let path = path.display().to_string();
-        move |source| CcmError::ReadKubeconfig { path, source }
-    };
-    match &args.kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path).map_err(read(path))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
-                .await
-                .map_err(read(path))
-        }
-        None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
-            .await
-            .map_err(read(Path::new("$KUBECONFIG"))),
-        None => Ok(kube::Config::infer().await?),
-    }
+    args.client_config().await.map_err(|e| match e {
+        KubeConfigError::Read { path, source } => CcmError::ReadKubeconfig { path, source },
+        KubeConfigError::Context { source, .. } => CcmError::ReadKubeconfig {
+            path: "$KUBECONFIG".into(),
+            source,
+        },
+        KubeConfigError::Infer(e) => CcmError::InferConfig(e),
+    })
 }
 
 async fn store(config: kube::Config, what: &'static str) -> Result<Arc<KubeStore>, CcmError> {

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Service;
 
-use super::{GuestError, keys, naming};
+use super::{GuestError, naming};
+use crate::crd::keys;
 
 /// Where the guest cluster's LoadBalancers go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,7 +81,8 @@ pub fn service_ipam(svc: &Service) -> String {
         .to_string()
 }
 
-fn svc_ref(svc: &Service) -> String {
+/// `namespace/name` of a Service.
+pub fn service_key(svc: &Service) -> String {
     format!(
         "{}/{}",
         svc.metadata.namespace.as_deref().unwrap_or_default(),
@@ -117,12 +119,12 @@ pub fn plan(
     if let Some(lb) = existing {
         let lb_network = lb
             .annotations
-            .get(keys::LB_SERVICE_NETWORK)
+            .get(keys::ANNOTATION_SERVICE_NETWORK)
             .cloned()
             .unwrap_or_default();
         if lb_network != network {
             return Err(GuestError::NetworkChanged {
-                service: svc_ref(svc),
+                service: service_key(svc),
                 lb: format!("{}/{lb_name}", ctx.lb_namespace),
                 service_network: network,
                 lb_network,
@@ -135,7 +137,7 @@ pub fn plan(
         };
         if lb_ipam != ipam {
             return Err(GuestError::IpamChanged {
-                service: svc_ref(svc),
+                service: service_key(svc),
                 lb: format!("{}/{lb_name}", ctx.lb_namespace),
                 service_ipam: ipam,
                 lb_ipam,
@@ -144,12 +146,12 @@ pub fn plan(
     }
 
     let mut annotations = BTreeMap::from([
-        (keys::LB_CLUSTER.to_string(), ctx.cluster.clone()),
-        (keys::LB_SERVICE_UID.to_string(), uid),
+        (keys::ANNOTATION_CLUSTER.to_string(), ctx.cluster.clone()),
+        (keys::ANNOTATION_SERVICE_UID.to_string(), uid),
     ]);
     for (from, to) in [
-        (keys::SVC_PROJECT, keys::LB_PROJECT),
-        (keys::SVC_NAMESPACE, keys::LB_NAMESPACE),
+        (keys::SVC_PROJECT, keys::ANNOTATION_PROJECT),
+        (keys::SVC_NAMESPACE, keys::ANNOTATION_NAMESPACE),
     ] {
         if let Some(v) = annotation(svc, from) {
             annotations.insert(to.to_string(), v.to_string());
@@ -158,16 +160,16 @@ pub fn plan(
     let mut remove_annotations = Vec::new();
     match &ctx.management_network {
         Some(net) => {
-            annotations.insert(keys::LB_MANAGEMENT_NETWORK.to_string(), net.clone());
+            annotations.insert(keys::ANNOTATION_MANAGEMENT_NETWORK.to_string(), net.clone());
         }
-        None => remove_annotations.push(keys::LB_MANAGEMENT_NETWORK),
+        None => remove_annotations.push(keys::ANNOTATION_MANAGEMENT_NETWORK),
     }
     let create_annotations = BTreeMap::from([
-        (keys::LB_NETWORK.to_string(), network.clone()),
-        (keys::LB_SERVICE_NETWORK.to_string(), network),
+        (keys::ANNOTATION_NETWORK.to_string(), network.clone()),
+        (keys::ANNOTATION_SERVICE_NETWORK.to_string(), network),
     ]);
     let labels = BTreeMap::from([
-        (keys::LABEL_CLUSTER.to_string(), ctx.cluster.clone()),
+        (keys::LABEL_GUEST_CLUSTER.to_string(), ctx.cluster.clone()),
         (keys::LABEL_SERVICE_NAMESPACE.to_string(), ns),
         (keys::LABEL_SERVICE_NAME.to_string(), name),
     ]);
@@ -229,17 +231,23 @@ mod tests {
         assert_eq!(p.name, "test-default-abcd-7198d990");
         assert_eq!(p.namespace, "gc-ns");
         assert_eq!(p.ipam, "pool");
-        assert_eq!(p.create_annotations[keys::LB_NETWORK], "default/vlan1");
         assert_eq!(
-            p.create_annotations[keys::LB_SERVICE_NETWORK],
+            p.create_annotations[keys::ANNOTATION_NETWORK],
             "default/vlan1"
         );
-        assert_eq!(p.annotations[keys::LB_PROJECT], "p1");
-        assert_eq!(p.annotations[keys::LB_CLUSTER], "test");
-        assert_eq!(p.annotations[keys::LB_MANAGEMENT_NETWORK], "default/mgmt");
+        assert_eq!(
+            p.create_annotations[keys::ANNOTATION_SERVICE_NETWORK],
+            "default/vlan1"
+        );
+        assert_eq!(p.annotations[keys::ANNOTATION_PROJECT], "p1");
+        assert_eq!(p.annotations[keys::ANNOTATION_CLUSTER], "test");
+        assert_eq!(
+            p.annotations[keys::ANNOTATION_MANAGEMENT_NETWORK],
+            "default/mgmt"
+        );
         assert_eq!(p.labels[keys::LABEL_SERVICE_NAME], "abcd");
         assert_eq!(p.labels[keys::LABEL_SERVICE_NAMESPACE], "default");
-        assert_eq!(p.labels[keys::LABEL_CLUSTER], "test");
+        assert_eq!(p.labels[keys::LABEL_GUEST_CLUSTER], "test");
         let p = plan(
             &mk_service("default", "abcd", &[(keys::SVC_IPAM, "dhcp")]),
             &mk_ctx(None),
@@ -247,7 +255,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.ipam, "dhcp");
-        assert_eq!(p.remove_annotations, [keys::LB_MANAGEMENT_NETWORK]);
+        assert_eq!(p.remove_annotations, [keys::ANNOTATION_MANAGEMENT_NETWORK]);
     }
 
     #[test]
@@ -270,7 +278,7 @@ mod tests {
         let svc = mk_service("default", "abcd", &[(keys::SVC_NETWORK, "default/vlan2")]);
         let lb = ExistingLb {
             annotations: BTreeMap::from([(
-                keys::LB_SERVICE_NETWORK.to_string(),
+                keys::ANNOTATION_SERVICE_NETWORK.to_string(),
                 "default/vlan1".to_string(),
             )]),
             ipam: "pool".into(),

@@ -5,16 +5,18 @@
 //! [`nad`] keeps the guest's NAD mapping ConfigMap from the cluster's VMIs on Harvester (the
 //! reconciler runs it alongside).
 //!
-//! `keys`, `mapping`, `naming`, `network` and `share` are pure domain code: callers bring the
-//! objects (as plain views) and apply the plans. [`reconcile`] is the reconciler that applies them
-//! between a guest cluster's store port and Harvester's; [`clusters`] keeps the guest clusters of the
-//! embedded backend (and shows each as its own store port); [`ccm`] runs the reconciler inside a
-//! guest cluster (`harvester-cloud ccm`).
+//! `mapping`, `naming`, `network`, `share`, [`decide`] and [`index`] are pure domain code: callers
+//! bring the objects and apply the plans. [`reconcile`] is the reconciler that applies them between
+//! a guest cluster's store port and Harvester's (its steps only: the decisions are [`decide`]'s,
+//! which [`api`] shares); [`clusters`] keeps the guest clusters of the embedded backend (and shows
+//! each as its own store port); [`ccm`] runs the reconciler inside a guest cluster
+//! (`harvester-cloud ccm`).
 
 pub mod api;
 pub mod ccm;
 pub mod clusters;
-pub mod keys;
+pub mod decide;
+pub mod index;
 pub mod mapping;
 pub mod nad;
 pub mod naming;

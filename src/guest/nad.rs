@@ -42,10 +42,11 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{keys, mapping::GuestContext};
+use super::mapping::GuestContext;
 use crate::{
+    controller::kinds::VirtualMachineInstance,
+    crd::keys,
     kubeconfig::objects::{MANAGED_BY, MANAGED_BY_LABEL},
-    lb::kinds::VirtualMachineInstance,
     store::{Api, Kind, ObjectStore, StoreError, watcher::watcher},
 };
 
@@ -65,10 +66,10 @@ pub fn is_node_of(vmi: &VirtualMachineInstance, cluster: &str) -> bool {
     if cluster.is_empty() {
         return false;
     }
-    if vmi.label(keys::VMI_GUEST_CLUSTER) == Some(cluster) {
+    if vmi.label(keys::LABEL_GUEST_CLUSTER_NAME) == Some(cluster) {
         return true;
     }
-    vmi.label(keys::VMI_CREATOR) == Some(keys::DOCKER_MACHINE_DRIVER)
+    vmi.label(keys::LABEL_CREATOR) == Some(keys::NODE_DRIVER)
         && vmi
             .metadata
             .name

@@ -4,7 +4,11 @@
 
 use k8s_openapi::api::core::v1::Service;
 
-use super::{GuestError, keys, mapping};
+use super::{
+    GuestError,
+    mapping::{self, service_key},
+};
+use crate::crd::keys;
 
 /// The primary named by a secondary's annotation: `<ns>/<name>`, or a bare name in the secondary's
 /// own namespace (as the documentation shows).
@@ -24,14 +28,6 @@ pub fn primary_ref(value: &str, secondary_namespace: &str) -> Result<(String, St
 /// The label value that marks a secondary of `ns/name`: `<ns>.<name>`.
 pub fn primary_label_value(namespace: &str, name: &str) -> String {
     format!("{namespace}.{name}")
-}
-
-fn reference(svc: &Service) -> String {
-    format!(
-        "{}/{}",
-        svc.metadata.namespace.as_deref().unwrap_or_default(),
-        svc.metadata.name.as_deref().unwrap_or_default()
-    )
 }
 
 /// The (protocol, port) pairs a Service exposes; the protocol defaults to TCP.
@@ -54,7 +50,7 @@ pub fn check(
     secondary: &Service,
     other_secondaries: &[&Service],
 ) -> Result<String, GuestError> {
-    let p = reference(primary);
+    let p = service_key(primary);
     let is_secondary = primary
         .metadata
         .annotations
@@ -67,15 +63,15 @@ pub fn check(
     let ip = mapping::ingress_ip(primary).ok_or_else(|| GuestError::PrimaryWithoutIp(p.clone()))?;
     let mine = ports(secondary);
     for other in std::iter::once(primary).chain(other_secondaries.iter().copied()) {
-        if reference(other) == reference(secondary) {
+        if service_key(other) == service_key(secondary) {
             continue;
         }
         if let Some((proto, port)) = ports(other).into_iter().find(|used| mine.contains(used)) {
             return Err(GuestError::PortInUse {
                 primary: p.clone(),
-                secondary: reference(secondary),
+                secondary: service_key(secondary),
                 port: format!("{port}/{proto}"),
-                used_by: reference(other),
+                used_by: service_key(other),
             });
         }
     }
@@ -98,8 +94,8 @@ pub fn check_network(primary: &Service, secondary: &Service) -> Result<(), Guest
         return Ok(());
     }
     Err(GuestError::SharedNetworkMismatch {
-        secondary: reference(secondary),
-        primary: reference(primary),
+        secondary: service_key(secondary),
+        primary: service_key(primary),
         secondary_network: mine,
         primary_network: theirs,
     })
@@ -113,10 +109,10 @@ pub fn check_primary_deletion(
     if secondaries.is_empty() {
         return Ok(());
     }
-    let mut users: Vec<String> = secondaries.iter().map(|s| reference(s)).collect();
+    let mut users: Vec<String> = secondaries.iter().map(|s| service_key(s)).collect();
     users.sort();
     Err(GuestError::PrimaryInUse {
-        primary: reference(primary),
+        primary: service_key(primary),
         users,
     })
 }

@@ -96,7 +96,9 @@ fn store_status(e: &StoreError) -> (StatusCode, &'static str) {
         StoreError::AlreadyExists { .. } | StoreError::Conflict { .. } => {
             (StatusCode::CONFLICT, "Conflict")
         }
-        StoreError::Invalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
+        StoreError::Invalid { .. } | StoreError::Refused { .. } => {
+            (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
+        }
         StoreError::TokenTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout"),
         // Forbidden here means the service's own account lacks a permission: a deployment fault,
         // not the caller's.

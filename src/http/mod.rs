@@ -10,6 +10,7 @@ pub mod lb;
 pub mod metrics;
 pub mod openapi;
 pub mod tls;
+pub mod tunnel;
 pub mod ui;
 
 use std::sync::Arc;

@@ -37,4 +37,4 @@ pub use select::{
     WorkloadType, plan_pool, select_pool,
 };
 pub use spec::{ALL, PoolSpec, RangeSpec, Selector, Tuple};
-pub use status::{PoolCondition, PoolStatus};
+pub use status::{Condition, PoolStatus};

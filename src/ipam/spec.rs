@@ -1,12 +1,15 @@
 //! The IPPool `spec` as it travels on the wire: ranges and selector, in the CRD's camelCase JSON.
 //!
 //! Field order, names and omission rules follow the upstream Go types so a pool written by Harvester
-//! round-trips unchanged. The CRD module embeds or converts these; nothing here validates.
+//! round-trips unchanged. These are the IPPool CRD's own types (the CRD module's `IPPoolSpec` embeds
+//! them), so their doc comments and schema attributes are the CRD's published schema; nothing here
+//! validates.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// `IPPool.spec`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolSpec {
     #[serde(
@@ -15,15 +18,17 @@ pub struct PoolSpec {
         skip_serializing_if = "String::is_empty"
     )]
     pub description: String,
-    /// Required by the CRD; an absent list reads as empty so validation can name the problem.
-    #[serde(default, deserialize_with = "null_as_default")]
+    /// The address ranges (at least one).
+    // Required, but `null` reads as empty so that validation can name the problem.
+    #[serde(deserialize_with = "null_as_default")]
     pub ranges: Vec<RangeSpec>,
     #[serde(default, deserialize_with = "null_as_default")]
     pub selector: Selector,
 }
 
-/// One entry of `spec.ranges`. Empty strings mean "use the default" (see [`crate::ipam::IpRange`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// A range of a subnet; an empty start, end or gateway takes the subnet's default.
+// The defaults are [`crate::ipam::IpRange`]'s.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RangeSpec {
     #[serde(
@@ -38,7 +43,7 @@ pub struct RangeSpec {
         skip_serializing_if = "String::is_empty"
     )]
     pub range_end: String,
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(deserialize_with = "null_as_default")]
     pub subnet: String,
     #[serde(
         default,
@@ -48,18 +53,19 @@ pub struct RangeSpec {
     pub gateway: String,
 }
 
-/// `spec.selector`: which load balancers may take addresses from the pool.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// `spec.selector`: which load balancers may use the pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Selector {
-    /// Higher wins among matching pools; 0 is the lowest.
+    /// Among matching pools the highest wins.
     #[serde(
         default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "is_zero"
     )]
+    #[schemars(schema_with = "uint32_schema")]
     pub priority: u32,
-    /// `namespace/name` of the VM network, or empty for none.
+    /// `namespace/name` of a VM network (NetworkAttachmentDefinition), or empty.
     #[serde(
         default,
         deserialize_with = "null_as_default",
@@ -75,7 +81,7 @@ pub struct Selector {
 }
 
 /// One scope entry; `*` matches anything.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Tuple {
     #[serde(
@@ -113,7 +119,13 @@ fn is_zero(value: &u32) -> bool {
     *value == 0
 }
 
-/// Go clients write `null` for empty slices and maps; read it as the empty value.
+/// Go's `uint32`, as controller-gen describes it.
+fn uint32_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "integer", "format": "int32", "minimum": 0})
+}
+
+/// Go clients write `null` for empty slices and maps; read it as the empty value. (The CRD types
+/// read every field this way.)
 pub(crate) fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::addr::{parse_ip, to_u128};
@@ -16,18 +17,18 @@ use super::allocator::{Addrs, PoolAllocator, PoolError};
 use super::range::RangeSet;
 use super::spec::{RangeSpec, null_as_default};
 
-/// `IPPool.status`.
-///
-/// `total` and `available` are `int64` in the CRD; a pool larger than that (an IPv6 `/64` has 2^64-2
-/// usable addresses) reports `i64::MAX`. The allocator itself counts in `u128`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The pool's allocation state: who holds which address, and who held the released ones.
+// `IPPool.status`. `total` and `available` are `int64` in the CRD; a pool larger than that (an
+// IPv6 `/64` has 2^64-2 usable addresses) reports `i64::MAX`. The allocator itself counts in `u128`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = required_counters)]
 pub struct PoolStatus {
     #[serde(default, deserialize_with = "null_as_default")]
     pub total: i64,
     #[serde(default, deserialize_with = "null_as_default")]
     pub available: i64,
-    /// Empty when nothing was ever allocated.
+    // Empty when nothing was ever allocated.
     #[serde(default, deserialize_with = "null_as_default")]
     pub last_allocated: String,
     /// IP -> `<lbNamespace>/<lbName>`.
@@ -44,19 +45,29 @@ pub struct PoolStatus {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub allocated_history: BTreeMap<String, String>,
-    /// Owned by the pool reconciler; the allocator never reads or writes them.
+    // Owned by the pool reconciler; the allocator never reads or writes them.
     #[serde(
         default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
-    pub conditions: Vec<PoolCondition>,
+    pub conditions: Vec<Condition>,
 }
 
-/// One entry of `status.conditions` (wrangler's generic condition; the only type is `Ready`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Upstream's status fields `total`, `available` and `lastAllocated` are required; they are read
+/// leniently here (a status written by hand may lack them), so the schema says so explicitly.
+fn required_counters(schema: &mut schemars::Schema) {
+    schema.insert(
+        "required".into(),
+        serde_json::json!(["available", "lastAllocated", "total"]),
+    );
+}
+
+/// A status condition; the only type is `Ready`.
+// wrangler's generic condition, as IPPools and LoadBalancers both carry it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct PoolCondition {
+pub struct Condition {
     #[serde(default, deserialize_with = "null_as_default")]
     pub r#type: String,
     /// `True`, `False` or `Unknown`.

@@ -1,10 +1,13 @@
 //! The cloud-config API's domain: request parsing, object naming and shape, issuance, and the
-//! byte-exact output formats Harvester v1.9 clients expect.
+//! byte-exact output formats Harvester v1.9 clients expect; what the embedded store is seeded with
+//! for it ([`seed`]), and `harvester-cloud kubeconfig generate` ([`cli`]).
 
+pub mod cli;
 pub mod naming;
 pub mod objects;
 pub mod render;
 pub mod request;
+pub mod seed;
 pub mod service;
 
 pub use request::{AccountRequest, OutputFormat, RequestError};

@@ -22,7 +22,10 @@ use super::{
     render,
     request::{AccountRequest, CLOUDPROVIDER_ROLE, CSI_DRIVER_ROLE},
 };
-use crate::store::{Api, Kind, Object, ObjectStore, Preconditions, StoreError};
+use crate::{
+    store::{Api, Kind, Object, ObjectStore, Preconditions, StoreError},
+    sync::lock,
+};
 
 /// Where the kubeconfig's server and CA come from, and how long to wait for a token.
 #[derive(Clone, Debug)]
@@ -636,10 +639,6 @@ impl CloudConfig {
             .map_err(|_| generate(format!("token in secret {} is not text", names.secret)))?;
         Ok(render::kubeconfig(server, &ca, &names.namespace, &token))
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `https://` + host:port of the VIP, IPv6 in brackets; the VIP must be an IP address.

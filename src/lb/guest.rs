@@ -11,9 +11,10 @@ use std::sync::Arc;
 use kube::runtime::controller::Action;
 use tracing::info;
 
-use super::{Shared, kinds::VirtualMachine};
+use super::Shared;
 use crate::{
-    crd::{LABEL_GUEST_CLUSTER, VM_FINALIZER},
+    controller::{Event, FinalizerError, finalizer_when, kinds::VirtualMachine},
+    crd::{VM_FINALIZER, keys::LABEL_GUEST_CLUSTER},
     store::{Api, LabelSelector, Preconditions, StoreError},
 };
 
@@ -22,8 +23,8 @@ use crate::{
 pub enum GuestCleanupError {
     #[error("virtual machine has no {field}")]
     MissingField { field: &'static str },
-    #[error("cannot update virtual machine {key}: {source}")]
-    Write { key: String, source: StoreError },
+    #[error(transparent)]
+    Finalizer(#[from] FinalizerError),
     #[error("list lb from {namespace} failed, error: {source}")]
     ListLoadBalancers {
         namespace: String,
@@ -40,21 +41,8 @@ pub enum GuestCleanupError {
 
 impl GuestCleanupError {
     pub fn is_conflict(&self) -> bool {
-        matches!(
-            self,
-            GuestCleanupError::Write {
-                source: StoreError::Conflict { .. },
-                ..
-            }
-        )
+        matches!(self, GuestCleanupError::Finalizer(e) if e.is_conflict())
     }
-}
-
-fn has_finalizer(vm: &VirtualMachine) -> bool {
-    vm.metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == VM_FINALIZER))
 }
 
 pub async fn reconcile(
@@ -77,51 +65,27 @@ pub async fn reconcile(
         })?;
     let key = format!("{namespace}/{name}");
     let api = Api::<VirtualMachine>::new(ctx.store.clone());
-    let write = |source| GuestCleanupError::Write {
-        key: key.clone(),
-        source,
-    };
-    let deleting = vm.metadata.deletion_timestamp.is_some();
-    match (vm.guest_cluster(), deleting, has_finalizer(&vm)) {
-        (Some(cluster), true, true) => {
-            if vm.guest_cluster_removing() {
-                delete_cluster_lbs(&ctx, &namespace, cluster, &key).await?;
-            }
-            remove_finalizer(&api, &vm).await.map_err(write)?;
-        }
-        // Not (or no longer) a guest-cluster VM: nothing to do on its removal.
-        (None, _, true) => remove_finalizer(&api, &vm).await.map_err(write)?,
-        (Some(_), false, false) => {
-            let mut next = (*vm).clone();
-            next.metadata
-                .finalizers
-                .get_or_insert_default()
-                .push(VM_FINALIZER.into());
-            match api.replace(&next).await {
-                Ok(_) => {}
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(write(e)),
+    // Only a guest cluster's VMs can trigger a cleanup; one that is no longer one (or never was,
+    // but has the finalizer from upstream's controller) just lets go.
+    let is_guest_vm = |vm: &VirtualMachine| vm.guest_cluster().is_some();
+    let action = finalizer_when(&api, VM_FINALIZER, vm, is_guest_vm, |event| async {
+        match event {
+            Event::Apply(_) => Ok::<_, GuestCleanupError>(Action::await_change()),
+            Event::Cleanup(vm, release) => {
+                if let Some(cluster) = vm.guest_cluster()
+                    && vm.metadata.deletion_timestamp.is_some()
+                    && vm.guest_cluster_removing()
+                {
+                    delete_cluster_lbs(&ctx, &namespace, cluster, &key).await?;
+                }
+                release.release(&vm).await?;
+                Ok(Action::await_change())
             }
         }
-        _ => {}
-    }
-    ctx.succeeded(&format!("vm/{key}"));
-    Ok(Action::await_change())
-}
-
-async fn remove_finalizer(
-    api: &Api<VirtualMachine>,
-    vm: &VirtualMachine,
-) -> Result<(), StoreError> {
-    let mut next = vm.clone();
-    if let Some(f) = next.metadata.finalizers.as_mut() {
-        f.retain(|x| x != VM_FINALIZER);
-    }
-    match api.replace(&next).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(e),
-    }
+    })
+    .await?;
+    ctx.backoff.succeeded(&format!("vm/{key}"));
+    Ok(action)
 }
 
 /// Deletes the cluster-type load balancers of `cluster` in `namespace`; VM-type ones and those of

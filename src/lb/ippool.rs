@@ -16,6 +16,7 @@ use super::{
     pools::{ManualRequest, PoolOp, PoolOpError, PoolReply},
 };
 use crate::{
+    controller::{Event, FinalizerError, Release, Target, finalizer, modify},
     crd::{IPPool, POOL_FINALIZER},
     ipam::{MANUALLY_RELEASE_IP, ManualRelease},
     store::StoreError,
@@ -36,25 +37,20 @@ pub enum PoolReconcileError {
     },
     #[error(transparent)]
     Pool(#[from] PoolOpError),
+    #[error(transparent)]
+    Finalizer(#[from] FinalizerError),
 }
 
 impl PoolReconcileError {
     pub fn is_conflict(&self) -> bool {
-        matches!(
-            self,
-            PoolReconcileError::Write {
-                source: StoreError::Conflict { .. },
-                ..
+        match self {
+            PoolReconcileError::Write { source, .. } => {
+                matches!(source, StoreError::Conflict { .. })
             }
-        )
+            PoolReconcileError::Finalizer(e) => e.is_conflict(),
+            _ => false,
+        }
     }
-}
-
-fn has_finalizer(pool: &IPPool) -> bool {
-    pool.metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == POOL_FINALIZER))
 }
 
 pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<Shared>) -> Result<Action, PoolReconcileError> {
@@ -63,52 +59,41 @@ pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<Shared>) -> Result<Action, Po
         .name
         .clone()
         .ok_or(PoolReconcileError::MissingName)?;
-    let write_err = |source| PoolReconcileError::Write {
-        pool: name.clone(),
-        source,
-    };
-    if pool.is_deleting() {
-        if !has_finalizer(&pool) {
-            return Ok(Action::await_change());
+    let action = finalizer(&ctx.pools_api, POOL_FINALIZER, pool, |event| async {
+        match event {
+            Event::Apply(pool) => apply(&pool, &name, &ctx).await,
+            Event::Cleanup(pool, release) => cleanup(&pool, release, &name, &ctx).await,
         }
-        match ctx.pools.call(&name, PoolOp::Finalize).await {
-            Ok(PoolReply::Empty) | Err(PoolOpError::Missing { .. }) => {
-                let mut next = (*pool).clone();
-                if let Some(f) = next.metadata.finalizers.as_mut() {
-                    f.retain(|x| x != POOL_FINALIZER);
-                }
-                match ctx.pools_api.replace(&next).await {
-                    Ok(_) => {}
-                    Err(e) if e.is_not_found() => {}
-                    Err(e) => return Err(write_err(e)),
-                }
-                ctx.pools.forget(&name);
-                info!(pool = %name, "IP pool deleted");
-            }
-            Ok(PoolReply::NotEmpty(held)) => {
-                // The release of the last address writes the status, which brings the pool back here.
-                info!(pool = %name, held, "IP pool is being deleted; waiting for its addresses to be released");
-            }
-            Ok(other) => warn!(pool = %name, reply = ?other, "unexpected reply to a finalize"),
-            Err(e) => return Err(e.into()),
-        }
-        ctx.succeeded(&name);
-        return Ok(Action::await_change());
-    }
+    })
+    .await?;
+    ctx.backoff.succeeded(&name);
+    Ok(action)
+}
 
-    if !has_finalizer(&pool) {
-        let mut next = (*pool).clone();
-        next.metadata
-            .finalizers
-            .get_or_insert_default()
-            .push(POOL_FINALIZER.into());
-        match ctx.pools_api.replace(&next).await {
-            Ok(_) => {}
-            Err(e) if e.is_not_found() => return Ok(Action::await_change()),
-            Err(e) => return Err(write_err(e)),
+/// Deletion: the pool goes once it holds no address; until then the release of its last one (which
+/// writes the status) brings it back here.
+async fn cleanup(
+    pool: &IPPool,
+    release: Release<IPPool>,
+    name: &str,
+    ctx: &Shared,
+) -> Result<Action, PoolReconcileError> {
+    match ctx.pools.call(name, PoolOp::Finalize).await {
+        Ok(PoolReply::Empty) | Err(PoolOpError::Missing { .. }) => {
+            release.release(pool).await?;
+            ctx.pools.forget(name);
+            info!(pool = %name, "IP pool deleted");
         }
+        Ok(PoolReply::NotEmpty(held)) => {
+            info!(pool = %name, held, "IP pool is being deleted; waiting for its addresses to be released");
+        }
+        Ok(other) => warn!(pool = %name, reply = ?other, "unexpected reply to a finalize"),
+        Err(e) => return Err(e.into()),
     }
+    Ok(Action::await_change())
+}
 
+async fn apply(pool: &IPPool, name: &str, ctx: &Shared) -> Result<Action, PoolReconcileError> {
     let annotation = pool
         .metadata
         .annotations
@@ -128,7 +113,7 @@ pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<Shared>) -> Result<Action, Po
                 .get(namespace, lb)
                 .await
                 .map_err(|source| PoolReconcileError::Read {
-                    pool: name.clone(),
+                    pool: name.into(),
                     what: "the load balancer of a manual release",
                     source,
                 })?
@@ -141,7 +126,7 @@ pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<Shared>) -> Result<Action, Po
     };
     let reply = ctx
         .pools
-        .call(&name, PoolOp::Sync { manual_release })
+        .call(name, PoolOp::Sync { manual_release })
         .await?;
     if let PoolReply::Synced {
         manual: Some(outcome),
@@ -151,29 +136,32 @@ pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<Shared>) -> Result<Action, Po
         info!(pool = %name, annotation = annotation.as_deref().unwrap_or_default(), outcome = ?outcome, "manual release");
     }
     if annotation.is_some() {
-        // The annotation is always removed afterwards, whatever the outcome (as upstream).
+        // The annotation is always removed afterwards, whatever the outcome (as upstream). Read
+        // afresh: the sync has just written the status.
         let fresh =
             ctx.pools_api
-                .get("", &name)
+                .get("", name)
                 .await
                 .map_err(|source| PoolReconcileError::Read {
-                    pool: name.clone(),
+                    pool: name.into(),
                     what: "the pool",
                     source,
                 })?;
-        if let Some(mut fresh) = fresh {
-            if let Some(a) = fresh.metadata.annotations.as_mut() {
-                a.remove(MANUALLY_RELEASE_IP);
-            }
-            match ctx.pools_api.replace(&fresh).await {
-                Ok(_) => {}
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(write_err(e)),
-            }
+        if let Some(fresh) = fresh {
+            modify(&ctx.pools_api, &fresh, Target::Object, |p| {
+                p.metadata
+                    .annotations
+                    .as_mut()
+                    .is_some_and(|a| a.remove(MANUALLY_RELEASE_IP).is_some())
+            })
+            .await
+            .map_err(|source| PoolReconcileError::Write {
+                pool: name.into(),
+                source,
+            })?;
         }
     }
     // A new or changed pool may be the one that unmatched load balancers are waiting for.
     ctx.pools_changed();
-    ctx.succeeded(&name);
     Ok(Action::await_change())
 }

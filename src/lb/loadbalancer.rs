@@ -20,11 +20,15 @@ use tracing::{debug, info, trace, warn};
 
 use super::{
     Shared,
-    events::{EventType, reason},
     pools::{PoolOp, PoolOpError, PoolReply, set_ready},
 };
 use crate::{
-    crd::{AllocatedAddress, DHCP_ADDRESS, LB_FINALIZER, LoadBalancer, LoadBalancerStatus},
+    controller::{
+        Event, FinalizerError,
+        events::{EventType, reason},
+        finalizer,
+    },
+    crd::{AllocatedAddress, LB_FINALIZER, LoadBalancer, LoadBalancerStatus, keys::DHCP_ADDRESS},
     ipam::{PoolEntry, PoolIndex, PoolPlan, SelectError, plan_pool},
     store::StoreError,
 };
@@ -39,12 +43,10 @@ const EXHAUSTED_RECHECK: Duration = Duration::from_secs(60);
 pub enum LbError {
     #[error("load balancer has no {field}")]
     MissingField { field: &'static str },
-    #[error("cannot add the finalizer to load balancer {key}: {source}")]
-    AddFinalizer { key: String, source: StoreError },
+    #[error(transparent)]
+    Finalizer(#[from] FinalizerError),
     #[error("cannot read load balancer {key}: {source}")]
     Read { key: String, source: StoreError },
-    #[error("cannot remove the finalizer of load balancer {key}: {source}")]
-    RemoveFinalizer { key: String, source: StoreError },
     #[error("cannot write the status of load balancer {key}: {source}")]
     WriteStatus { key: String, source: StoreError },
     #[error("load balancer {key}: fail to release ip {ip}, error: {source}")]
@@ -62,19 +64,11 @@ pub enum LbError {
 impl LbError {
     /// A conflict only means the object moved on; the next event brings the new version.
     pub fn is_conflict(&self) -> bool {
-        matches!(
-            self,
-            LbError::AddFinalizer {
-                source: StoreError::Conflict { .. },
-                ..
-            } | LbError::RemoveFinalizer {
-                source: StoreError::Conflict { .. },
-                ..
-            } | LbError::WriteStatus {
-                source: StoreError::Conflict { .. },
-                ..
-            }
-        )
+        match self {
+            LbError::Finalizer(e) => e.is_conflict(),
+            LbError::WriteStatus { source, .. } => matches!(source, StoreError::Conflict { .. }),
+            _ => false,
+        }
     }
 }
 
@@ -96,13 +90,6 @@ impl Refusal {
     }
 }
 
-fn has_finalizer(lb: &LoadBalancer) -> bool {
-    lb.metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == LB_FINALIZER))
-}
-
 pub async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Shared>) -> Result<Action, LbError> {
     let namespace = lb.metadata.namespace.clone().ok_or(LbError::MissingField {
         field: "metadata.namespace",
@@ -111,67 +98,45 @@ pub async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Shared>) -> Result<Action
         field: "metadata.name",
     })?;
     let key = format!("{namespace}/{name}");
-    let deleting = lb.metadata.deletion_timestamp.is_some();
-    trace!(lb = %key, deleting, resource_version = lb.metadata.resource_version.as_deref().unwrap_or_default(), "reconcile");
-    let action = if deleting {
-        cleanup(&lb, &key, &ctx).await?;
-        Action::await_change()
-    } else {
-        apply(&lb, &key, &ctx).await?
-    };
-    ctx.succeeded(&key);
-    Ok(action)
-}
-
-async fn apply(lb: &Arc<LoadBalancer>, key: &str, ctx: &Shared) -> Result<Action, LbError> {
-    match apply_once((**lb).clone(), key, ctx).await {
+    trace!(lb = %key, deleting = lb.metadata.deletion_timestamp.is_some(), resource_version = lb.metadata.resource_version.as_deref().unwrap_or_default(), "reconcile");
+    let action = match reconcile_once(lb, &key, &ctx).await {
         Err(e) if e.is_conflict() => {
             // The cached copy was stale, typically just behind this controller's own last write:
             // once more on the stored object instead of backing off.
-            let namespace = lb.metadata.namespace.as_deref().unwrap_or_default();
-            let name = lb.metadata.name.as_deref().unwrap_or_default();
             let fresh = ctx
                 .lbs
-                .get(namespace, name)
+                .get(&namespace, &name)
                 .await
                 .map_err(|source| LbError::Read {
-                    key: key.into(),
+                    key: key.clone(),
                     source,
                 })?;
             match fresh {
-                None => Ok(Action::await_change()),
-                Some(fresh) if fresh.metadata.deletion_timestamp.is_some() => {
-                    cleanup(&fresh, key, ctx).await?;
-                    Ok(Action::await_change())
-                }
-                Some(fresh) => apply_once(fresh, key, ctx).await,
+                None => Action::await_change(),
+                Some(fresh) => reconcile_once(Arc::new(fresh), &key, &ctx).await?,
             }
         }
-        other => other,
-    }
+        other => other?,
+    };
+    ctx.backoff.succeeded(&key);
+    Ok(action)
 }
 
-async fn apply_once(lb: LoadBalancer, key: &str, ctx: &Shared) -> Result<Action, LbError> {
-    // The finalizer is durable before any address is taken, so a deletion always releases it.
-    let lb = if has_finalizer(&lb) {
-        lb
-    } else {
-        let mut next = lb;
-        next.metadata
-            .finalizers
-            .get_or_insert_default()
-            .push(LB_FINALIZER.into());
-        match ctx.lbs.replace(&next).await {
-            Ok(written) => written,
-            Err(e) if e.is_not_found() => return Ok(Action::await_change()),
-            Err(source) => {
-                return Err(LbError::AddFinalizer {
-                    key: key.into(),
-                    source,
-                });
+async fn reconcile_once(lb: Arc<LoadBalancer>, key: &str, ctx: &Shared) -> Result<Action, LbError> {
+    finalizer(&ctx.lbs, LB_FINALIZER, lb, |event| async move {
+        match event {
+            Event::Apply(lb) => apply(lb, key, ctx).await,
+            Event::Cleanup(lb, release) => {
+                cleanup(&lb, key, ctx).await?;
+                release.release(&lb).await?;
+                Ok(Action::await_change())
             }
         }
-    };
+    })
+    .await
+}
+
+async fn apply(lb: LoadBalancer, key: &str, ctx: &Shared) -> Result<Action, LbError> {
     let current = lb.status.clone().unwrap_or_default();
     let mut status = current.clone();
     let outcome = if lb.is_dhcp() {
@@ -330,18 +295,7 @@ async fn pool(
 /// list).
 async fn select(lb: &LoadBalancer, ctx: &Shared) -> Result<Result<String, SelectError>, LbError> {
     let pools = ctx.pool_cache.state();
-    let specs: Vec<(String, crate::ipam::PoolSpec, bool)> = pools
-        .iter()
-        .map(|p| (p.name().to_string(), p.ipam_spec(), p.is_deleting()))
-        .collect();
-    let entries: Vec<PoolEntry<'_>> = specs
-        .iter()
-        .map(|(name, spec, deleting)| PoolEntry {
-            name,
-            spec,
-            deleting: *deleting,
-        })
-        .collect();
+    let entries: Vec<PoolEntry<'_>> = pools.iter().map(|p| p.entry()).collect();
     Ok(PoolIndex::new(&entries)
         .select(&lb.request())
         .map(|s| s.pool.to_string()))
@@ -384,9 +338,6 @@ async fn release_from(
 /// Deletion: release the address (wherever the load balancer holds one: its status may predate a
 /// crash), then let the object go.
 async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &Shared) -> Result<(), LbError> {
-    if !has_finalizer(lb) {
-        return Ok(());
-    }
     let recorded = lb
         .status
         .as_ref()
@@ -409,41 +360,5 @@ async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &Shared) -> Result<(), LbErr
     for pool in &pools {
         release_from(lb, key, pool, ctx).await?;
     }
-    let mut next = lb.clone();
-    for _ in 0..5 {
-        if let Some(f) = next.metadata.finalizers.as_mut() {
-            f.retain(|x| x != LB_FINALIZER);
-        }
-        match ctx.lbs.replace(&next).await {
-            Ok(_) => return Ok(()),
-            Err(e) if e.is_not_found() => return Ok(()),
-            Err(StoreError::Conflict { .. }) => {
-                let namespace = lb.metadata.namespace.as_deref().unwrap_or_default();
-                let name = lb.metadata.name.as_deref().unwrap_or_default();
-                match ctx.lbs.get(namespace, name).await {
-                    Ok(Some(fresh)) if has_finalizer(&fresh) => next = fresh,
-                    Ok(_) => return Ok(()),
-                    Err(source) => {
-                        return Err(LbError::RemoveFinalizer {
-                            key: key.into(),
-                            source,
-                        });
-                    }
-                }
-            }
-            Err(source) => {
-                return Err(LbError::RemoveFinalizer {
-                    key: key.into(),
-                    source,
-                });
-            }
-        }
-    }
-    Err(LbError::RemoveFinalizer {
-        key: key.into(),
-        source: StoreError::Conflict {
-            kind: "loadbalancer".into(),
-            name: key.into(),
-        },
-    })
+    Ok(())
 }

@@ -10,21 +10,16 @@
 //! the shutdown token is cancelled, and starts over.
 
 pub mod admission;
-pub mod admitted;
-pub mod events;
 pub mod guest;
 pub mod ippool;
-pub mod kinds;
-pub mod leader;
 pub mod loadbalancer;
 pub mod objects;
 pub mod pools;
 pub mod webhook;
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
 use futures::StreamExt;
@@ -37,15 +32,15 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
 
-use self::{
-    events::Recorder,
-    kinds::VirtualMachine,
-    leader::LeaderElector,
-    pools::{Pools, Wake},
-};
+use self::pools::{Pools, Wake};
 use crate::{
+    controller::{
+        Backoff, default_identity, events::Recorder, kinds::VirtualMachine, leader,
+        leader::LeaderElector,
+    },
     crd::{IPPool, LoadBalancer, lb_api, lb_kind, pool_api, pool_kind},
     store::{Api, Kind, ObjectStore, watcher::watcher},
+    sync::lock,
 };
 
 /// How the reconcilers run.
@@ -67,15 +62,6 @@ impl Default for Settings {
     }
 }
 
-/// `<hostname>_<random>`, as client-go names leader-election candidates.
-pub fn default_identity() -> String {
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "harvester-cloud".into());
-    format!("{host}_{}", uuid::Uuid::new_v4().simple())
-}
-
 /// What every reconcile shares.
 pub struct Shared {
     pub store: Arc<dyn ObjectStore>,
@@ -90,31 +76,11 @@ pub struct Shared {
     /// Bumped on every pool change, so a load balancer that failed to match while a pool appeared
     /// notices it missed the wake-up.
     pool_generation: std::sync::atomic::AtomicU64,
-    /// Consecutive failures per object, for the back-off.
-    failures: Mutex<HashMap<String, u32>>,
+    /// Consecutive failures per object.
+    backoff: Backoff,
 }
 
 impl Shared {
-    fn succeeded(&self, key: &str) {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        if !failures.is_empty() {
-            failures.remove(key);
-        }
-    }
-
-    /// Capped exponential back-off for an object that failed; conflicts retry quickly, as the newer
-    /// version is already on its way.
-    fn backoff(&self, key: &str, conflict: bool) -> Action {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let n = failures.entry(key.to_string()).or_insert(0);
-        *n = n.saturating_add(1);
-        if conflict {
-            return Action::requeue(Duration::from_millis(50 * u64::from((*n).min(20))));
-        }
-        let millis = 250u64.saturating_mul(1 << (*n).min(10));
-        Action::requeue(Duration::from_millis(millis).min(Duration::from_secs(300)))
-    }
-
     /// Records a load balancer that found no pool and returns how to report it.
     fn unmatched(
         &self,
@@ -123,10 +89,7 @@ impl Shared {
         message: String,
     ) -> loadbalancer::Refusal {
         let before = self.generation();
-        self.unmatched
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(lb.clone());
+        lock(&self.unmatched).insert(lb.clone());
         if self.generation() != before {
             // A pool changed while this one was choosing: look again now.
             let _ = self.wake.send(lb);
@@ -143,12 +106,7 @@ impl Shared {
     fn pools_changed(&self) {
         self.pool_generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let waiting: Vec<_> = self
-            .unmatched
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .collect();
+        let waiting: Vec<_> = lock(&self.unmatched).drain().collect();
         if !waiting.is_empty() {
             debug!(
                 count = waiting.len(),
@@ -226,7 +184,7 @@ pub async fn run_controllers(
         wake: wake_tx,
         unmatched: Mutex::new(HashSet::new()),
         pool_generation: std::sync::atomic::AtomicU64::new(0),
-        failures: Mutex::new(HashMap::new()),
+        backoff: Backoff::default(),
         store: store.clone(),
     });
     let shutdown = || {
@@ -248,7 +206,7 @@ pub async fn run_controllers(
             |pool, ctx| timed("ippool", ippool::reconcile(pool, ctx)),
             |pool, e: &ippool::PoolReconcileError, ctx: Arc<Shared>| {
                 warn!(pool = pool.metadata.name.as_deref().unwrap_or_default(), error = %e, "IP pool reconcile failed");
-                ctx.backoff(
+                ctx.backoff.failed(
                     pool.metadata.name.as_deref().unwrap_or_default(),
                     e.is_conflict(),
                 )
@@ -284,7 +242,7 @@ pub async fn run_controllers(
                 } else {
                     warn!(lb = %key, error = %e, "load balancer reconcile failed");
                 }
-                ctx.backoff(&key, e.is_conflict())
+                ctx.backoff.failed(&key, e.is_conflict())
             },
             ctx.clone(),
         )
@@ -320,7 +278,7 @@ pub async fn run_controllers(
                     vm.metadata.name.as_deref().unwrap_or_default()
                 );
                 warn!(vm = %key, error = %e, "guest cluster cleanup failed");
-                ctx.backoff(&key, e.is_conflict())
+                ctx.backoff.failed(&key, e.is_conflict())
             },
             ctx.clone(),
         )

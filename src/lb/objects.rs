@@ -1,17 +1,18 @@
-//! Reading and writing IPPools and LoadBalancers on behalf of API callers: every write is mutated and
-//! validated as Harvester's webhooks would ([`Admission`]), then stored with Kubernetes' optimistic
-//! concurrency (a stale `metadata.resourceVersion` is a conflict).
+//! Reading and writing IPPools and LoadBalancers on behalf of API callers: bodies are read as the
+//! API server reads them, and written through the admitted store ([`AdmittedStore`]), which mutates
+//! and validates them as Harvester's webhooks would, with Kubernetes' optimistic concurrency (a stale
+//! `metadata.resourceVersion` is a conflict).
 //!
 //! Writes never touch `status` (it is a subresource, owned by the reconcilers). A PUT without a
 //! resourceVersion replaces whatever is stored, as `kubectl replace --force`-less clients expect; the
-//! checks then run against exactly the version that is replaced, because the write is conditional on
-//! it.
+//! admitted store then judges exactly the version that is replaced, and makes the write conditional
+//! on it.
 
 use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::admission::{Admission, AdmitError};
+use super::admission::{Admission, AdmitError, AdmittedStore, store::admission_error};
 use crate::{
     crd::{IPPool, LoadBalancer, lb_api, pool_api},
     store::{Api, Deleted, LabelSelector, ObjectStore, Preconditions, StoreError},
@@ -122,39 +123,46 @@ fn decode<T: serde::de::DeserializeOwned>(expect: &Expect, body: &[u8]) -> Resul
     serde_json::from_value(value).map_err(|e| invalid(e.to_string()))
 }
 
-/// IPPools and LoadBalancers through admission and the store.
+/// IPPools and LoadBalancers through the admitted store.
 #[derive(Clone)]
 pub struct Objects {
-    admission: Admission,
+    store: Arc<AdmittedStore>,
     pools: Api<IPPool>,
     lbs: Api<LoadBalancer>,
 }
 
 impl Objects {
-    pub fn new(admission: Admission) -> Self {
-        let store: Arc<dyn ObjectStore> = admission.store().clone();
+    pub fn new(store: Arc<AdmittedStore>) -> Self {
+        let writer: Arc<dyn ObjectStore> = store.clone();
         Objects {
-            pools: pool_api(store.clone()),
-            lbs: lb_api(store),
-            admission,
+            pools: pool_api(writer.clone()),
+            lbs: lb_api(writer),
+            store,
         }
     }
 
+    /// The checks the store runs, for the admission webhooks.
     pub fn admission(&self) -> &Admission {
-        &self.admission
+        self.store.admission()
     }
 
+    /// A failed store call: admission's refusal (or failure to decide) as such, a missing object as
+    /// not found, anything else as the store's.
     fn store_err(
         action: &'static str,
         kind: &'static str,
         name: &str,
     ) -> impl FnOnce(StoreError) -> ObjectError {
         let name = name.to_string();
-        move |source| ObjectError::Store {
-            action,
-            kind,
-            name,
-            source: Box::new(source),
+        move |e| match admission_error(e) {
+            Ok(refusal) => ObjectError::Admission(refusal),
+            Err(StoreError::NotFound { .. }) => ObjectError::NotFound { kind, name },
+            Err(source) => ObjectError::Store {
+                action,
+                kind,
+                name,
+                source: Box::new(source),
+            },
         }
     }
 
@@ -162,8 +170,7 @@ impl Objects {
 
     pub async fn list_pools(&self) -> Result<(Vec<IPPool>, String), ObjectError> {
         let list = self
-            .admission
-            .store()
+            .store
             .list(self.pools.kind(), None, &LabelSelector::everything())
             .await
             .map_err(Self::store_err("list", POOL, ""))?;
@@ -192,13 +199,12 @@ impl Objects {
     }
 
     pub async fn create_pool(&self, body: &[u8]) -> Result<IPPool, ObjectError> {
-        let mut pool: IPPool = decode(&POOL_BODY, body)?;
-        pool.status = None;
-        self.admission.admit_pool_create(&mut pool).await?;
+        let pool: IPPool = decode(&POOL_BODY, body)?;
+        let name = pool.name().to_string();
         self.pools
             .create(&pool)
             .await
-            .map_err(Self::store_err("create", POOL, pool.name()))
+            .map_err(Self::store_err("create", POOL, &name))
     }
 
     pub async fn update_pool(&self, name: &str, body: &[u8]) -> Result<IPPool, ObjectError> {
@@ -214,20 +220,6 @@ impl Objects {
             }
             Some(_) => {}
         }
-        let current = self.get_pool(name).await?;
-        if pool
-            .metadata
-            .resource_version
-            .as_deref()
-            .unwrap_or_default()
-            .is_empty()
-        {
-            pool.metadata.resource_version = current.metadata.resource_version.clone();
-        }
-        pool.status = current.status.clone();
-        self.admission
-            .admit_pool_update(&current, &mut pool)
-            .await?;
         self.pools
             .replace(&pool)
             .await
@@ -235,17 +227,9 @@ impl Objects {
     }
 
     pub async fn delete_pool(&self, name: &str) -> Result<Value, ObjectError> {
-        let current = self.get_pool(name).await?;
-        self.admission.admit_pool_delete(&current)?;
-        // Conditional on the version just checked: an address allocated since makes this a conflict
-        // instead of deleting a pool that holds it.
-        let preconditions = Preconditions {
-            uid: current.metadata.uid.clone(),
-            resource_version: current.metadata.resource_version.clone(),
-        };
         let deleted = self
             .pools
-            .delete("", name, &preconditions)
+            .delete("", name, &Preconditions::default())
             .await
             .map_err(Self::store_err("delete", POOL, name))?;
         Ok(match deleted {
@@ -260,8 +244,7 @@ impl Objects {
         namespace: Option<&str>,
     ) -> Result<(Vec<LoadBalancer>, String), ObjectError> {
         let list = self
-            .admission
-            .store()
+            .store
             .list(self.lbs.kind(), namespace, &LabelSelector::everything())
             .await
             .map_err(Self::store_err("list", LB, namespace.unwrap_or_default()))?;
@@ -297,14 +280,13 @@ impl Objects {
         name: &str,
     ) -> Result<(Vec<k8s_openapi::api::core::v1::Event>, String), ObjectError> {
         let lb = self.get_lb(namespace, name).await?;
-        super::events::about(self.admission.store(), &lb)
+        crate::controller::events::about(self.store.as_ref(), &lb)
             .await
             .map_err(Self::store_err("list the events of", LB, name))
     }
 
     pub async fn create_lb(&self, body: &[u8]) -> Result<LoadBalancer, ObjectError> {
-        let mut lb: LoadBalancer = decode(&LB_BODY, body)?;
-        lb.status = None;
+        let lb: LoadBalancer = decode(&LB_BODY, body)?;
         if lb
             .metadata
             .namespace
@@ -317,8 +299,6 @@ impl Objects {
                 name: lb.metadata.name.clone().unwrap_or_default(),
             });
         }
-        self.admission.mutate_lb(&mut lb).await?;
-        self.admission.validate_lb_create(&lb).await?;
         let name = lb.metadata.name.clone().unwrap_or_default();
         self.lbs
             .create(&lb)
@@ -349,19 +329,6 @@ impl Objects {
                 Some(_) => {}
             }
         }
-        let current = self.get_lb(namespace, name).await?;
-        if lb
-            .metadata
-            .resource_version
-            .as_deref()
-            .unwrap_or_default()
-            .is_empty()
-        {
-            lb.metadata.resource_version = current.metadata.resource_version.clone();
-        }
-        lb.status = current.status.clone();
-        self.admission.mutate_lb(&mut lb).await?;
-        self.admission.validate_lb_update(&current, &lb)?;
         self.lbs
             .replace(&lb)
             .await
@@ -373,18 +340,7 @@ impl Objects {
             .lbs
             .delete(namespace, name, &Preconditions::default())
             .await
-            .map_err(|e| match e {
-                StoreError::NotFound { .. } => ObjectError::NotFound {
-                    kind: LB,
-                    name: name.into(),
-                },
-                source => ObjectError::Store {
-                    action: "delete",
-                    kind: LB,
-                    name: name.into(),
-                    source: Box::new(source),
-                },
-            })?;
+            .map_err(Self::store_err("delete", LB, name))?;
         Ok(match deleted {
             Deleted::Gone(v) | Deleted::Pending(v) => v,
         })

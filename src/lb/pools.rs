@@ -24,12 +24,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
-    crd::{Condition, IPPool, IPPoolStatus, LoadBalancer, pool_api},
+    crd::{IPPool, LoadBalancer, pool_api},
     ipam::{
-        self, AllocateError, Allocation, ManualRelease, ManualReleaseOutcome, PoolAllocator,
-        PoolError,
+        self, AllocateError, Allocation, Condition, ManualRelease, ManualReleaseOutcome,
+        PoolAllocator, PoolError, PoolStatus,
     },
     store::{Api, ObjectStore, StoreError},
+    sync::lock,
 };
 
 /// Requests applied in one round (and one status write) at most.
@@ -144,7 +145,7 @@ impl Pools {
     }
 
     fn sender(&self, pool: &str) -> mpsc::UnboundedSender<Request> {
-        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tasks = lock(&self.tasks);
         if let Some(tx) = tasks.get(pool).filter(|tx| !tx.is_closed()) {
             return tx.clone();
         }
@@ -177,20 +178,12 @@ impl Pools {
 
     /// The pools that have (or had) a task in this process.
     pub fn known(&self) -> Vec<String> {
-        self.tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .cloned()
-            .collect()
+        lock(&self.tasks).keys().cloned().collect()
     }
 
     /// Forgets a pool's task (after the pool is gone).
     pub fn forget(&self, pool: &str) {
-        self.tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(pool);
+        lock(&self.tasks).remove(pool);
     }
 }
 
@@ -219,7 +212,7 @@ struct Applied {
     /// A sync ran: once its status is stored, the pool is synced.
     synced: bool,
     /// The status to write, if it changed.
-    status: Option<IPPoolStatus>,
+    status: Option<PoolStatus>,
     freed: bool,
     stop_after: bool,
 }
@@ -265,12 +258,9 @@ impl PoolTask {
         {
             return Ok(());
         }
-        let status = pool
-            .status
-            .as_ref()
-            .map(ipam::PoolStatus::from)
-            .unwrap_or_default();
-        let allocator = PoolAllocator::from_status(&self.name, &pool.ranges(), &status);
+        let none = PoolStatus::default();
+        let status = pool.status.as_ref().unwrap_or(&none);
+        let allocator = PoolAllocator::from_status(&self.name, &pool.spec.ranges, status);
         self.loaded = Some(Loaded {
             pool,
             allocator,
@@ -516,7 +506,7 @@ impl PoolTask {
         let current = loaded.pool.status.clone().unwrap_or_default();
         let mut status = current.clone();
         if let Ok(allocator) = &loaded.allocator {
-            status.set_allocation(allocator);
+            allocator.write_status(&mut status);
         }
         if let Some(ready) = ready {
             let (ok, message) = match ready {

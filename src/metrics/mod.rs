@@ -22,6 +22,9 @@
 //! | `reconcile_errors_total` | `controller`, `reason` | [`observe_reconcile`] |
 //! | `leader` | none | [`set_leader`] (leader election: 1 while this replica holds the Lease) |
 //! | `guest_clusters` | none | [`set_guest_clusters`] (embedded backend: guest clusters with a running reconciler) |
+//! | `tunnel_connected` | none | [`set_tunnel_connected`] (Rancher aggregation tunnel: 1 while a session is up) |
+//! | `tunnel_failures_total` | none | [`tunnel_failed`] (failed dials and sessions that ended in an error) |
+//! | `tunnel_connections_total` | none | [`tunnel_connection`] (connections Rancher opened through the tunnel) |
 //! | `build_info` | `version` | always 1 |
 
 pub mod server;
@@ -111,6 +114,9 @@ struct Metrics {
     reconcile_errors: Family<ControllerErrorLabels, Counter>,
     leader: Gauge,
     guest_clusters: Gauge,
+    tunnel_connected: Gauge,
+    tunnel_failures: Counter,
+    tunnel_connections: Counter,
 }
 
 impl Metrics {
@@ -130,6 +136,9 @@ impl Metrics {
             reconcile_errors: Family::default(),
             leader: Gauge::default(),
             guest_clusters: Gauge::default(),
+            tunnel_connected: Gauge::default(),
+            tunnel_failures: Counter::default(),
+            tunnel_connections: Counter::default(),
         };
         registry.register(
             "http_requests",
@@ -192,6 +201,21 @@ impl Metrics {
             "guest_clusters",
             "Guest clusters of the embedded store whose reconciler runs (from their first Service until they have nothing left)",
             m.guest_clusters.clone(),
+        );
+        registry.register(
+            "tunnel_connected",
+            "1 while the Rancher aggregation tunnel has a session up, else 0",
+            m.tunnel_connected.clone(),
+        );
+        registry.register(
+            "tunnel_failures",
+            "Rancher aggregation tunnel dials that failed and sessions that ended in an error",
+            m.tunnel_failures.clone(),
+        );
+        registry.register(
+            "tunnel_connections",
+            "Connections Rancher opened through the aggregation tunnel",
+            m.tunnel_connections.clone(),
         );
         let build_info = Family::<VersionLabels, Gauge>::default();
         build_info
@@ -316,6 +340,21 @@ pub fn set_guest_clusters(count: usize) {
     METRICS
         .guest_clusters
         .set(i64::try_from(count).unwrap_or(i64::MAX));
+}
+
+/// Whether the Rancher aggregation tunnel has a session up.
+pub fn set_tunnel_connected(up: bool) {
+    METRICS.tunnel_connected.set(i64::from(up));
+}
+
+/// A tunnel dial failed, or a session ended in an error.
+pub fn tunnel_failed() {
+    METRICS.tunnel_failures.inc();
+}
+
+/// Rancher opened a connection through the tunnel.
+pub fn tunnel_connection() {
+    METRICS.tunnel_connections.inc();
 }
 
 /// The current value of a counter or gauge sample, read back from [`encode`]'s output; for tests.

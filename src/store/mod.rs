@@ -142,6 +142,14 @@ pub enum StoreError {
         name: String,
         reason: String,
     },
+    /// A write that an admission decorator of the store refused; `source` is the refusal, which
+    /// the writer may recover by downcasting. Named as the API server names a webhook's denial.
+    #[error("{kind} \"{name}\" is invalid: {source}")]
+    Refused {
+        kind: String,
+        name: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("the requested resource version is too old")]
     Gone,
     #[error("the service's own identity is not allowed to do this: {message}")]

@@ -184,11 +184,11 @@ pub async fn seed(cp: &ControlPlane) {
     for (name, rules) in [
         (
             "harvesterhci.io:cloudprovider",
-            harvester_cloud::app::cloudprovider_rules(),
+            harvester_cloud::kubeconfig::seed::cloudprovider_rules(),
         ),
         (
             "harvesterhci.io:csi-driver",
-            harvester_cloud::app::csi_driver_rules(),
+            harvester_cloud::kubeconfig::seed::csi_driver_rules(),
         ),
     ] {
         let role = ClusterRole {

@@ -209,7 +209,7 @@ impl EmbeddedBackend {
 
 impl Backend for EmbeddedBackend {
     fn router(&self) -> Router {
-        harvester_cloud::http::router(self.app.state.clone())
+        harvester_cloud::http::router(self.app.service.state.clone())
     }
 
     fn admin_token(&self) -> String {
@@ -242,7 +242,7 @@ impl Backend for EmbeddedBackend {
     }
 
     fn store(&self) -> std::sync::Arc<dyn harvester_cloud::store::ObjectStore> {
-        self.app.state.store.clone()
+        self.app.service.state.store.clone()
     }
 
     fn expected_ca(&self) -> Vec<u8> {
@@ -263,6 +263,7 @@ pub fn account_yaml(ns: &str, sa: &str) -> String {
 
 pub mod control_plane;
 pub mod kube_env;
+pub mod rancher_peer;
 
 use control_plane::ControlPlane;
 
@@ -272,7 +273,7 @@ pub struct KubeBackend {
     pub cp: ControlPlane,
     /// A `system:masters` client for the test's own reads and writes.
     pub client: kube::Client,
-    pub app: app::Kube,
+    pub app: app::Service,
     pub dir: tempfile::TempDir,
     pub extra_args: Vec<String>,
     token: String,
@@ -325,7 +326,7 @@ impl KubeBackend {
         self.dir.path().join("service.kubeconfig")
     }
 
-    async fn open(dir: &Path, extra: &[String]) -> app::Kube {
+    async fn open(dir: &Path, extra: &[String]) -> app::Service {
         let mut args = vec![
             "--backend".to_string(),
             "kube".into(),

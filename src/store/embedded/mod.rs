@@ -10,12 +10,21 @@
 //! read returns an object, and a watch sees a change only once that change is on disk; so however
 //! many requests write at once, each pays one shared fsync rather than one each.
 
+mod semantics;
+mod sql;
 mod state;
-pub mod tokens;
+
+pub use sql::open_pool;
+
+use self::{
+    semantics::{
+        checked_key, conflict, meta_mut, meta_str, not_an_object, not_found, now_rfc3339, row_of,
+    },
+    sql::{commit, create_data_dir, load, migrated_pool, options},
+};
 
 use std::{
     path::{Path, PathBuf},
-    str::FromStr,
     sync::{Arc, RwLock},
     time::Duration,
 };
@@ -23,12 +32,10 @@ use std::{
 use async_trait::async_trait;
 use base64::{Engine, engine::general_purpose::STANDARD as B64};
 use futures::StreamExt;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use sqlx::{
-    Connection, Row, SqliteConnection,
-    sqlite::{
-        SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-    },
+    Connection, SqliteConnection,
+    sqlite::{SqlitePool, SqliteSynchronous},
 };
 use tokio::sync::{Mutex, Notify, broadcast, watch};
 use tracing::{Instrument, info};
@@ -38,7 +45,7 @@ use super::{
     Change, ChangeStream, ChangeType, Deleted, Kind, LabelSelector, ObjectList, ObjectStore,
     Preconditions, StoreError,
 };
-use crate::{issuer::Issuer, validation};
+use crate::issuer::Issuer;
 
 /// How many changes are kept for watches that resume from an older resourceVersion.
 const HISTORY: usize = 100_000;
@@ -107,58 +114,6 @@ pub struct EmbeddedStore {
     _lock: std::fs::File,
 }
 
-/// Opens the database file of a data directory for maintenance commands (tokens), without the
-/// exclusive lock and the object index that `serve` holds.
-pub async fn open_pool(data_dir: &Path) -> Result<SqlitePool, OpenError> {
-    create_data_dir(data_dir)?;
-    let path = data_dir.join("harvester-cloud.db");
-    let pool = SqlitePoolOptions::new()
-        .max_connections(2)
-        .connect_with(options(&path, SqliteSynchronous::Full))
-        .await
-        .map_err(|source| OpenError::Open {
-            path: path.clone(),
-            source,
-        })?;
-    migrate(&pool, &path).await?;
-    Ok(pool)
-}
-
-fn create_data_dir(data_dir: &Path) -> Result<(), OpenError> {
-    std::fs::create_dir_all(data_dir).map_err(|source| OpenError::CreateDir {
-        path: data_dir.to_path_buf(),
-        source,
-    })?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        // The directory holds the signing key and token hashes: keep other users out.
-        let _ = std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700));
-    }
-    Ok(())
-}
-
-/// Connection options. `SqliteSynchronous::Full` makes SQLite fsync inside every commit; the store
-/// instead commits with `Normal` and lets its syncer fsync the WAL once per group of commits.
-fn options(path: &Path, synchronous: SqliteSynchronous) -> SqliteConnectOptions {
-    SqliteConnectOptions::new()
-        .filename(path)
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(synchronous)
-        .busy_timeout(Duration::from_secs(10))
-}
-
-async fn migrate(pool: &SqlitePool, path: &Path) -> Result<(), OpenError> {
-    sqlx::migrate!("./migrations")
-        .run(pool)
-        .await
-        .map_err(|source| OpenError::Migrate {
-            path: path.to_path_buf(),
-            source,
-        })
-}
-
 impl EmbeddedStore {
     /// Opens (creating if needed) the store in `data_dir` and loads every object into memory.
     pub async fn open(data_dir: &Path, durability: Durability) -> Result<Arc<Self>, OpenError> {
@@ -190,15 +145,7 @@ impl EmbeddedStore {
 
         let path = data_dir.join("harvester-cloud.db");
         let opts = options(&path, SqliteSynchronous::Normal);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(opts.clone())
-            .await
-            .map_err(|source| OpenError::Open {
-                path: path.clone(),
-                source,
-            })?;
-        migrate(&pool, &path).await?;
+        let pool = migrated_pool(&path, &opts, 4).await?;
         let writer = SqliteConnection::connect_with(&opts)
             .await
             .map_err(|source| OpenError::Open {
@@ -500,316 +447,6 @@ impl Drop for EmbeddedStore {
     }
 }
 
-const DELETE_ROW: &str =
-    "DELETE FROM objects WHERE api_version = ? AND kind = ? AND namespace = ? AND name = ?;";
-const UPSERT_ROW: &str = "INSERT INTO objects (api_version, kind, namespace, name, uid, resource_version, body)
-     VALUES (?, ?, ?, ?, ?, ?, ?)
-     ON CONFLICT (api_version, kind, namespace, name)
-     DO UPDATE SET uid = excluded.uid, resource_version = excluded.resource_version, body = excluded.body;";
-
-/// Stores `rows` and the new resourceVersion in one transaction, sent to SQLite as one
-/// multi-statement query: one round trip to the connection's worker instead of one per statement,
-/// which is most of a small write's cost.
-async fn commit(
-    conn: &mut SqliteConnection,
-    rows: &[StateRow],
-    last_rv: u64,
-) -> Result<(), StoreError> {
-    let mut sql = String::from("BEGIN IMMEDIATE;");
-    let mut bodies = Vec::with_capacity(rows.len());
-    for row in rows {
-        match row.change {
-            ChangeType::Deleted => {
-                sql.push_str(DELETE_ROW);
-                bodies.push(None);
-            }
-            ChangeType::Added | ChangeType::Modified => {
-                sql.push_str(UPSERT_ROW);
-                bodies.push(Some(
-                    serde_json::to_string(&*row.object).map_err(StoreError::backend)?,
-                ));
-            }
-        }
-    }
-    sql.push_str("UPDATE meta SET value = ? WHERE key = 'resource_version'; COMMIT;");
-    // Built only from the constant statements above; every value is a bind, consumed in order
-    // across the statements.
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for (row, body) in rows.iter().zip(bodies) {
-        q = q
-            .bind(row.api_version.as_str())
-            .bind(row.kind.as_str())
-            .bind(row.namespace.as_str())
-            .bind(row.name.as_str());
-        if let Some(body) = body {
-            q = q.bind(row.uid.as_str()).bind(row.rv as i64).bind(body);
-        }
-    }
-    let result = q.bind(last_rv.to_string()).execute(&mut *conn).await;
-    if let Err(e) = result {
-        // A statement failed inside the transaction: undo whatever ran before it.
-        let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-        return Err(StoreError::backend(e));
-    }
-    Ok(())
-}
-
-fn not_an_object(kind: &str, name: &str) -> StoreError {
-    StoreError::Invalid {
-        kind: kind.into(),
-        name: name.into(),
-        reason: "the object and its metadata must be JSON objects".into(),
-    }
-}
-
-async fn load(pool: &SqlitePool) -> Result<State, StoreError> {
-    let rv: String = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'resource_version'")
-        .fetch_one(pool)
-        .await
-        .map_err(StoreError::backend)?;
-    let mut state = State::new(u64::from_str(&rv).map_err(StoreError::backend)?);
-    let mut rows = sqlx::query(
-        "SELECT api_version, kind, namespace, name, uid, resource_version, body FROM objects",
-    )
-    .fetch(pool);
-    while let Some(row) = rows.next().await {
-        let row = row.map_err(StoreError::backend)?;
-        let body: String = row.get("body");
-        let object: Value = serde_json::from_str(&body).map_err(StoreError::backend)?;
-        let rv: i64 = row.get("resource_version");
-        state.insert_loaded(StateRow {
-            api_version: row.get("api_version"),
-            kind: row.get("kind"),
-            namespace: row.get("namespace"),
-            name: row.get("name"),
-            uid: row.get("uid"),
-            rv: rv as u64,
-            change: ChangeType::Added,
-            object: Arc::new(object),
-        });
-    }
-    Ok(state)
-}
-
-fn now_rfc3339() -> String {
-    let now = time::OffsetDateTime::now_utc()
-        .replace_nanosecond(0)
-        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    now.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
-}
-
-fn meta_mut<'a>(kind: &Kind, obj: &'a mut Value) -> Result<&'a mut Map<String, Value>, StoreError> {
-    let name = super::object_key(obj).1;
-    obj.as_object_mut()
-        .and_then(|o| {
-            o.entry("metadata")
-                .or_insert_with(|| json!({}))
-                .as_object_mut()
-        })
-        .ok_or_else(|| not_an_object(&kind.singular(), &name))
-}
-
-fn meta_str(obj: &Value, field: &str) -> Option<String> {
-    obj.get("metadata")
-        .and_then(|m| m.get(field))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-}
-
-fn finalizers(obj: &Value) -> Vec<String> {
-    obj.pointer("/metadata/finalizers")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The object without the fields the server owns, to detect writes that change nothing.
-fn comparable(obj: &Value) -> Value {
-    let mut v = obj.clone();
-    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("resourceVersion");
-        m.remove("managedFields");
-    }
-    v
-}
-
-fn invalid(kind: &Kind, name: &str, reason: impl Into<String>) -> StoreError {
-    StoreError::Invalid {
-        kind: kind.singular(),
-        name: name.to_string(),
-        reason: reason.into(),
-    }
-}
-
-fn not_found(kind: &Kind, name: &str) -> StoreError {
-    StoreError::NotFound {
-        kind: kind.singular(),
-        name: name.to_string(),
-    }
-}
-
-fn conflict(kind: &Kind, name: &str) -> StoreError {
-    StoreError::Conflict {
-        kind: kind.singular(),
-        name: name.to_string(),
-    }
-}
-
-fn row_of(
-    kind: &Kind,
-    namespace: &str,
-    name: &str,
-    uid: &str,
-    rv: u64,
-    change: ChangeType,
-    object: Value,
-) -> StateRow {
-    StateRow {
-        api_version: kind.api_version.to_string(),
-        kind: kind.kind.to_string(),
-        namespace: namespace.to_string(),
-        name: name.to_string(),
-        uid: uid.to_string(),
-        rv,
-        change,
-        object: Arc::new(object),
-    }
-}
-
-fn set_rv(obj: &mut Value, rv: u64) {
-    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.insert("resourceVersion".into(), Value::from(rv.to_string()));
-    }
-}
-
-/// Checks the key of an incoming object and returns (namespace, name).
-fn checked_key(kind: &Kind, obj: &mut Value) -> Result<(String, String), StoreError> {
-    let meta = meta_mut(kind, obj)?;
-    let name = meta
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    if name.is_empty() {
-        return Err(invalid(
-            kind,
-            "",
-            "metadata.name: Required value: name or generateName is required",
-        ));
-    }
-    kind.names.check(&name).map_err(|e| {
-        invalid(
-            kind,
-            &name,
-            format!("metadata.name: Invalid value: \"{name}\": {e}"),
-        )
-    })?;
-    let namespace = if kind.namespaced {
-        let ns = meta
-            .get("namespace")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        if ns.is_empty() {
-            return Err(invalid(kind, &name, "metadata.namespace: Required value"));
-        }
-        validation::dns1123_label(&ns).map_err(|e| {
-            invalid(
-                kind,
-                &name,
-                format!("metadata.namespace: Invalid value: \"{ns}\": {e}"),
-            )
-        })?;
-        ns
-    } else {
-        meta.remove("namespace");
-        String::new()
-    };
-    Ok((namespace, name))
-}
-
-/// Whether `obj` names owners and none of them exists.
-fn orphaned(state: &State, obj: &Value) -> bool {
-    obj.pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .is_some_and(|refs| {
-            !refs.is_empty()
-                && refs.iter().all(|r| {
-                    !state.has_uid(r.get("uid").and_then(Value::as_str).unwrap_or_default())
-                })
-        })
-}
-
-impl EmbeddedStore {
-    /// The rows that delete `root` and, like Kubernetes' garbage collector, its dependents whose
-    /// owners are all gone. Objects with finalizers are only marked for deletion.
-    fn plan_delete(&self, state: &State, kind: &Kind, root: &Value, rv: &mut u64) -> Vec<StateRow> {
-        let mut rows = Vec::new();
-        let mut gone_uids = Vec::new();
-        let mut queue: Vec<(String, String, Value)> = vec![(
-            kind.api_version.to_string(),
-            kind.kind.to_string(),
-            root.clone(),
-        )];
-        while let Some((api_version, k, obj)) = queue.pop() {
-            let (namespace, name) = super::object_key(&obj);
-            let uid = meta_str(&obj, "uid").unwrap_or_default();
-            let row_kind = |rv: u64, change, object| StateRow {
-                api_version: api_version.clone(),
-                kind: k.clone(),
-                namespace: namespace.clone(),
-                name: name.clone(),
-                uid: uid.clone(),
-                rv,
-                change,
-                object: Arc::new(object),
-            };
-            if !finalizers(&obj).is_empty() {
-                if meta_str(&obj, "deletionTimestamp").is_none() {
-                    let mut marked = obj.clone();
-                    *rv += 1;
-                    if let Some(m) = marked.get_mut("metadata").and_then(Value::as_object_mut) {
-                        m.insert("deletionTimestamp".into(), Value::from(now_rfc3339()));
-                        m.insert("deletionGracePeriodSeconds".into(), Value::from(0));
-                    }
-                    set_rv(&mut marked, *rv);
-                    rows.push(row_kind(*rv, ChangeType::Modified, marked));
-                }
-                continue;
-            }
-            *rv += 1;
-            let mut last = obj.clone();
-            set_rv(&mut last, *rv);
-            rows.push(row_kind(*rv, ChangeType::Deleted, last));
-            gone_uids.push(uid.clone());
-            for (dep_api, dep_kind, dep) in state.dependents_of(&uid) {
-                let all_owners_gone = dep
-                    .pointer("/metadata/ownerReferences")
-                    .and_then(Value::as_array)
-                    .is_some_and(|refs| {
-                        refs.iter().all(|r| {
-                            let owner = r.get("uid").and_then(Value::as_str).unwrap_or_default();
-                            gone_uids.iter().any(|g| g == owner) || !state.has_uid(owner)
-                        })
-                    });
-                let dep_uid = meta_str(&dep, "uid").unwrap_or_default();
-                let already = rows
-                    .iter()
-                    .any(|r| r.uid == dep_uid && r.change == ChangeType::Deleted);
-                if all_owners_gone && !already {
-                    queue.push((dep_api, dep_kind, (*dep).clone()));
-                }
-            }
-        }
-        rows
-    }
-}
-
 #[async_trait]
 impl ObjectStore for EmbeddedStore {
     async fn get(
@@ -871,7 +508,7 @@ impl ObjectStore for EmbeddedStore {
                 .and_then(Value::as_str)
                 .is_some_and(|n| !n.is_empty());
             if !has_name && let Some(prefix) = meta.get("generateName").and_then(Value::as_str) {
-                let name = format!("{prefix}{}", crate::auth::token::random_alnum(5));
+                let name = format!("{prefix}{}", crate::validation::random_alnum(5));
                 meta.insert("name".into(), Value::from(name));
             }
         }
@@ -917,7 +554,7 @@ impl ObjectStore for EmbeddedStore {
             let mut rows = vec![row];
             // As Kubernetes' garbage collector does, a dependent none of whose owners exists is
             // deleted (after being created: watchers see both).
-            if orphaned(state, &object) {
+            if semantics::orphaned(state, &object) {
                 let mut next = rv;
                 rows.extend(self.plan_delete(state, kind, &object, &mut next));
             }
@@ -1078,89 +715,5 @@ impl ObjectStore for EmbeddedStore {
             .await
             .map(|_| ())
             .map_err(StoreError::backend)
-    }
-}
-
-impl EmbeddedStore {
-    async fn replace_impl(
-        &self,
-        kind: &Kind,
-        mut object: Value,
-        status_only: bool,
-    ) -> Result<Value, StoreError> {
-        let (namespace, name) = checked_key(kind, &mut object)?;
-        self.write(|state| {
-            let current = state
-                .get(&kind.api_version, &kind.kind, &namespace, &name)
-                .ok_or_else(|| not_found(kind, &name))?;
-            let want_rv = meta_str(&object, "resourceVersion").filter(|s| !s.is_empty());
-            if want_rv.is_some() && want_rv != meta_str(&current, "resourceVersion") {
-                return Err(conflict(kind, &name));
-            }
-            let want_uid = meta_str(&object, "uid").filter(|s| !s.is_empty());
-            if want_uid.is_some() && want_uid != meta_str(&current, "uid") {
-                return Err(conflict(kind, &name));
-            }
-            let mut next = if status_only {
-                let mut next = (*current).clone();
-                if let Some(o) = next.as_object_mut() {
-                    match object.get("status") {
-                        Some(s) => o.insert("status".into(), s.clone()),
-                        None => o.remove("status"),
-                    };
-                }
-                next
-            } else {
-                let mut next = object.clone();
-                if kind.status_subresource
-                    && let Some(o) = next.as_object_mut() {
-                        match current.get("status") {
-                            Some(s) => o.insert("status".into(), s.clone()),
-                            None => o.remove("status"),
-                        };
-                    }
-                // Server-owned metadata is kept from the stored object.
-                let cur_meta = current.get("metadata").cloned().unwrap_or_else(|| json!({}));
-                let meta = meta_mut(kind, &mut next)?;
-                for f in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
-                    match cur_meta.get(f) {
-                        Some(v) => meta.insert(f.into(), v.clone()),
-                        None => meta.remove(f),
-                    };
-                }
-                if current.get("spec") != next.get("spec") {
-                    let generation = cur_meta.get("generation").and_then(Value::as_i64).unwrap_or(0);
-                    meta_mut(kind, &mut next)?.insert("generation".into(), Value::from(generation + 1));
-                }
-                next
-            };
-            if comparable(&next) == comparable(&current) {
-                return Ok((Vec::new(), (*current).clone()));
-            }
-            let terminating = meta_str(&current, "deletionTimestamp").is_some();
-            if terminating {
-                let before = finalizers(&current);
-                if finalizers(&next).iter().any(|f| !before.contains(f)) {
-                    return Err(invalid(kind, &name, "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted"));
-                }
-            }
-            let uid = meta_str(&current, "uid").unwrap_or_default();
-            if terminating && finalizers(&next).is_empty() {
-                let mut rv = state.rv;
-                let rows = self.plan_delete(state, kind, &next, &mut rv);
-                let last = rows.first().map(|r| (*r.object).clone()).unwrap_or(next);
-                return Ok((rows, last));
-            }
-            let rv = state.rv + 1;
-            set_rv(&mut next, rv);
-            let row = row_of(kind, &namespace, &name, &uid, rv, ChangeType::Modified, next.clone());
-            let mut rows = vec![row];
-            if orphaned(state, &next) {
-                let mut after = rv;
-                rows.extend(self.plan_delete(state, kind, &next, &mut after));
-            }
-            Ok((rows, next))
-        })
-        .await
     }
 }

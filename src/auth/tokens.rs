@@ -3,7 +3,7 @@
 use sqlx::{Row, SqlitePool, sqlite::SqliteRow};
 use time::{OffsetDateTime, format_description::well_known::Rfc3339};
 
-use crate::auth::{hash, token::ApiToken};
+use super::{hash, token::ApiToken};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenRecord {

@@ -268,7 +268,7 @@ pub fn oldest_first(events: &mut [Event]) {
 /// The Events this service wrote about `object` (this incarnation of it: a namesake deleted
 /// before shares the name but not the UID), oldest first, and the list's resourceVersion.
 pub async fn about<K: kube::Resource<DynamicType = ()>>(
-    store: &Arc<dyn ObjectStore>,
+    store: &dyn ObjectStore,
     object: &K,
 ) -> Result<(Vec<Event>, String), crate::store::StoreError> {
     let meta = object.meta();

@@ -24,7 +24,10 @@ use k8s_openapi::{
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::store::{Api, ObjectStore, StoreError};
+use crate::{
+    store::{Api, ObjectStore, StoreError},
+    sync::lock,
+};
 
 /// Leadership while it lasts: `lost` is cancelled when it ends (a failed renewal, or release).
 /// Dropping it stops the renewals without giving the Lease up, as a crash would: the Lease then
@@ -291,7 +294,7 @@ impl LeaseInner {
     /// Records the Lease's version; returns when this replica first saw that version.
     fn observe(&self, lease: &Lease) -> Instant {
         let rv = lease.metadata.resource_version.clone().unwrap_or_default();
-        let mut observed = self.observed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut observed = lock(&self.observed);
         match &*observed {
             Some((seen, at)) if *seen == rv => *at,
             _ => {

@@ -11,6 +11,10 @@ use k8s_openapi::{NamespaceResourceScope, apimachinery::pkg::apis::meta::v1::Obj
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::crd::keys::{
+    ANNOTATION_REMOVE_ALL_PVCS, LABEL_CREATOR, LABEL_GUEST_CLUSTER_NAME, LABEL_VLAN_ID, NODE_DRIVER,
+};
+
 macro_rules! foreign_kind {
     ($(#[$doc:meta])* $name:ident, $group:literal, $version:literal, $kind:literal, $plural:literal) => {
         $(#[$doc])*
@@ -90,16 +94,6 @@ foreign_kind!(
     "NetworkAttachmentDefinition",
     "network-attachment-definitions"
 );
-
-/// Label of a VM or VMI: the guest cluster it belongs to.
-pub const LABEL_GUEST_CLUSTER_NAME: &str = "guestcluster.harvesterhci.io/name";
-/// Label of VMs made by Rancher's node driver.
-pub const LABEL_CREATOR: &str = "harvesterhci.io/creator";
-pub const NODE_DRIVER: &str = "docker-machine-driver-harvester";
-/// Set by Rancher's cleanup on the VMs of a guest cluster being removed.
-pub const ANNOTATION_REMOVE_ALL_PVCS: &str = "harvesterhci.io/removeAllPersistentVolumeClaims";
-/// Label of a NetworkAttachmentDefinition: its VLAN ID.
-pub const LABEL_VLAN_ID: &str = "network.harvesterhci.io/vlan-id";
 
 impl VirtualMachine {
     /// The guest cluster of a VM made by Rancher's node driver, if it is one.

@@ -1,31 +1,22 @@
-//! Admission of LoadBalancers and IPPools: upstream's mutating and validating webhooks, with their
-//! messages, as one service that both the HTTP API and the ValidatingAdmissionWebhook endpoint call.
-//!
-//! The checks themselves are pure functions ([`validate_lb_create`], [`validate_lb_update`],
-//! [`mutate_lb`]; IPPool checks are [`crate::ipam::admission`]); [`Admission`] gathers what they read
-//! (other pools, VMs, VMIs, the namespace, the VM network) through the store port.
-//!
-//! Deliberate differences from upstream:
-//! - The network of a pool is checked for existence only where VM networks exist
-//!   ([`NetworkCheck::Require`], the Kubernetes backend); the embedded backend has none.
-//! - The cluster-type mutator needs the LoadBalancer's Namespace for the Rancher project; where the
-//!   Namespace does not exist (the embedded backend keeps none) the project annotation is left as the
-//!   caller wrote it instead of failing the request.
+//! The checks of upstream's LoadBalancer and IPPool webhooks as pure functions of the object and
+//! what they read, with upstream's messages: listener and health-check rules, the guest-cluster
+//! check, IPAM and workload-type changes, findNetwork and the mutators. (An IPPool's ranges and
+//! scope are checked by [`crate::ipam::admission`].)
 
-use std::{collections::HashMap, sync::Arc};
+use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Namespace;
 
-use super::kinds::{
-    LABEL_CREATOR, NODE_DRIVER, NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance,
-};
 use crate::{
+    controller::kinds::{VirtualMachine, VirtualMachineInstance},
     crd::{
-        ANNOTATION_NAMESPACE, ANNOTATION_NETWORK, ANNOTATION_PROJECT, IPPool, LABEL_GLOBAL_POOL,
-        LABEL_GUEST_CLUSTER, LABEL_VID, LoadBalancer, pool_api,
+        IPPool, LoadBalancer,
+        keys::{
+            ANNOTATION_CLUSTER, ANNOTATION_MANAGEMENT_NETWORK, ANNOTATION_NAMESPACE,
+            ANNOTATION_NETWORK, ANNOTATION_PROJECT, LABEL_CREATOR, LABEL_GLOBAL_POOL,
+            LABEL_GUEST_CLUSTER, LABEL_GUEST_CLUSTER_NAME, LABEL_VID, NODE_DRIVER,
+        },
     },
-    ipam::{self, PoolEntry},
-    store::{Api, LabelSelector, ObjectStore, StoreError},
 };
 
 /// The largest port number.
@@ -132,45 +123,6 @@ pub enum NetworkError {
     UpdateNotFound { pool: String, network: String },
 }
 
-/// A refused or failed admission.
-#[derive(Debug, thiserror::Error)]
-pub enum AdmitError {
-    #[error(transparent)]
-    LoadBalancer(#[from] LbAdmissionError),
-    #[error(transparent)]
-    Pool(Box<ipam::AdmissionError>),
-    #[error(transparent)]
-    Network(#[from] NetworkError),
-    /// Reading what the checks need failed; nothing was decided.
-    #[error("cannot read {what} for admission: {source}")]
-    Read {
-        what: &'static str,
-        source: StoreError,
-    },
-}
-
-impl From<ipam::AdmissionError> for AdmitError {
-    fn from(e: ipam::AdmissionError) -> Self {
-        AdmitError::Pool(Box::new(e))
-    }
-}
-
-impl AdmitError {
-    /// A refusal (as opposed to a failure to decide).
-    pub fn is_rejection(&self) -> bool {
-        !matches!(self, AdmitError::Read { .. })
-    }
-}
-
-/// Whether a pool's `selector.network` must name an existing NetworkAttachmentDefinition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NetworkCheck {
-    /// Kubernetes backend: VM networks exist, and a pool on an unknown one is refused (as upstream).
-    Require,
-    /// Embedded backend: there are no VM networks to look up; any name is accepted (VLAN ID 0).
-    Skip,
-}
-
 fn ids(lb: &LoadBalancer) -> (String, String) {
     (
         lb.metadata.namespace.clone().unwrap_or_default(),
@@ -178,7 +130,7 @@ fn ids(lb: &LoadBalancer) -> (String, String) {
     )
 }
 
-fn is_cluster(lb: &LoadBalancer) -> bool {
+pub(super) fn is_cluster(lb: &LoadBalancer) -> bool {
     lb.spec.workload_type == "cluster"
 }
 
@@ -360,37 +312,44 @@ pub fn validate_lb_update(old: &LoadBalancer, new: &LoadBalancer) -> Result<(), 
     Ok(())
 }
 
-/// Upstream's findNetwork (v1.9), as [`crate::guest::network::find_network`] decides it: the
-/// LoadBalancer's network annotation, else the guest cluster's management network, else the first
-/// Multus network of a VMI of its guest cluster (by label, then the legacy name prefix). `vmis` are
-/// the VMIs of the load balancer's namespace.
+/// Upstream's findNetwork (v1.9): the LoadBalancer's network annotation, else the guest cluster's
+/// management network, else the first Multus network of a VMI of its guest cluster (by label, then
+/// by the legacy name prefix of a node-driver VMI). `vmis` are the VMIs of the load balancer's
+/// namespace.
 pub fn find_network(lb: &LoadBalancer, vmis: &[VirtualMachineInstance]) -> String {
-    let annotations: std::collections::BTreeMap<String, String> = lb
-        .metadata
-        .annotations
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .collect();
-    let views: Vec<crate::guest::network::VmiView> = vmis
-        .iter()
-        .map(|v| crate::guest::network::VmiView {
-            name: v.metadata.name.clone().unwrap_or_default(),
-            labels: v
-                .metadata
-                .labels
-                .clone()
-                .unwrap_or_default()
-                .into_iter()
-                .collect(),
-            multus_networks: v
-                .first_multus_network()
-                .map(String::from)
-                .into_iter()
-                .collect(),
+    let get = |k: &str| {
+        lb.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(k))
+            .filter(|v| !v.is_empty())
+            .cloned()
+    };
+    if let Some(n) = get(ANNOTATION_NETWORK) {
+        return n;
+    }
+    if let Some(n) = get(ANNOTATION_MANAGEMENT_NETWORK) {
+        return n;
+    }
+    let Some(cluster) = get(ANNOTATION_CLUSTER) else {
+        return String::new();
+    };
+    let first_network = |pred: &dyn Fn(&VirtualMachineInstance) -> bool| {
+        vmis.iter()
+            .filter(|v| pred(v))
+            .find_map(|v| v.first_multus_network().map(String::from))
+    };
+    first_network(&|v| v.label(LABEL_GUEST_CLUSTER_NAME) == Some(cluster.as_str()))
+        .or_else(|| {
+            first_network(&|v| {
+                v.label(LABEL_CREATOR) == Some(NODE_DRIVER)
+                    && v.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(&cluster))
+            })
         })
-        .collect();
-    crate::guest::network::find_network(&annotations, &views)
+        .unwrap_or_default()
 }
 
 /// Upstream's mutator: VM type records its namespace; cluster type also gets its project (from the
@@ -439,200 +398,16 @@ pub fn mutate_pool(pool: &mut IPPool, vid: u32) {
     if pool.metadata.deletion_timestamp.is_some() {
         return;
     }
-    let global = pool.ipam_spec().selector.is_global();
+    let global = pool.spec.selector.is_global();
     let labels = pool.metadata.labels.get_or_insert_default();
     labels.insert(LABEL_VID.into(), vid.to_string());
     labels.insert(LABEL_GLOBAL_POOL.into(), global.to_string());
 }
 
-/// Admission with what the checks read, through the store port.
-#[derive(Clone)]
-pub struct Admission {
-    store: Arc<dyn ObjectStore>,
-    networks: NetworkCheck,
-}
-
-impl Admission {
-    pub fn new(store: Arc<dyn ObjectStore>, networks: NetworkCheck) -> Self {
-        Admission { store, networks }
-    }
-
-    pub fn store(&self) -> &Arc<dyn ObjectStore> {
-        &self.store
-    }
-
-    async fn read<T>(
-        &self,
-        what: &'static str,
-        f: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, AdmitError> {
-        f.await.map_err(|source| AdmitError::Read { what, source })
-    }
-
-    async fn vmis(&self, namespace: &str) -> Result<Vec<VirtualMachineInstance>, AdmitError> {
-        let api = Api::<VirtualMachineInstance>::new(self.store.clone());
-        self.read(
-            "virtual machine instances",
-            api.list(Some(namespace), &LabelSelector::everything()),
-        )
-        .await
-    }
-
-    /// Mutates a LoadBalancer as upstream's mutating webhook does.
-    pub async fn mutate_lb(&self, lb: &mut LoadBalancer) -> Result<(), AdmitError> {
-        let namespace = lb.metadata.namespace.clone().unwrap_or_default();
-        let (ns, vmis) = if is_cluster(lb) {
-            let api = Api::<Namespace>::new(self.store.clone());
-            let ns = self.read("namespace", api.get("", &namespace)).await?;
-            (ns, self.vmis(&namespace).await?)
-        } else {
-            (None, Vec::new())
-        };
-        mutate_lb(lb, ns.as_ref(), &vmis);
-        Ok(())
-    }
-
-    /// Validates a new LoadBalancer (after mutation).
-    pub async fn validate_lb_create(&self, lb: &LoadBalancer) -> Result<(), AdmitError> {
-        let vms = if is_cluster(lb) {
-            let api = Api::<VirtualMachine>::new(self.store.clone());
-            let namespace = lb.metadata.namespace.clone().unwrap_or_default();
-            self.read(
-                "virtual machines",
-                api.list(
-                    Some(&namespace),
-                    &LabelSelector::from_labels([(LABEL_CREATOR, NODE_DRIVER)]),
-                ),
-            )
-            .await?
-        } else {
-            Vec::new()
-        };
-        Ok(validate_lb_create(lb, &vms)?)
-    }
-
-    pub fn validate_lb_update(
-        &self,
-        old: &LoadBalancer,
-        new: &LoadBalancer,
-    ) -> Result<(), AdmitError> {
-        Ok(validate_lb_update(old, new)?)
-    }
-
-    async fn pools(&self) -> Result<Vec<IPPool>, AdmitError> {
-        self.read(
-            "IP pools",
-            pool_api(self.store.clone()).list(None, &LabelSelector::everything()),
-        )
-        .await
-    }
-
-    /// The VLAN ID of a pool's network, refusing an unknown network where networks exist.
-    async fn vid(&self, pool: &IPPool, create: bool) -> Result<u32, AdmitError> {
-        let network = &pool.spec.selector.network;
-        if network.is_empty() || self.networks == NetworkCheck::Skip {
-            return Ok(0);
-        }
-        let (namespace, name) = network.split_once('/').unwrap_or(("", network));
-        let api = Api::<NetworkAttachmentDefinition>::new(self.store.clone());
-        let nad = if namespace.is_empty() {
-            None
-        } else {
-            self.read("network attachment definition", api.get(namespace, name))
-                .await?
-        };
-        match nad {
-            Some(nad) => Ok(nad.vlan_id()),
-            None => {
-                let (pool, network) = (pool.name().to_string(), name.to_string());
-                Err(if create {
-                    NetworkError::CreateNotFound { pool, network }
-                } else {
-                    NetworkError::UpdateNotFound { pool, network }
-                }
-                .into())
-            }
-        }
-    }
-
-    /// Sets the labels of upstream's IPPool mutator (refusing an unknown network where networks
-    /// exist); `create` picks the message's verb.
-    pub async fn mutate_pool(&self, pool: &mut IPPool, create: bool) -> Result<(), AdmitError> {
-        let vid = self.vid(pool, create).await?;
-        mutate_pool(pool, vid);
-        Ok(())
-    }
-
-    /// Mutates and validates a new pool.
-    pub async fn admit_pool_create(&self, pool: &mut IPPool) -> Result<(), AdmitError> {
-        let vid = self.vid(pool, true).await?;
-        mutate_pool(pool, vid);
-        let others = self.pools().await?;
-        let specs: Vec<(String, ipam::PoolSpec, bool)> = others
-            .iter()
-            .map(|p| (p.name().to_string(), p.ipam_spec(), p.is_deleting()))
-            .collect();
-        let entries = entries(&specs);
-        let spec = pool.ipam_spec();
-        let me = PoolEntry {
-            name: pool.name(),
-            spec: &spec,
-            deleting: false,
-        };
-        Ok(ipam::validate_create(&me, &entries)?)
-    }
-
-    /// Mutates and validates a changed pool; `old` is the stored one (its status says what is held).
-    pub async fn admit_pool_update(
-        &self,
-        old: &IPPool,
-        new: &mut IPPool,
-    ) -> Result<(), AdmitError> {
-        if new.is_deleting() {
-            return Ok(());
-        }
-        let vid = self.vid(new, false).await?;
-        mutate_pool(new, vid);
-        let others = self.pools().await?;
-        let specs: Vec<(String, ipam::PoolSpec, bool)> = others
-            .iter()
-            .map(|p| (p.name().to_string(), p.ipam_spec(), p.is_deleting()))
-            .collect();
-        let entries = entries(&specs);
-        let spec = new.ipam_spec();
-        let me = PoolEntry {
-            name: new.name(),
-            spec: &spec,
-            deleting: false,
-        };
-        Ok(ipam::validate_update(&me, &old.allocated(), &entries)?)
-    }
-
-    /// Refuses to delete a pool that still holds addresses.
-    pub fn admit_pool_delete(&self, pool: &IPPool) -> Result<(), AdmitError> {
-        Ok(ipam::validate_delete(pool.name(), &pool.allocated())?)
-    }
-}
-
-fn entries(specs: &[(String, ipam::PoolSpec, bool)]) -> Vec<PoolEntry<'_>> {
-    specs
-        .iter()
-        .map(|(name, spec, deleting)| PoolEntry {
-            name,
-            spec,
-            deleting: *deleting,
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{HealthCheck, Listener, LoadBalancerSpec};
-    use crate::{
-        crd::{ANNOTATION_CLUSTER, ANNOTATION_MANAGEMENT_NETWORK},
-        lb::kinds::LABEL_GUEST_CLUSTER_NAME,
-    };
+    use crate::crd::{HealthCheck, Listener, LoadBalancerSpec, keys::ANNOTATION_REMOVE_ALL_PVCS};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn mk_listener(name: &str, port: i32, protocol: &str, backend: i32) -> Listener {
@@ -851,13 +626,8 @@ mod tests {
             .into(),
         );
         if removing {
-            vm.metadata.annotations = Some(
-                [(
-                    super::super::kinds::ANNOTATION_REMOVE_ALL_PVCS.to_string(),
-                    "true".to_string(),
-                )]
-                .into(),
-            );
+            vm.metadata.annotations =
+                Some([(ANNOTATION_REMOVE_ALL_PVCS.to_string(), "true".to_string())].into());
         }
         vm
     }
@@ -925,6 +695,59 @@ mod tests {
     }
 
     #[test]
+    fn find_network_resolution_order() {
+        let vmis = [
+            mk_vmi(
+                "x-legacy-1",
+                &[(LABEL_CREATOR, NODE_DRIVER)],
+                "default/legacy",
+            ),
+            mk_vmi(
+                "other",
+                &[(LABEL_GUEST_CLUSTER_NAME, "gc2")],
+                "default/gc2-net",
+            ),
+            mk_vmi(
+                "gc1-pool-a",
+                &[(LABEL_GUEST_CLUSTER_NAME, "gc1")],
+                "default/gc1-net",
+            ),
+            mk_vmi(
+                "gc3-pool",
+                &[(LABEL_CREATOR, NODE_DRIVER)],
+                "default/gc3-legacy",
+            ),
+        ];
+        let find = |a: &[(&str, &str)]| {
+            let mut lb = mk_lb("cluster", vec![]);
+            lb.metadata.annotations = Some(
+                a.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            find_network(&lb, &vmis)
+        };
+        assert_eq!(
+            find(&[
+                (ANNOTATION_NETWORK, "default/explicit"),
+                (ANNOTATION_MANAGEMENT_NETWORK, "default/m")
+            ]),
+            "default/explicit"
+        );
+        assert_eq!(
+            find(&[
+                (ANNOTATION_NETWORK, ""),
+                (ANNOTATION_MANAGEMENT_NETWORK, "default/m")
+            ]),
+            "default/m"
+        );
+        assert_eq!(find(&[]), "");
+        assert_eq!(find(&[(ANNOTATION_CLUSTER, "gc1")]), "default/gc1-net");
+        assert_eq!(find(&[(ANNOTATION_CLUSTER, "gc3")]), "default/gc3-legacy");
+        assert_eq!(find(&[(ANNOTATION_CLUSTER, "nobody")]), "");
+    }
+
+    #[test]
     fn mutator_sets_namespace_project_and_network() {
         let mut lb = mk_lb("cluster", vec![]);
         let mut ns = Namespace::default();
@@ -940,81 +763,5 @@ mod tests {
         let a = vm_lb.metadata.annotations.expect("annotations");
         assert_eq!(a.len(), 1);
         assert_eq!(a[ANNOTATION_NAMESPACE], "default");
-    }
-}
-
-#[cfg(test)]
-mod store_tests {
-    use super::*;
-    use crate::crd::{IPPoolSpec, Range, Selector};
-    use crate::store::embedded::{Durability, EmbeddedStore};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
-    fn mk_pool(name: &str, network: &str) -> IPPool {
-        IPPool {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            spec: IPPoolSpec {
-                ranges: vec![Range {
-                    subnet: "10.0.0.0/24".into(),
-                    ..Default::default()
-                }],
-                selector: Selector {
-                    network: network.into(),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-            status: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn networks_are_looked_up_only_where_they_exist() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
-            .await
-            .expect("opens");
-        let nad: NetworkAttachmentDefinition = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "vlan10", "namespace": "default",
-                         "labels": {"network.harvesterhci.io/vlan-id": "10"}},
-            "spec": {"config": "{}"}
-        }))
-        .expect("nad");
-        Api::<NetworkAttachmentDefinition>::new(store.clone())
-            .create(&nad)
-            .await
-            .expect("creates");
-
-        let kube = Admission::new(store.clone(), NetworkCheck::Require);
-        let mut pool = mk_pool("p", "default/vlan10");
-        kube.admit_pool_create(&mut pool).await.expect("admitted");
-        assert_eq!(
-            pool.metadata.labels.as_ref().expect("labels")[LABEL_VID],
-            "10"
-        );
-        let mut unknown = mk_pool("q", "default/vlan99");
-        let e = kube
-            .admit_pool_create(&mut unknown)
-            .await
-            .expect_err("refused");
-        assert_eq!(
-            e.to_string(),
-            "can't create IP pool q because network-attachment-definitions.k8s.cni.cncf.io \"vlan99\" not found"
-        );
-        assert!(e.is_rejection());
-
-        let embedded = Admission::new(store, NetworkCheck::Skip);
-        let mut unknown = mk_pool("q", "default/vlan99");
-        embedded
-            .admit_pool_create(&mut unknown)
-            .await
-            .expect("admitted without a lookup");
-        assert_eq!(
-            unknown.metadata.labels.as_ref().expect("labels")[LABEL_VID],
-            "0"
-        );
     }
 }

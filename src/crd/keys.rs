@@ -1,0 +1,71 @@
+//! Harvester's annotation and label keys, each string defined once: those of LoadBalancers and
+//! IPPools, those the guest cloud provider reads and writes on guest Services (and for the guest's
+//! kube-vip), and those other Harvester components put on VMs, VMIs and VM networks.
+
+// --- On LoadBalancers ----------------------------------------------------------------------------
+
+/// The VM network addresses come from (`namespace/name`); pool selection reads it, the mutator
+/// fills it (findNetwork), the cloud provider writes it on create only.
+pub const ANNOTATION_NETWORK: &str = "loadbalancer.harvesterhci.io/network";
+pub const ANNOTATION_PROJECT: &str = "loadbalancer.harvesterhci.io/project";
+pub const ANNOTATION_NAMESPACE: &str = "loadbalancer.harvesterhci.io/namespace";
+pub const ANNOTATION_CLUSTER: &str = "loadbalancer.harvesterhci.io/cluster";
+/// Written by the guest cloud provider: the guest cluster's management network.
+pub const ANNOTATION_MANAGEMENT_NETWORK: &str = "cloudprovider.harvesterhci.io/managementNetwork";
+/// The guest Service's network as first seen, so that a later change is refused.
+pub const ANNOTATION_SERVICE_NETWORK: &str = "cloudprovider.harvesterhci.io/lb-network";
+/// Ours, not upstream's: the UID of the guest Service a LoadBalancer serves, so that one whose
+/// Service was recreated (a new UID) is garbage-collected instead of leaking.
+pub const ANNOTATION_SERVICE_UID: &str = "cloudprovider.harvesterhci.io/serviceUID";
+
+/// A guest cluster's LoadBalancers: the cluster name.
+pub const LABEL_GUEST_CLUSTER: &str = "cloudprovider.harvesterhci.io/cluster";
+/// A guest cluster's LoadBalancers: the namespace and name of the Service they serve.
+pub const LABEL_SERVICE_NAMESPACE: &str = "cloudprovider.harvesterhci.io/serviceNamespace";
+pub const LABEL_SERVICE_NAME: &str = "cloudprovider.harvesterhci.io/serviceName";
+
+/// `allocatedAddress.ip` of a DHCP load balancer: the guest's kube-vip obtains the lease.
+pub const DHCP_ADDRESS: &str = "0.0.0.0";
+
+// --- On IPPools ----------------------------------------------------------------------------------
+
+/// Set by the mutator: the VLAN ID of the pool's network.
+pub const LABEL_VID: &str = "loadbalancer.harvesterhci.io/vid";
+/// Set by the mutator: whether the pool's scope is global (`*`/`*`/`*`).
+pub const LABEL_GLOBAL_POOL: &str = "loadbalancer.harvesterhci.io/global-ip-pool";
+/// The manual release of a leaked address; the IPAM engine parses its value (and names it in its
+/// messages), so it is defined there.
+pub use crate::ipam::MANUALLY_RELEASE_IP;
+
+// --- On guest Services (the cloud provider's) ----------------------------------------------------
+
+/// The IPAM mode (`pool` or `dhcp`).
+pub const SVC_IPAM: &str = "cloudprovider.harvesterhci.io/ipam";
+/// The Harvester network (`namespace/name` of a NetworkAttachmentDefinition).
+pub const SVC_NETWORK: &str = "cloudprovider.harvesterhci.io/network";
+pub const SVC_PROJECT: &str = "cloudprovider.harvesterhci.io/project";
+pub const SVC_NAMESPACE: &str = "cloudprovider.harvesterhci.io/namespace";
+/// On a secondary Service (annotation): the primary it shares an address with. As a label, its
+/// value is `<ns>.<name>` of the primary (empty on a primary).
+pub const SVC_PRIMARY: &str = "cloudprovider.harvesterhci.io/primary-service";
+
+/// Written for the guest's kube-vip: the address(es) to announce, and the interface.
+pub const KUBE_VIP_IPS: &str = "kube-vip.io/loadbalancerIPs";
+pub const KUBE_VIP_INTERFACE: &str = "kube-vip.io/serviceInterface";
+
+/// The guest's NAD-to-interface mapping ConfigMap (`kube-system/harvester-nad-mapping`) and its key.
+pub const NAD_MAPPING_NAMESPACE: &str = "kube-system";
+pub const NAD_MAPPING_NAME: &str = "harvester-nad-mapping";
+pub const NAD_MAPPING_KEY: &str = "interface-nad-mapping";
+
+// --- On VMs, VMIs and VM networks ----------------------------------------------------------------
+
+/// A guest cluster's VMs and VMIs: the cluster name.
+pub const LABEL_GUEST_CLUSTER_NAME: &str = "guestcluster.harvesterhci.io/name";
+/// VMs made by Rancher's node driver carry [`NODE_DRIVER`] here.
+pub const LABEL_CREATOR: &str = "harvesterhci.io/creator";
+pub const NODE_DRIVER: &str = "docker-machine-driver-harvester";
+/// Set by Rancher's cleanup on the VMs of a guest cluster being removed.
+pub const ANNOTATION_REMOVE_ALL_PVCS: &str = "harvesterhci.io/removeAllPersistentVolumeClaims";
+/// A NetworkAttachmentDefinition's VLAN ID.
+pub const LABEL_VLAN_ID: &str = "network.harvesterhci.io/vlan-id";

@@ -1,0 +1,224 @@
+//! Who shares whose address, as two pure indexes the reconciler keeps beside its caches:
+//!
+//! - [`ShareIndex`], kept from the Service watch ([`ShareIndex::apply`], [`ShareIndex::delete`],
+//!   [`ShareIndex::reset`] on a relist): which Services name which primary, so that a change of one
+//!   says which others to wake (a primary getting its address, a secondary going away from a primary
+//!   whose deletion waits for it).
+//! - [`Accepted`], kept by the reconciler: the secondaries it accepted whose label the cache may not
+//!   show yet, so that two secondaries checked one right after the other see each other's ports.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+};
+
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::reflector::ObjectRef;
+
+use super::{decide::primary_of, mapping::service_key};
+
+/// Which Services name which primary (by their annotation).
+#[derive(Debug, Default)]
+pub struct ShareIndex {
+    /// Primary key → the Services whose annotation names it.
+    named_by: HashMap<String, HashSet<ObjectRef<Service>>>,
+    /// Service → the primary key its annotation names.
+    names: HashMap<ObjectRef<Service>, String>,
+}
+
+impl ShareIndex {
+    /// `svc` was created or changed: returns the Services to wake, those naming it and the primary
+    /// it named before if it no longer does.
+    pub fn apply(&mut self, svc: &Service) -> Vec<ObjectRef<Service>> {
+        let names = primary_of(svc)
+            .ok()
+            .flatten()
+            .map(|(ns, name)| format!("{ns}/{name}"));
+        self.record(svc, names)
+    }
+
+    /// `svc` was deleted: returns the Services to wake, those naming it and the primary it named.
+    pub fn delete(&mut self, svc: &Service) -> Vec<ObjectRef<Service>> {
+        self.record(svc, None)
+    }
+
+    /// The watch lists again: what it applies next is all there is.
+    pub fn reset(&mut self) {
+        *self = ShareIndex::default();
+    }
+
+    /// How many Services name a primary.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    fn record(&mut self, svc: &Service, now: Option<String>) -> Vec<ObjectRef<Service>> {
+        let me = ObjectRef::from_obj(svc);
+        let before = self.names.remove(&me);
+        let mut wake: Vec<ObjectRef<Service>> = self
+            .named_by
+            .get(&service_key(svc))
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        if let Some(before) = before
+            && Some(&before) != now.as_ref()
+        {
+            if let Some(set) = self.named_by.get_mut(&before) {
+                set.remove(&me);
+                if set.is_empty() {
+                    self.named_by.remove(&before);
+                }
+            }
+            if let Some((ns, name)) = before.split_once('/') {
+                wake.push(ObjectRef::new(name).within(ns));
+            }
+        }
+        if let Some(now) = now {
+            self.named_by
+                .entry(now.clone())
+                .or_default()
+                .insert(me.clone());
+            self.names.insert(me, now);
+        }
+        wake
+    }
+}
+
+/// The secondaries this process accepted, by primary.
+#[derive(Debug, Default)]
+pub struct Accepted {
+    /// Primary key → secondary key → the secondary as accepted.
+    by_primary: HashMap<String, BTreeMap<String, Arc<Service>>>,
+    /// Secondary key → its primary's key.
+    primary_of: HashMap<String, String>,
+}
+
+impl Accepted {
+    /// `svc` (key `key`) now shares `primary`'s address, and no other's.
+    pub fn accept(&mut self, primary: &str, key: &str, svc: &Service) {
+        self.forget(key);
+        self.by_primary
+            .entry(primary.to_string())
+            .or_default()
+            .insert(key.to_string(), Arc::new(svc.clone()));
+        self.primary_of.insert(key.to_string(), primary.to_string());
+    }
+
+    /// `key` shares no address any more (refused, gone, a primary now).
+    pub fn forget(&mut self, key: &str) {
+        if let Some(primary) = self.primary_of.remove(key)
+            && let Some(secondaries) = self.by_primary.get_mut(&primary)
+        {
+            secondaries.remove(key);
+            if secondaries.is_empty() {
+                self.by_primary.remove(&primary);
+            }
+        }
+    }
+
+    /// The secondaries accepted for `primary`, by key.
+    pub fn of(&self, primary: &str) -> Vec<(String, Arc<Service>)> {
+        self.by_primary
+            .get(primary)
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.primary_of.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::keys;
+
+    fn mk_svc(ns: &str, name: &str, primary: Option<&str>) -> Service {
+        let mut svc = Service::default();
+        svc.metadata.namespace = Some(ns.into());
+        svc.metadata.name = Some(name.into());
+        svc.metadata.uid = Some(format!("uid-{name}"));
+        if let Some(p) = primary {
+            svc.metadata.annotations =
+                Some([(keys::SVC_PRIMARY.to_string(), p.to_string())].into());
+        }
+        svc
+    }
+
+    fn mk_ref(ns: &str, name: &str) -> ObjectRef<Service> {
+        ObjectRef::new(name).within(ns)
+    }
+
+    #[test]
+    fn a_change_wakes_who_depends_on_it() {
+        let mut index = ShareIndex::default();
+        let primary = mk_svc("default", "p", None);
+        let secondary = mk_svc("default", "s", Some("p"));
+        assert!(index.apply(&primary).is_empty());
+        assert!(index.apply(&secondary).is_empty());
+        // The primary changes: its secondary wakes.
+        assert_eq!(index.apply(&primary), [mk_ref("default", "s")]);
+        // The secondary goes: the primary (whose deletion may wait for it) wakes.
+        assert_eq!(index.delete(&secondary), [mk_ref("default", "p")]);
+        assert!(index.apply(&primary).is_empty());
+        assert!(index.is_empty());
+    }
+
+    #[test]
+    fn naming_another_primary_wakes_the_old_one() {
+        let mut index = ShareIndex::default();
+        index.apply(&mk_svc("default", "s", Some("p1")));
+        // A bare name is in the secondary's namespace; `ns/name` names another one.
+        assert_eq!(
+            index.apply(&mk_svc("default", "s", Some("other/p2"))),
+            [mk_ref("default", "p1")]
+        );
+        assert_eq!(
+            index.apply(&mk_svc("other", "p2", None)),
+            [mk_ref("default", "s")]
+        );
+        // No longer a secondary: the last primary wakes, and nobody names it any more.
+        assert_eq!(
+            index.apply(&mk_svc("default", "s", None)),
+            [mk_ref("other", "p2")]
+        );
+        assert!(index.apply(&mk_svc("other", "p2", None)).is_empty());
+    }
+
+    #[test]
+    fn a_relist_starts_over() {
+        let mut index = ShareIndex::default();
+        index.apply(&mk_svc("default", "s", Some("p")));
+        assert_eq!(index.len(), 1);
+        index.reset();
+        assert!(index.apply(&mk_svc("default", "p", None)).is_empty());
+    }
+
+    #[test]
+    fn accepted_secondaries_follow_their_last_primary() {
+        let mut accepted = Accepted::default();
+        let s = mk_svc("default", "s", Some("p1"));
+        accepted.accept("default/p1", "default/s", &s);
+        accepted.accept(
+            "default/p1",
+            "default/t",
+            &mk_svc("default", "t", Some("p1")),
+        );
+        let keys = |a: &Accepted, p: &str| -> Vec<String> {
+            a.of(p).into_iter().map(|(k, _)| k).collect()
+        };
+        assert_eq!(keys(&accepted, "default/p1"), ["default/s", "default/t"]);
+        // Accepted for another primary: no longer counted for the first.
+        accepted.accept("default/p2", "default/s", &s);
+        assert_eq!(keys(&accepted, "default/p1"), ["default/t"]);
+        assert_eq!(keys(&accepted, "default/p2"), ["default/s"]);
+        accepted.forget("default/s");
+        accepted.forget("default/t");
+        assert!(accepted.is_empty() && accepted.of("default/p1").is_empty());
+    }
+}

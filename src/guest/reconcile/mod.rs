@@ -1,0 +1,695 @@
+//! The guest-Service reconciler: for each Service of type LoadBalancer of one guest cluster, the
+//! Harvester LoadBalancer it maps to ([`super::mapping::plan`]), or the primary whose address it
+//! shares ([`super::share`]); once that has an address, the address written back to the Service
+//! (`kube-vip.io/loadbalancerIPs`, `status.loadBalancer.ingress`).
+//!
+//! It is written once against two store ports ([`Ports`]): the guest cluster's (its Services, the
+//! `kube-system/harvester-nad-mapping` ConfigMap, Events on the Services) and Harvester's (the
+//! LoadBalancers, in the cloud-config's namespace; the cluster's VMIs, from which [`super::nad`]
+//! keeps the NAD mapping). `harvester-cloud ccm` runs it inside a guest
+//! cluster against two Kubernetes APIs; the embedded backend runs one per guest cluster it keeps
+//! ([`super::clusters`]).
+//!
+//! Finalizer first (`service.kubernetes.io/load-balancer-cleanup`, as Kubernetes' own service
+//! controller names it), then an idempotent apply; deletion removes the LoadBalancer (its Harvester
+//! finalizer releases the address) and may run without apply ever having run. Refusals (a network
+//! or IPAM change, a share-IP rule, a NAD mapping problem, an admission denial) are Kubernetes Events
+//! on the Service with upstream's messages, each reported once per change rather than on every retry.
+//!
+//! Deliberate differences from upstream:
+//! - While the LoadBalancer waits for an address the Service waits too (LoadBalancer events wake
+//!   it): nothing is deleted on a timeout, so there is no delete/recreate churn.
+//! - A LoadBalancer whose Service is gone, or was recreated with a new UID, is garbage-collected
+//!   (the LoadBalancer carries the Service's UID in `cloudprovider.harvesterhci.io/serviceUID`).
+//! - A primary whose secondaries still use it keeps its finalizer: its deletion waits, and an Event
+//!   says why.
+//! - Writing `status.address` of a LoadBalancer (the DHCP lease kube-vip reports) needs
+//!   `loadbalancers/status`, which Harvester's `harvesterhci.io:cloudprovider` role lacks; refused,
+//!   it is logged once and skipped.
+
+mod run;
+
+pub use run::run;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::runtime::{
+    controller::Action,
+    reflector::{ObjectRef, Store},
+};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::{
+    decide::{
+        is_load_balancer, judge_primary, judge_secondary, lb_name_of, new_lb, not_ready_message,
+        primary_of, remove_annotation, set_annotation, set_ingress, set_label, update_lb,
+    },
+    index::{Accepted, ShareIndex},
+    mapping::{GuestContext, LbPlan, annotation, label, service_key},
+    share,
+};
+use crate::{
+    controller::{
+        Backoff, Event, FinalizerError, Release, Target,
+        events::{EventType, Recorder},
+        finalizer_when, modify,
+    },
+    crd::{LoadBalancer, keys},
+    store::{Api, ObjectStore, Preconditions, StoreError},
+    sync::lock,
+};
+
+/// The finalizer on guest Services, Kubernetes' service controller's own (so Services that
+/// upstream's cloud provider finalized are released here too).
+pub const FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
+/// The component named in Events on guest Services.
+pub const COMPONENT: &str = "harvester-cloud-ccm";
+
+/// Event reasons, as Kubernetes' service controller writes them.
+pub mod reason {
+    pub const ENSURED: &str = "EnsuredLoadBalancer";
+    pub const SYNC_FAILED: &str = "SyncLoadBalancerFailed";
+    pub const DELETED: &str = "DeletedLoadBalancer";
+    pub const DELETE_FAILED: &str = "DeleteLoadBalancerFailed";
+}
+
+/// Fallback re-checks; the events that end each wait (a LoadBalancer changing, a primary getting its
+/// address, a secondary going away) normally come first.
+const WAIT_RECHECK: Duration = Duration::from_secs(30);
+const REFUSED_RECHECK: Duration = Duration::from_secs(60);
+const BLOCKED_RECHECK: Duration = Duration::from_secs(15);
+
+/// The two store ports: the guest cluster's and Harvester's.
+#[derive(Clone)]
+pub struct Ports {
+    pub guest: Arc<dyn ObjectStore>,
+    pub harvester: Arc<dyn ObjectStore>,
+}
+
+/// How the reconciler runs.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Services reconciled at once.
+    pub concurrency: u16,
+    /// This replica's name in Events.
+    pub identity: String,
+    /// Whether old Events are deleted by the reconciler (the embedded store); a Kubernetes API
+    /// server expires them itself.
+    pub prune_events: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            concurrency: 256,
+            identity: crate::controller::default_identity(),
+            prune_events: true,
+        }
+    }
+}
+
+// --- The reconciler --------------------------------------------------------------------------------
+
+/// A failed reconcile of one Service (the controller retries it with back-off).
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("service has no {field}")]
+    MissingField { field: &'static str },
+    #[error("create or update lb {lb} failed, error: {source}")]
+    WriteLoadBalancer { lb: String, source: StoreError },
+    #[error("cannot delete load balancer {lb}: {source}")]
+    DeleteLoadBalancer { lb: String, source: StoreError },
+    #[error("cannot read {what}: {source}")]
+    Read { what: String, source: StoreError },
+    #[error("update load balancer IP of service {service} failed, error: {source}")]
+    WriteService { service: String, source: StoreError },
+    #[error(transparent)]
+    Finalizer(#[from] FinalizerError),
+}
+
+impl SyncError {
+    fn source_error(&self) -> Option<&StoreError> {
+        match self {
+            SyncError::MissingField { .. } => None,
+            SyncError::WriteLoadBalancer { source, .. }
+            | SyncError::DeleteLoadBalancer { source, .. }
+            | SyncError::Read { source, .. }
+            | SyncError::WriteService { source, .. } => Some(source),
+            SyncError::Finalizer(e) => Some(e.store_error()),
+        }
+    }
+
+    /// A conflict only means the object moved on; the next event brings the new version.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self.source_error(), Some(StoreError::Conflict { .. }))
+    }
+
+    /// A short label for metrics.
+    fn reason(&self) -> &'static str {
+        match self {
+            SyncError::MissingField { .. } => "missing_field",
+            SyncError::WriteLoadBalancer { .. } => "write_load_balancer",
+            SyncError::DeleteLoadBalancer { .. } => "delete_load_balancer",
+            SyncError::Read { .. } => "read",
+            SyncError::WriteService { .. } => "write_service",
+            SyncError::Finalizer(_) => "finalizer",
+        }
+    }
+}
+
+struct Ctx {
+    cluster: GuestContext,
+    services: Api<Service>,
+    config_maps: Api<ConfigMap>,
+    lbs: Api<LoadBalancer>,
+    svc_cache: Store<Service>,
+    lb_cache: Store<LoadBalancer>,
+    events: Recorder,
+    /// The last (reason, message) reported per Service, so each is reported once per change.
+    reported: Mutex<HashMap<String, (String, String)>>,
+    wake: mpsc::UnboundedSender<ObjectRef<Service>>,
+    share_index: Mutex<ShareIndex>,
+    accepted: Mutex<Accepted>,
+    /// Share-IP checks of one primary's secondaries run one at a time.
+    share_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    status_forbidden: AtomicBool,
+    backoff: Backoff,
+}
+
+impl Ctx {
+    fn lb_namespace(&self) -> &str {
+        &self.cluster.lb_namespace
+    }
+
+    fn lb_ref(&self, name: &str) -> String {
+        format!("{}/{name}", self.lb_namespace())
+    }
+
+    /// Records an Event unless it repeats the last one about this Service.
+    fn report(&self, svc: &Service, key: &str, kind: EventType, reason: &str, message: String) {
+        {
+            let mut reported = lock(&self.reported);
+            let last = (reason.to_string(), message.clone());
+            if reported.get(key) == Some(&last) {
+                return;
+            }
+            reported.insert(key.to_string(), last);
+        }
+        self.events.record(svc, kind, reason, message);
+    }
+
+    /// A Service this reconciler cannot serve as it asks: an Event, and a later look.
+    fn refuse(&self, svc: &Service, key: &str, message: String) -> Action {
+        info!(service = %key, %message, "refused");
+        self.report(svc, key, EventType::Warning, reason::SYNC_FAILED, message);
+        Action::requeue(REFUSED_RECHECK)
+    }
+
+    fn share_lock(&self, primary: &str) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.share_locks)
+            .entry(primary.to_string())
+            .or_default()
+            .clone()
+    }
+
+    fn accept_secondary(&self, primary: &str, key: &str, svc: &Service) {
+        lock(&self.accepted).accept(primary, key, svc);
+    }
+
+    fn forget_secondary(&self, key: &str) {
+        lock(&self.accepted).forget(key);
+    }
+
+    /// The secondaries using primary `(ns, name)`, but `except`: those the cache shows labelled and
+    /// still naming it, and those accepted here whose label the cache may not show yet (only while
+    /// the cache still has that very Service, so a Service deleted behind the reconciler's back is
+    /// not counted). Services being deleted no longer count.
+    fn secondaries_of(&self, ns: &str, name: &str, except: &str) -> Vec<Arc<Service>> {
+        let primary_key = format!("{ns}/{name}");
+        let label_value = share::primary_label_value(ns, name);
+        let names_primary = |s: &Service| {
+            primary_of(s)
+                .ok()
+                .flatten()
+                .as_ref()
+                .map(|(n, m)| (n.as_str(), m.as_str()))
+                == Some((ns, name))
+        };
+        let mut found: BTreeMap<String, Arc<Service>> = self
+            .svc_cache
+            .state()
+            .into_iter()
+            .filter(|s| {
+                label(s, keys::SVC_PRIMARY) == Some(label_value.as_str())
+                    && s.metadata.deletion_timestamp.is_none()
+                    && names_primary(s)
+            })
+            .map(|s| (service_key(&s), s))
+            .collect();
+        let remembered = lock(&self.accepted).of(&primary_key);
+        for (key, svc) in remembered {
+            let Some((sns, sname)) = key.split_once('/') else {
+                continue;
+            };
+            let current = self.svc_cache.get(&ObjectRef::new(sname).within(sns));
+            let still = current.is_some_and(|c| {
+                c.metadata.uid == svc.metadata.uid
+                    && c.metadata.deletion_timestamp.is_none()
+                    && names_primary(&c)
+            });
+            if still {
+                found.entry(key).or_insert(svc);
+            }
+        }
+        found.remove(except);
+        found.into_values().collect()
+    }
+
+    /// The NAD mapping ConfigMap's value (`None` when the ConfigMap does not exist).
+    async fn nad_mapping(&self) -> Result<Option<Option<String>>, SyncError> {
+        let cm = self
+            .config_maps
+            .get(keys::NAD_MAPPING_NAMESPACE, keys::NAD_MAPPING_NAME)
+            .await
+            .map_err(|source| SyncError::Read {
+                what: format!(
+                    "configmap {}/{}",
+                    keys::NAD_MAPPING_NAMESPACE,
+                    keys::NAD_MAPPING_NAME
+                ),
+                source,
+            })?;
+        Ok(cm.map(|cm| cm.data.and_then(|mut d| d.remove(keys::NAD_MAPPING_KEY))))
+    }
+}
+
+fn missing(field: &'static str) -> SyncError {
+    SyncError::MissingField { field }
+}
+
+async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, SyncError> {
+    let started = Instant::now();
+    svc.metadata
+        .namespace
+        .as_ref()
+        .ok_or(missing("metadata.namespace"))?;
+    svc.metadata.name.as_ref().ok_or(missing("metadata.name"))?;
+    let key = service_key(&svc);
+    if svc.metadata.deletion_timestamp.is_some() || !is_load_balancer(&svc) {
+        // Going, or no longer a load balancer: no longer anyone's secondary either.
+        ctx.forget_secondary(&key);
+    }
+    // A Service that is no longer of type LoadBalancer releases what it had, as a deleted one does.
+    let result = finalizer_when(
+        &ctx.services,
+        FINALIZER,
+        svc,
+        is_load_balancer,
+        |event| async {
+            match event {
+                Event::Apply(svc) => ensure(&svc, &key, &ctx).await,
+                Event::Cleanup(svc, release) => cleanup(&svc, release, &key, &ctx).await,
+            }
+        },
+    )
+    .await;
+    crate::metrics::observe_reconcile(
+        "guestservice",
+        started.elapsed(),
+        result.as_ref().err().map(SyncError::reason),
+    );
+    if result.is_ok() {
+        ctx.backoff.succeeded(&key);
+    }
+    result
+}
+
+/// A Service of type LoadBalancer with the finalizer: a primary gets its own LoadBalancer, a
+/// secondary its primary's address.
+async fn ensure(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncError> {
+    match primary_of(svc) {
+        Err(e) => Ok(ctx.refuse(svc, key, e.to_string())),
+        Ok(Some(primary)) => secondary(svc, key, primary, ctx).await,
+        Ok(None) => {
+            ctx.forget_secondary(key);
+            primary(svc, key, ctx).await
+        }
+    }
+}
+
+async fn primary(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncError> {
+    let lb_name = lb_name_of(&ctx.cluster.cluster, svc).ok_or(missing("metadata.uid"))?;
+    let lb_key = ctx.lb_ref(&lb_name);
+    let cached = ctx
+        .lb_cache
+        .get(&ObjectRef::new(&lb_name).within(ctx.lb_namespace()));
+    if cached
+        .as_ref()
+        .is_some_and(|lb| lb.metadata.deletion_timestamp.is_some())
+    {
+        // Its deletion (by hand, or by a garbage collection racing a recreated Service) finishes
+        // first; the LoadBalancer's Delete event brings this Service back.
+        return Ok(Action::requeue(WAIT_RECHECK));
+    }
+    let network = annotation(svc, keys::SVC_NETWORK).unwrap_or_default();
+    let nad = if network.is_empty() {
+        None
+    } else {
+        ctx.nad_mapping().await?
+    };
+    let (plan, interface) = match judge_primary(
+        svc,
+        &ctx.cluster,
+        cached.as_deref(),
+        nad.as_ref().map(|m| m.as_deref()),
+    ) {
+        Ok(judged) => judged,
+        Err(e) => return Ok(ctx.refuse(svc, key, e.to_string())),
+    };
+    let write_failed = |source| SyncError::WriteLoadBalancer {
+        lb: lb_key.clone(),
+        source,
+    };
+    let lb = match cached {
+        None => match ctx.lbs.create(&new_lb(&plan)).await {
+            Ok(lb) => {
+                info!(service = %key, lb = %lb_key, ipam = %plan.ipam, "created load balancer");
+                Some(lb)
+            }
+            Err(e) if e.is_already_exists() => {
+                // Made by an earlier pass the cache does not show yet: update it instead.
+                let fresh = ctx
+                    .lbs
+                    .get(ctx.lb_namespace(), &lb_name)
+                    .await
+                    .map_err(write_failed)?;
+                match fresh {
+                    Some(fresh) => {
+                        modify(&ctx.lbs, &fresh, Target::Object, |l| update_lb(l, &plan))
+                            .await
+                            .map_err(write_failed)?
+                            .map(|m| m.object)
+                    }
+                    None => None,
+                }
+            }
+            Err(source @ (StoreError::Invalid { .. } | StoreError::Refused { .. })) => {
+                return Ok(ctx.refuse(svc, key, write_failed(source).to_string()));
+            }
+            Err(e) => return Err(write_failed(e)),
+        },
+        Some(lb) => match modify(&ctx.lbs, &lb, Target::Object, |l| update_lb(l, &plan)).await {
+            Ok(lb) => lb.map(|m| m.object),
+            Err(source @ (StoreError::Invalid { .. } | StoreError::Refused { .. })) => {
+                return Ok(ctx.refuse(svc, key, write_failed(source).to_string()));
+            }
+            Err(e) => return Err(write_failed(e)),
+        },
+    };
+    let Some(lb) = lb else {
+        // Deleted meanwhile: its Delete event brings this Service back.
+        return Ok(Action::requeue(WAIT_RECHECK));
+    };
+    report_address(&lb, &plan, &lb_key, ctx).await?;
+    let ip = lb
+        .status
+        .as_ref()
+        .map(|s| s.allocated_address.ip.clone())
+        .unwrap_or_default();
+    if ip.is_empty() {
+        // Still waiting: the LoadBalancer's next change brings this Service back. Nothing is
+        // deleted on a timeout (upstream's delete/recreate churn).
+        if let Some(message) = not_ready_message(&lb) {
+            let message = format!(
+                "ip is not allocated, mode: {}, message: {message}",
+                plan.ipam
+            );
+            ctx.report(svc, key, EventType::Warning, reason::SYNC_FAILED, message);
+        }
+        return Ok(Action::requeue(WAIT_RECHECK));
+    }
+    let ingress = (ip != keys::DHCP_ADDRESS).then_some(ip.as_str());
+    let written = write_back(svc, key, ctx, ingress, |s| {
+        let mut changed = set_annotation(s, keys::KUBE_VIP_IPS, &ip);
+        if let Some(i) = &interface {
+            changed |= set_annotation(s, keys::KUBE_VIP_INTERFACE, i);
+        }
+        // Upstream marks a primary with an empty primary-service label.
+        changed | set_label(s, keys::SVC_PRIMARY, "")
+    })
+    .await?;
+    if written {
+        info!(service = %key, lb = %lb_key, %ip, "service has its address");
+        ctx.report(
+            svc,
+            key,
+            EventType::Normal,
+            reason::ENSURED,
+            format!("Ensured load balancer {lb_key} with address {ip}"),
+        );
+    }
+    Ok(Action::await_change())
+}
+
+/// Writes the address back to the Service: its annotations (`annotate`), then
+/// `status.loadBalancer.ingress` (`ingress`; none for DHCP, whose lease holder, the guest's kube-vip,
+/// reports it). Returns whether anything was written.
+async fn write_back(
+    svc: &Service,
+    key: &str,
+    ctx: &Ctx,
+    ingress: Option<&str>,
+    annotate: impl Fn(&mut Service) -> bool,
+) -> Result<bool, SyncError> {
+    let failed = |source| SyncError::WriteService {
+        service: key.into(),
+        source,
+    };
+    let Some(annotated) = modify(&ctx.services, svc, Target::Object, annotate)
+        .await
+        .map_err(failed)?
+    else {
+        return Ok(false);
+    };
+    let mut changed = annotated.written;
+    if let Some(ip) = ingress {
+        let written = modify(&ctx.services, &annotated.object, Target::Status, |s| {
+            set_ingress(s, Some(ip))
+        })
+        .await
+        .map_err(failed)?;
+        changed |= written.is_some_and(|m| m.written);
+    }
+    Ok(changed)
+}
+
+/// The guest's kube-vip reports a DHCP lease in the Service's ingress; Harvester learns it as the
+/// LoadBalancer's `status.address`. Without `loadbalancers/status` (Harvester's shipped role) this is
+/// logged once and skipped.
+async fn report_address(
+    lb: &LoadBalancer,
+    plan: &LbPlan,
+    lb_key: &str,
+    ctx: &Ctx,
+) -> Result<(), SyncError> {
+    let Some(address) = plan.address.as_deref().filter(|a| *a != keys::DHCP_ADDRESS) else {
+        return Ok(());
+    };
+    let current = lb.status.as_ref().map(|s| s.address.as_str());
+    if !current.unwrap_or_default().is_empty() {
+        return Ok(());
+    }
+    let written = modify(&ctx.lbs, lb, Target::Status, |l| {
+        let status = l.status.get_or_insert_default();
+        if status.address == address {
+            return false;
+        }
+        status.address = address.to_string();
+        true
+    })
+    .await;
+    match written {
+        Ok(_) => Ok(()),
+        Err(StoreError::Forbidden { message }) => {
+            if !ctx.status_forbidden.swap(true, Ordering::Relaxed) {
+                warn!(lb = %lb_key, %message, "cannot write load balancer status (the cloud-config's role lacks loadbalancers/status); Harvester will not see addresses leased in the guest");
+            }
+            Ok(())
+        }
+        Err(source) => Err(SyncError::WriteLoadBalancer {
+            lb: lb_key.into(),
+            source,
+        }),
+    }
+}
+
+async fn secondary(
+    svc: &Service,
+    key: &str,
+    (pns, pname): (String, String),
+    ctx: &Ctx,
+) -> Result<Action, SyncError> {
+    let primary_key = format!("{pns}/{pname}");
+    let share_lock = ctx.share_lock(&primary_key);
+    let held = share_lock.lock().await;
+    let primary = ctx.svc_cache.get(&ObjectRef::new(&pname).within(&pns));
+    let others = ctx.secondaries_of(&pns, &pname, key);
+    let other_refs: Vec<&Service> = others.iter().map(|s| s.as_ref()).collect();
+    let ip = match judge_secondary(svc, (&pns, &pname), primary.as_deref(), &other_refs) {
+        Ok(ip) => ip,
+        Err(e) => {
+            ctx.forget_secondary(key);
+            return Ok(ctx.refuse(svc, key, e.to_string()));
+        }
+    };
+    ctx.accept_secondary(&primary_key, key, svc);
+    drop(held);
+    // Its own LoadBalancer, if it had one as a primary, goes (its finalizer releases that address).
+    if let Some(own) = lb_name_of(&ctx.cluster.cluster, svc)
+        && ctx
+            .lb_cache
+            .get(&ObjectRef::new(&own).within(ctx.lb_namespace()))
+            .is_some()
+    {
+        match ctx
+            .lbs
+            .delete(ctx.lb_namespace(), &own, &Preconditions::default())
+            .await
+        {
+            Ok(_) => {
+                info!(service = %key, lb = %ctx.lb_ref(&own), "deleted the load balancer of a service that now shares another's address")
+            }
+            Err(e) if e.is_not_found() => {}
+            Err(source) => {
+                return Err(SyncError::DeleteLoadBalancer {
+                    lb: ctx.lb_ref(&own),
+                    source,
+                });
+            }
+        }
+    }
+    let primary_network = primary
+        .as_deref()
+        .and_then(|p| annotation(p, keys::SVC_NETWORK))
+        .filter(|n| !n.is_empty())
+        .map(String::from);
+    let label_value = share::primary_label_value(&pns, &pname);
+    let ingress = (ip != keys::DHCP_ADDRESS).then_some(ip.as_str());
+    let written = write_back(svc, key, ctx, ingress, |s| {
+        let mut changed = set_annotation(s, keys::KUBE_VIP_IPS, &ip);
+        if let Some(n) = &primary_network {
+            changed |= set_annotation(s, keys::SVC_NETWORK, n);
+        }
+        changed |= remove_annotation(s, keys::KUBE_VIP_INTERFACE);
+        changed |= remove_annotation(s, keys::SVC_IPAM);
+        changed | set_label(s, keys::SVC_PRIMARY, &label_value)
+    })
+    .await?;
+    if written {
+        info!(service = %key, primary = %primary_key, %ip, "service shares its primary's address");
+        ctx.report(
+            svc,
+            key,
+            EventType::Normal,
+            reason::ENSURED,
+            format!("Ensured address {ip} shared with primary service {primary_key}"),
+        );
+    }
+    Ok(Action::await_change())
+}
+
+/// Deletion, or a Service that is no longer of type LoadBalancer: its LoadBalancer goes, then the
+/// finalizer. A primary that secondaries still use waits.
+async fn cleanup(
+    svc: &Service,
+    release: Release<Service>,
+    key: &str,
+    ctx: &Ctx,
+) -> Result<Action, SyncError> {
+    let deleting = svc.metadata.deletion_timestamp.is_some();
+    let (ns, name) = key.split_once('/').unwrap_or_default();
+    let primary = primary_of(svc).ok().flatten();
+    if primary.is_none() {
+        let users = ctx.secondaries_of(ns, name, key);
+        let user_refs: Vec<&Service> = users.iter().map(|s| s.as_ref()).collect();
+        if let Err(e) = share::check_primary_deletion(svc, &user_refs) {
+            info!(service = %key, error = %e, "deletion waits for the secondaries");
+            ctx.report(
+                svc,
+                key,
+                EventType::Warning,
+                reason::DELETE_FAILED,
+                e.to_string(),
+            );
+            return Ok(Action::requeue(BLOCKED_RECHECK));
+        }
+    }
+    let mut deleted_lb = None;
+    if let Some(lb_name) = lb_name_of(&ctx.cluster.cluster, svc) {
+        match ctx
+            .lbs
+            .delete(ctx.lb_namespace(), &lb_name, &Preconditions::default())
+            .await
+        {
+            Ok(_) => deleted_lb = Some(ctx.lb_ref(&lb_name)),
+            Err(e) if e.is_not_found() => {}
+            Err(source) => {
+                return Err(SyncError::DeleteLoadBalancer {
+                    lb: ctx.lb_ref(&lb_name),
+                    source,
+                });
+            }
+        }
+    }
+    // A Service that stays (no longer a load balancer) also loses what was written for it: its
+    // address first, so that once the finalizer is off nothing of it is left.
+    let mut current = svc.clone();
+    if !deleting
+        && let Some(cleared) = modify(&ctx.services, svc, Target::Status, |s| set_ingress(s, None))
+            .await
+            .map_err(|source| SyncError::WriteService {
+                service: key.into(),
+                source,
+            })?
+    {
+        current = cleared.object;
+    }
+    let written = release
+        .release_with(&current, |s| {
+            !deleting
+                && (remove_annotation(s, keys::KUBE_VIP_IPS)
+                    | remove_annotation(s, keys::KUBE_VIP_INTERFACE))
+        })
+        .await?;
+    // Only the pass that took the finalizer off reports: a later pass on a stale copy (the
+    // LoadBalancer still being released answers its delete too) must not report it again.
+    let finalized = written.is_some_and(|m| m.written);
+    if let Some(lb) = deleted_lb.filter(|_| finalized) {
+        info!(service = %key, %lb, "deleted load balancer");
+        ctx.report(
+            svc,
+            key,
+            EventType::Normal,
+            reason::DELETED,
+            format!("Deleted load balancer {lb}"),
+        );
+    }
+    if deleting {
+        lock(&ctx.reported).remove(key);
+        lock(&ctx.share_locks).remove(key);
+    }
+    if let Some((pns, pname)) = primary {
+        // A primary waiting for its secondaries to go may go now.
+        let _ = ctx.wake.send(ObjectRef::new(&pname).within(&pns));
+    }
+    Ok(Action::await_change())
+}

@@ -1,0 +1,471 @@
+//! The store port as writers see it: [`AdmittedStore`] admits every write of a LoadBalancer or an
+//! IPPool the way the Kubernetes API server does when Harvester's webhooks are installed, before the
+//! store it wraps keeps it. Creates and updates are mutated and validated, IPPool deletes are
+//! validated; a refusal is an error carrying the webhook's message. Other kinds, status writes (the
+//! webhooks do not watch the status subresource) and reads pass straight through.
+//!
+//! Admission judges the object as the store will keep it, never a writer's claim about it: a create
+//! is judged without a status (the store drops it), an update with the stored status (the store
+//! keeps it) and against the very version it replaces (an update without a resourceVersion is made
+//! conditional on the version judged), a delete against the version it deletes.
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::Value;
+
+use super::{Admission, AdmitError, NetworkCheck};
+use crate::{
+    crd::{IPPool, LoadBalancer, lb_kind, pool_kind},
+    store::{
+        ChangeStream, Deleted, Kind, LabelSelector, ObjectList, ObjectStore, Preconditions,
+        StoreError, object_key,
+    },
+};
+
+/// A store behind admission.
+pub struct AdmittedStore {
+    admission: Admission,
+}
+
+/// The kinds admission judges.
+#[derive(Clone, Copy)]
+enum Judged {
+    LoadBalancer,
+    Pool,
+}
+
+fn judged(kind: &Kind) -> Option<Judged> {
+    let is = |other: Kind| kind.api_version == other.api_version && kind.kind == other.kind;
+    if is(lb_kind()) {
+        Some(Judged::LoadBalancer)
+    } else if is(pool_kind()) {
+        Some(Judged::Pool)
+    } else {
+        None
+    }
+}
+
+impl AdmittedStore {
+    /// `inner` behind admission; what the checks read comes from `inner` too.
+    pub fn new(inner: Arc<dyn ObjectStore>, networks: NetworkCheck) -> Self {
+        AdmittedStore {
+            admission: Admission::new(inner, networks),
+        }
+    }
+
+    /// The checks, for the admission webhooks.
+    pub fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    /// The store behind admission.
+    pub fn inner(&self) -> &Arc<dyn ObjectStore> {
+        self.admission.store()
+    }
+
+    async fn stored<K: DeserializeOwned>(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<K, StoreError> {
+        let current = self
+            .inner()
+            .get(kind, namespace, name)
+            .await?
+            .ok_or_else(|| StoreError::NotFound {
+                kind: kind.singular(),
+                name: name.to_string(),
+            })?;
+        decode(kind, current)
+    }
+}
+
+/// The admission error behind an error of an [`AdmittedStore`], if that is what it is: a refusal
+/// ([`StoreError::Refused`]) or a failure to decide (a [`StoreError::Backend`] error).
+pub fn admission_error(e: StoreError) -> Result<AdmitError, StoreError> {
+    match e {
+        StoreError::Refused { kind, name, source } => source
+            .downcast::<AdmitError>()
+            .map(|e| *e)
+            .map_err(|source| StoreError::Refused { kind, name, source }),
+        StoreError::Backend(source) => source
+            .downcast::<AdmitError>()
+            .map(|e| *e)
+            .map_err(StoreError::Backend),
+        other => Err(other),
+    }
+}
+
+/// A refusal is `Refused`, named as the API server names a webhook's denial; a failure to decide
+/// (what the checks read could not be read) is a backend failure.
+fn refused(kind: &Kind, name: Option<&str>, e: AdmitError) -> StoreError {
+    if e.is_rejection() {
+        StoreError::Refused {
+            kind: kind.singular(),
+            name: name.unwrap_or_default().to_string(),
+            source: Box::new(e),
+        }
+    } else {
+        StoreError::Backend(Box::new(e))
+    }
+}
+
+fn decode<K: DeserializeOwned>(kind: &Kind, object: Value) -> Result<K, StoreError> {
+    let name = object_key(&object).1;
+    serde_json::from_value(object).map_err(|e| StoreError::Invalid {
+        kind: kind.singular(),
+        name,
+        reason: e.to_string(),
+    })
+}
+
+fn encode<K: Serialize>(kind: &Kind, object: &K) -> Result<Value, StoreError> {
+    let mut value = serde_json::to_value(object).map_err(StoreError::backend)?;
+    if let Some(fields) = value.as_object_mut() {
+        fields.insert("apiVersion".into(), Value::from(kind.api_version.as_ref()));
+        fields.insert("kind".into(), Value::from(kind.kind.as_ref()));
+    }
+    Ok(value)
+}
+
+/// An update is conditional on the version it was judged against.
+fn pin_version(
+    meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    current: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) {
+    if meta
+        .resource_version
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+    {
+        meta.resource_version = current.resource_version.clone();
+    }
+}
+
+#[async_trait]
+impl ObjectStore for AdmittedStore {
+    async fn get(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, StoreError> {
+        self.inner().get(kind, namespace, name).await
+    }
+
+    async fn list(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+    ) -> Result<ObjectList, StoreError> {
+        self.inner().list(kind, namespace, selector).await
+    }
+
+    async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        let object = match judged(kind) {
+            None => object,
+            Some(Judged::LoadBalancer) => {
+                let mut lb: LoadBalancer = decode(kind, object)?;
+                // The store drops a status on create (a subresource): judged without one.
+                lb.status = None;
+                self.admission
+                    .admit_lb_create(&mut lb)
+                    .await
+                    .map_err(|e| refused(kind, lb.metadata.name.as_deref(), e))?;
+                encode(kind, &lb)?
+            }
+            Some(Judged::Pool) => {
+                let mut pool: IPPool = decode(kind, object)?;
+                pool.status = None;
+                self.admission
+                    .admit_pool_create(&mut pool)
+                    .await
+                    .map_err(|e| refused(kind, pool.metadata.name.as_deref(), e))?;
+                encode(kind, &pool)?
+            }
+        };
+        self.inner().create(kind, object).await
+    }
+
+    async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        let Some(judged) = judged(kind) else {
+            return self.inner().replace(kind, object).await;
+        };
+        let (namespace, name) = object_key(&object);
+        let object = match judged {
+            Judged::LoadBalancer => {
+                let current: LoadBalancer = self.stored(kind, &namespace, &name).await?;
+                let mut lb: LoadBalancer = decode(kind, object)?;
+                pin_version(&mut lb.metadata, &current.metadata);
+                // The store keeps the stored status (a subresource): judged with it.
+                lb.status = current.status.clone();
+                self.admission
+                    .admit_lb_update(&current, &mut lb)
+                    .await
+                    .map_err(|e| refused(kind, Some(&name), e))?;
+                encode(kind, &lb)?
+            }
+            Judged::Pool => {
+                let current: IPPool = self.stored(kind, &namespace, &name).await?;
+                let mut pool: IPPool = decode(kind, object)?;
+                pin_version(&mut pool.metadata, &current.metadata);
+                // What the pool holds is its stored status: an update is judged with it.
+                pool.status = current.status.clone();
+                self.admission
+                    .admit_pool_update(&current, &mut pool)
+                    .await
+                    .map_err(|e| refused(kind, Some(&name), e))?;
+                encode(kind, &pool)?
+            }
+        };
+        self.inner().replace(kind, object).await
+    }
+
+    /// Status writes are not admitted (the webhooks do not watch the status subresource).
+    async fn replace_status(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        self.inner().replace_status(kind, object).await
+    }
+
+    async fn delete(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        preconditions: &Preconditions,
+    ) -> Result<Deleted, StoreError> {
+        let Some(Judged::Pool) = judged(kind) else {
+            return self
+                .inner()
+                .delete(kind, namespace, name, preconditions)
+                .await;
+        };
+        let current: IPPool = self.stored(kind, namespace, name).await?;
+        self.admission
+            .admit_pool_delete(&current)
+            .map_err(|e| refused(kind, Some(name), e))?;
+        // Conditional on the version just judged: an address allocated since makes this a conflict
+        // instead of deleting a pool that holds it.
+        let judged = Preconditions {
+            uid: preconditions.uid.clone().or(current.metadata.uid),
+            resource_version: preconditions
+                .resource_version
+                .clone()
+                .or(current.metadata.resource_version),
+        };
+        self.inner().delete(kind, namespace, name, &judged).await
+    }
+
+    async fn watch(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        resource_version: &str,
+    ) -> Result<ChangeStream, StoreError> {
+        self.inner().watch(kind, namespace, resource_version).await
+    }
+
+    async fn wait_for_token(
+        &self,
+        namespace: &str,
+        secret_name: &str,
+        timeout: Duration,
+    ) -> Result<Value, StoreError> {
+        self.inner()
+            .wait_for_token(namespace, secret_name, timeout)
+            .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner().ping().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        controller::kinds::VirtualMachineInstance,
+        crd::{keys::ANNOTATION_NETWORK, lb_api, pool_api},
+        ipam::{PoolSpec, RangeSpec},
+        store::{
+            Api,
+            embedded::{Durability, EmbeddedStore},
+        },
+    };
+
+    #[tokio::test]
+    async fn load_balancer_writes_are_mutated_and_validated() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let inner: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .expect("opens");
+        let vmi: VirtualMachineInstance = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "gc1-node", "namespace": "default",
+                         "labels": {"guestcluster.harvesterhci.io/name": "gc1"}},
+            "spec": {"networks": [{"name": "nic", "multus": {"networkName": "default/vlan10"}}]}
+        }))
+        .expect("vmi");
+        Api::<VirtualMachineInstance>::new(inner.clone())
+            .create(&vmi)
+            .await
+            .expect("creates");
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(AdmittedStore::new(inner.clone(), NetworkCheck::Skip));
+        let lbs = lb_api(store);
+        let lb: LoadBalancer = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "lb", "namespace": "default",
+                         "annotations": {"loadbalancer.harvesterhci.io/cluster": "gc1"}},
+            "spec": {"workloadType": "cluster", "ipam": "pool"}
+        }))
+        .expect("lb");
+        let created = lbs.create(&lb).await.expect("creates");
+        let annotations = created.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(annotations[ANNOTATION_NETWORK], "default/vlan10");
+        let mut dhcp = created.clone();
+        dhcp.spec.ipam = "dhcp".into();
+        let refused = lbs.replace(&dhcp).await.expect_err("refused");
+        assert_eq!(
+            refused.to_string(),
+            "loadbalancer \"lb\" is invalid: update loadbalancer default/lb failed: can't change the IPAM from pool to dhcp"
+        );
+        // The writer can tell the refusal apart, with the webhook's own message.
+        let e = admission_error(refused).expect("an admission refusal");
+        assert!(e.is_rejection());
+        assert_eq!(
+            e.to_string(),
+            "update loadbalancer default/lb failed: can't change the IPAM from pool to dhcp"
+        );
+    }
+
+    #[tokio::test]
+    async fn pools_are_judged_as_stored() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let inner: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .expect("opens");
+        let admitted: Arc<dyn ObjectStore> =
+            Arc::new(AdmittedStore::new(inner.clone(), NetworkCheck::Skip));
+        let pools = pool_api(admitted);
+        let mut pool = IPPool::new(
+            "p",
+            PoolSpec {
+                ranges: vec![RangeSpec {
+                    subnet: "10.0.0.0/24".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }
+            .into(),
+        );
+        let created = pools.create(&pool).await.expect("creates");
+        // Mutated: the mutator's labels.
+        let labels = created.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels[crate::crd::keys::LABEL_VID], "0");
+        // An address held, as the status says (written past admission, as the reconciler does).
+        let mut held = created.clone();
+        held.status = Some(crate::ipam::PoolStatus {
+            allocated: [("10.0.0.9".to_string(), "default/lb".to_string())].into(),
+            ..Default::default()
+        });
+        pool_api(inner.clone())
+            .replace_status(&held)
+            .await
+            .expect("writes the status");
+        // Shrinking past it is refused, whatever status the writer sends; so is deleting the pool.
+        pool = created.clone();
+        pool.metadata.resource_version = None;
+        pool.status = None;
+        pool.spec.ranges[0].range_start = "10.0.0.10".into();
+        let e = pools.replace(&pool).await.expect_err("refused");
+        assert!(admission_error(e).expect("a refusal").is_rejection());
+        let e = pools
+            .delete("", "p", &Preconditions::default())
+            .await
+            .expect_err("refused");
+        assert!(admission_error(e).expect("a refusal").is_rejection());
+        assert!(pools.get("", "p").await.expect("reads").is_some());
+    }
+}
+
+#[cfg(test)]
+mod network_tests {
+    use super::*;
+    use crate::ipam::{PoolSpec, RangeSpec, Selector};
+    use crate::store::embedded::{Durability, EmbeddedStore};
+    use crate::{controller::kinds::NetworkAttachmentDefinition, crd::keys::LABEL_VID, store::Api};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn mk_pool(name: &str, network: &str) -> IPPool {
+        IPPool {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: PoolSpec {
+                ranges: vec![RangeSpec {
+                    subnet: "10.0.0.0/24".into(),
+                    ..Default::default()
+                }],
+                selector: Selector {
+                    network: network.into(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }
+            .into(),
+            status: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn networks_are_looked_up_only_where_they_exist() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .expect("opens");
+        let nad: NetworkAttachmentDefinition = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "vlan10", "namespace": "default",
+                         "labels": {"network.harvesterhci.io/vlan-id": "10"}},
+            "spec": {"config": "{}"}
+        }))
+        .expect("nad");
+        Api::<NetworkAttachmentDefinition>::new(store.clone())
+            .create(&nad)
+            .await
+            .expect("creates");
+
+        let kube = Admission::new(store.clone(), NetworkCheck::Require);
+        let mut pool = mk_pool("p", "default/vlan10");
+        kube.admit_pool_create(&mut pool).await.expect("admitted");
+        assert_eq!(
+            pool.metadata.labels.as_ref().expect("labels")[LABEL_VID],
+            "10"
+        );
+        let mut unknown = mk_pool("q", "default/vlan99");
+        let e = kube
+            .admit_pool_create(&mut unknown)
+            .await
+            .expect_err("refused");
+        assert_eq!(
+            e.to_string(),
+            "can't create IP pool q because network-attachment-definitions.k8s.cni.cncf.io \"vlan99\" not found"
+        );
+        assert!(e.is_rejection());
+
+        let embedded = Admission::new(store, NetworkCheck::Skip);
+        let mut unknown = mk_pool("q", "default/vlan99");
+        embedded
+            .admit_pool_create(&mut unknown)
+            .await
+            .expect("admitted without a lookup");
+        assert_eq!(
+            unknown.metadata.labels.as_ref().expect("labels")[LABEL_VID],
+            "0"
+        );
+    }
+}
