@@ -103,7 +103,7 @@ export function liveView(what) {
   const body = h('div', { class: 'view' }, loading(what));
   let shown = false;
   let problemText = '';
-  return {
+  const view = {
     nodes: [problem, body],
     body,
     show(...children) {
@@ -124,6 +124,29 @@ export function liveView(what) {
       replace(problem, h('div', { class: 'state error', role: 'alert' },
         h('strong', null, `Cannot refresh ${what} (showing the last known): `), text));
     },
-    get shown() { return shown; },
+    /**
+     * A page's `refresh`: `load()` fetches, `draw(data)` renders when that differs from what was
+     * drawn last (compared as JSON), a failure is shown with `fail`. Resolves to whether it got
+     * data.
+     */
+    refresher(load, draw) {
+      let drawn = null;
+      return async () => {
+        try {
+          const data = await load();
+          const text = JSON.stringify(data);
+          if (text !== drawn) {
+            drawn = text;
+            draw(data);
+          }
+          return true;
+        } catch (e) {
+          drawn = null;
+          view.fail(e);
+          return false;
+        }
+      };
+    },
   };
+  return view;
 }

@@ -105,42 +105,32 @@ export function guestClustersPage({ api, params }) {
       + 'Clusters with load balancers are listed; look any other up by its namespace and name.'),
     lookup,
     view.nodes);
-  let shown = null;
-
-  async function refresh() {
-    try {
-      const lbs = await api.lbs();
-      const clusters = [...guestClusters(lbs)];
-      for (const c of extra.values()) if (!clusters.some((d) => key(d) === key(c))) clusters.push(c);
-      const entries = await Promise.all(clusters.map(async (c) => {
-        try {
-          const [services, events] = await Promise.all([
-            api.guestServices(c.namespace, c.cluster), api.guestEvents(c.namespace, c.cluster)]);
-          return { services, events };
-        } catch (e) {
-          if (e.status === 401) throw e;
-          return { error: e };
-        }
-      }));
-      const text = JSON.stringify([lbs, clusters, entries.map((e) => (e.error ? e.error.message : e))]);
-      if (text === shown) return true;
-      shown = text;
-      if (clusters.length === 0) {
-        view.show(empty(
-          h('p', null, 'No guest cluster has a load balancer yet.'),
-          h('p', null, 'On the embedded store, a guest cluster’s Services are PUT to ',
-            h('code', null, '/v1/harvester/guestclusters/{namespace}/{cluster}/services/{namespace}/{name}'),
-            '; on Kubernetes, guest clusters run ', h('code', null, 'harvester-cloud ccm'), ' and their load balancers show under Load balancers.')));
-        return true;
+  const refresh = view.refresher(async () => {
+    const lbs = await api.lbs();
+    const clusters = [...guestClusters(lbs)];
+    for (const c of extra.values()) if (!clusters.some((d) => key(d) === key(c))) clusters.push(c);
+    const entries = await Promise.all(clusters.map(async (c) => {
+      try {
+        const [services, events] = await Promise.all([
+          api.guestServices(c.namespace, c.cluster), api.guestEvents(c.namespace, c.cluster)]);
+        return { services, events };
+      } catch (e) {
+        if (e.status === 401) throw e;
+        return { error: e };
       }
-      view.show(clusters.map((c, i) => clusterCard(c, entries[i], lbs)));
-      return true;
-    } catch (e) {
-      shown = null;
-      view.fail(e);
-      return false;
+    }));
+    return { lbs, clusters, entries };
+  }, ({ lbs, clusters, entries }) => {
+    if (clusters.length === 0) {
+      view.show(empty(
+        h('p', null, 'No guest cluster has a load balancer yet.'),
+        h('p', null, 'On the embedded store, a guest cluster’s Services are PUT to ',
+          h('code', null, '/v1/harvester/guestclusters/{namespace}/{cluster}/services/{namespace}/{name}'),
+          '; on Kubernetes, guest clusters run ', h('code', null, 'harvester-cloud ccm'), ' and their load balancers show under Load balancers.')));
+      return;
     }
-  }
+    view.show(clusters.map((c, i) => clusterCard(c, entries[i], lbs)));
+  });
 
   return { el, refresh };
 }

@@ -80,7 +80,6 @@ export function loadBalancersPage({ api, params }) {
   const open = new Set();
   const events = new Map();
   let data = null;
-  let shown = null;
 
   const view = liveView('load balancers');
   const controls = h('form', { class: 'filters', role: 'search', 'aria-label': 'Filter load balancers', onsubmit: (e) => e.preventDefault() });
@@ -164,28 +163,18 @@ export function loadBalancersPage({ api, params }) {
     }
   }
 
-  async function refresh() {
-    try {
-      const [lbs, pools] = await Promise.all([api.lbs(), api.pools()]);
-      const ids = new Set(lbs.map(idOf));
-      for (const id of [...open]) if (!ids.has(id)) open.delete(id);
-      await Promise.all([...open].map(loadEvents));
-      const text = JSON.stringify([lbs, pools, [...open].map((id) => events.get(id))]);
-      const first = !data;
-      data = { lbs, pools };
-      if (first || text !== shown) {
-        const focusedFilter = controls.contains(document.activeElement);
-        if (!focusedFilter) renderControls();
-        shown = text;
-        render();
-      }
-      return true;
-    } catch (e) {
-      shown = null;
-      view.fail(e);
-      return false;
-    }
-  }
+  const refresh = view.refresher(async () => {
+    const [lbs, pools] = await Promise.all([api.lbs(), api.pools()]);
+    const ids = new Set(lbs.map(idOf));
+    for (const id of [...open]) if (!ids.has(id)) open.delete(id);
+    await Promise.all([...open].map(loadEvents));
+    return { lbs, pools, events: [...open].map((id) => events.get(id)) };
+  }, ({ lbs, pools }) => {
+    data = { lbs, pools };
+    // Not under the reader's hands: a filter being used keeps its options until it is left.
+    if (!controls.contains(document.activeElement)) renderControls();
+    render();
+  });
 
   renderControls();
   return { el, refresh };

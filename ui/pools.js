@@ -224,7 +224,6 @@ export function poolsPage({ api }) {
     legend(),
     view.nodes);
   let data = null;
-  let shown = null;
   let selected = null;
 
   function render() {
@@ -247,22 +246,13 @@ export function poolsPage({ api }) {
     render();
   }
 
-  async function refresh() {
-    try {
-      const [pools, lbs] = await Promise.all([api.pools(), api.lbs()]);
-      const text = JSON.stringify([pools, lbs]);
-      if (text !== shown) {
-        shown = text;
-        data = { pools, lbs };
-        render();
-      }
-      return true;
-    } catch (e) {
-      shown = null;
-      view.fail(e);
-      return false;
-    }
-  }
+  const refresh = view.refresher(async () => {
+    const [pools, lbs] = await Promise.all([api.pools(), api.lbs()]);
+    return { pools, lbs };
+  }, (loaded) => {
+    data = loaded;
+    render();
+  });
 
   return { el, refresh };
 }
