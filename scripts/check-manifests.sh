@@ -16,6 +16,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HELM="${HELM:-$("$ROOT/scripts/install-helm.sh")}"
 CHART="$ROOT/deploy/chart/harvester-cloud"
 MANIFEST="$ROOT/deploy/manifests/harvester-cloud.yaml"
+RANCHER_MANIFEST="$ROOT/deploy/manifests/harvester-cloud-rancher.yaml"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
@@ -34,9 +35,24 @@ HEADER
     --set tls.existingSecret=harvester-cloud-tls --set harvesterClusterRoles.create=false
 }
 
+# The same for a cluster where Rancher runs and its dashboard reaches the service through
+# Rancher's aggregation (rancherApiService.enabled: the APIService and its RBAC).
+render_rancher_body() {
+  cat <<'HEADER'
+# harvester-cloud for `kubectl apply -f` where Rancher runs (Harvester's embedded Rancher): as
+# harvester-cloud.yaml, plus the Rancher APIService that routes the dashboard's
+# /v1/harvester/kubeconfig to the service and the RBAC to keep it (scripts/check-manifests.sh
+# --update renders both from deploy/chart/harvester-cloud).
+HEADER
+  "$HELM" template harvester-cloud "$CHART" --namespace harvester-system --include-crds \
+    --set tls.existingSecret=harvester-cloud-tls --set harvesterClusterRoles.create=false \
+    --set rancherApiService.enabled=true
+}
+
 if [[ "${1:-}" == "--update" ]]; then
   render_plain > "$MANIFEST"
-  echo "wrote $MANIFEST"
+  render_rancher_body > "$RANCHER_MANIFEST"
+  echo "wrote $MANIFEST and $RANCHER_MANIFEST"
 fi
 
 echo "helm lint"
@@ -45,6 +61,10 @@ echo "helm lint"
 echo "deploy/manifests is the rendered chart"
 render_plain > "$WORK/plain.yaml"
 diff -u "$MANIFEST" "$WORK/plain.yaml" || { echo "deploy/manifests/harvester-cloud.yaml is stale: run scripts/check-manifests.sh --update" >&2; exit 1; }
+render_rancher_body > "$WORK/rancher.yaml"
+diff -u "$RANCHER_MANIFEST" "$WORK/rancher.yaml" || { echo "deploy/manifests/harvester-cloud-rancher.yaml is stale: run scripts/check-manifests.sh --update" >&2; exit 1; }
+grep -q "^kind: APIService" "$RANCHER_MANIFEST" || { echo "the Rancher rendering lacks its APIService" >&2; exit 1; }
+if grep -q "kind: APIService" "$MANIFEST"; then echo "the default rendering has an APIService" >&2; exit 1; fi
 
 echo "the chart's CRDs are deploy/crds"
 for f in "$ROOT"/deploy/crds/*.yaml; do
@@ -65,8 +85,15 @@ if grep -q "MutatingWebhookConfiguration\|harvesterhci.io:csi-driver\"$" "$WORK/
 fi
 
 echo "kubernetes-validate"
+# The APIService is Rancher's custom resource, unknown to the Kubernetes schemas: left out here,
+# checked by kube-apiserver below (with Rancher's CRD) and by tests/rancher_aggregation.rs.
+python3 - "$RANCHER_MANIFEST" > "$WORK/rancher-core.yaml" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d.get("kind") != "APIService"]
+print(yaml.safe_dump_all(docs))
+PY
 kubernetes-validate --strict --quiet \
-  "$MANIFEST" "$WORK/generated-tls.yaml" "$WORK/custom.yaml" "$ROOT"/deploy/crds/*.yaml \
+  "$MANIFEST" "$WORK/rancher-core.yaml" "$WORK/generated-tls.yaml" "$WORK/custom.yaml" "$ROOT"/deploy/crds/*.yaml \
   "$ROOT/deploy/ccm/harvester-cloud-ccm.yaml"
 # HelmChart is helm.cattle.io's custom resource, unknown to the Kubernetes schemas: check its shape.
 python3 - "$ROOT/deploy/helmchart.yaml" <<'PY'
@@ -86,10 +113,28 @@ if [[ -n "${HARVESTER_CLOUD_CONTROL_PLANES:-}" ]]; then
   exec 9>"$CP/lease.lock"
   flock 9
   k apply --server-side --field-manager=check-manifests -f "$ROOT/deploy/crds/" >/dev/null
+  # Rancher's APIService kind, as Rancher serves it (schemaless here: Rancher's own CRD).
+  k apply --server-side --field-manager=check-manifests -f - >/dev/null <<'CRD'
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: apiservices.management.cattle.io
+spec:
+  group: management.cattle.io
+  scope: Cluster
+  names: {plural: apiservices, singular: apiservice, kind: APIService}
+  versions:
+    - name: v3
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+CRD
+  k wait --for=condition=Established crd/apiservices.management.cattle.io --timeout=60s >/dev/null
   for ns in harvester-system tools; do
     k create namespace "$ns" --dry-run=client -o yaml | k apply --server-side -f - >/dev/null
   done
-  for f in "$MANIFEST" "$WORK/generated-tls.yaml" "$WORK/custom.yaml" "$ROOT/deploy/ccm/harvester-cloud-ccm.yaml"; do
+  for f in "$MANIFEST" "$RANCHER_MANIFEST" "$WORK/generated-tls.yaml" "$WORK/custom.yaml" "$ROOT/deploy/ccm/harvester-cloud-ccm.yaml"; do
     k apply --server-side --field-manager=check-manifests --dry-run=server -f "$f" >/dev/null ||
       { echo "kube-apiserver refused $f" >&2; exit 1; }
   done

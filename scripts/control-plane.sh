@@ -146,6 +146,8 @@ pki() {
         # (--use-service-account-credentials=false), and the garbage collector and namespace
         # controller delete every kind.
         issue controller-manager system:kube-controller-manager system:masters ""
+        # What the API server presents to admission webhooks (a webhook may require it).
+        issue webhook-client kube-apiserver-webhook-client "" ""
         openssl ecparam -name prime256v1 -genkey -noout -out sa.key 2>/dev/null
         openssl ec -in sa.key -pubout -out sa.pub 2>/dev/null
         # Plain users with bearer tokens, as an identity provider would give them (the tests'
@@ -158,6 +160,30 @@ pki() {
             printf '%s,%s,%s,"%s"\n' "$(openssl rand -hex 24)" "$user" "uid-$user" "$groups" >>users.csv
         done
     ) || die "step pki: openssl failed"
+    cat >"$dir/webhook-client.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+users:
+  - name: "*"
+    user:
+      client-certificate: $dir/pki/webhook-client.crt
+      client-key: $dir/pki/webhook-client.key
+EOF
+    cat >"$dir/admission.yaml" <<EOF
+apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+  - name: ValidatingAdmissionWebhook
+    configuration:
+      apiVersion: apiserver.config.k8s.io/v1
+      kind: WebhookAdmissionConfiguration
+      kubeConfigFile: $dir/webhook-client.kubeconfig
+  - name: MutatingAdmissionWebhook
+    configuration:
+      apiVersion: apiserver.config.k8s.io/v1
+      kind: WebhookAdmissionConfiguration
+      kubeConfigFile: $dir/webhook-client.kubeconfig
+EOF
     # What the tests read back: every request of a client that is not the control plane itself
     # (the service, the ccm, users), at Metadata level: who, what, and the answer's code.
     cat >"$dir/audit-policy.yaml" <<'EOF'
@@ -229,6 +255,7 @@ up() {
         --tls-cert-file "$p/apiserver.crt" --tls-private-key-file "$p/apiserver.key" \
         --client-ca-file "$p/ca.crt" --token-auth-file "$p/users.csv" \
         --authorization-mode RBAC \
+        --admission-control-config-file "$dir/admission.yaml" \
         --audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/audit.log" \
         --audit-log-format json --audit-log-mode blocking --audit-log-maxsize 0 \
         --service-account-issuer https://kubernetes.default.svc.cluster.local \

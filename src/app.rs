@@ -106,6 +106,8 @@ pub struct Service {
     /// Serving certificate chain and key, unless plain HTTP was asked for.
     pub tls: Option<certs::TlsMaterial>,
     pub close: Close,
+    /// The Kubernetes backend's client (for what lives beside the store: the Rancher tunnel).
+    pub kube: Option<kube::Client>,
 }
 
 /// The embedded backend, opened: the service, and what only this backend has.
@@ -170,10 +172,18 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
     let admitted = Arc::new(AdmittedStore::new(store.clone(), NetworkCheck::Require));
     let state = AppState {
         cloud_config,
-        authenticator: Arc::new(KubeAuthenticator::new(client, args.allow_restricted_admin)),
+        authenticator: Arc::new(KubeAuthenticator::new(
+            client.clone(),
+            args.allow_restricted_admin,
+        )),
         objects: Objects::new(admitted),
         // Guest clusters run `harvester-cloud ccm` themselves.
         guests: None,
+        webhooks: if args.webhook_client_ca.is_some() {
+            http::WebhookAccess::ClientCertificate
+        } else {
+            http::WebhookAccess::Open
+        },
         store,
         issuer: None,
     };
@@ -181,13 +191,14 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
         state,
         tls: certs::serving(args, None)?,
         close: Box::new(|| Box::pin(async {})),
+        kube: Some(client),
     })
 }
 
 /// Opens the embedded store in the data directory and prepares everything `serve` needs.
 pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<Embedded> {
     let data_dir = &global.data_dir;
-    let store = EmbeddedStore::open(data_dir, args.durability).await?;
+    let store = EmbeddedStore::open_with(data_dir, args.durability, args.reinitialize).await?;
 
     let admin_token = ensure_admin_token(store.pool(), data_dir).await?;
 
@@ -235,11 +246,13 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
     let guests = crate::guest::api::GuestClusters::new(dyn_store.clone(), admitted.clone());
     let state = AppState {
         cloud_config,
-        authenticator: Arc::new(EmbeddedAuthenticator::new(store.pool().clone())),
+        authenticator: Arc::new(EmbeddedAuthenticator::new(store.pool().clone(), data_dir)),
         objects: Objects::new(admitted),
         guests: Some(guests),
         store: dyn_store,
         issuer: Some(issuer),
+        // No API server calls them here, and an open one would only be an oracle of the pools.
+        webhooks: http::WebhookAccess::Off,
     };
     let closing = store.clone();
     Ok(Embedded {
@@ -247,6 +260,7 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
             state,
             tls,
             close: Box::new(move || Box::pin(async move { closing.close().await })),
+            kube: None,
         },
         store,
         admin_token,
@@ -288,16 +302,17 @@ pub async fn shutdown_signal() {
 }
 
 async fn serve(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<()> {
-    let app: Service = match args.backend {
-        BackendKind::Embedded => open_embedded(global, args).await?.into(),
-        BackendKind::Kube => open_kube(args).await?,
-    };
+    // The ports first: a start that cannot listen must not have created a token or a key first.
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let metrics_listener = TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("cannot listen on --metrics-listen {}", args.metrics_listen))?;
+    let app: Service = match args.backend {
+        BackendKind::Embedded => open_embedded(global, args).await?.into(),
+        BackendKind::Kube => open_kube(args).await?,
+    };
     let shutdown = CancellationToken::new();
     // Metrics stay up until the API has drained, so a scrape during the drain still answers.
     let metrics_stop = CancellationToken::new();
@@ -314,6 +329,70 @@ async fn serve(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<()> {
         Err(e) => warn!(error = %e, "the metrics listener task failed"),
     }
     served
+}
+
+/// Registers the Rancher APIService and keeps the aggregation tunnel up to whatever Rancher writes
+/// into its Secret, serving the router on every connection Rancher opens through it.
+fn spawn_tunnel(
+    client: kube::Client,
+    name: &str,
+    args: &ServeArgs,
+    state: &AppState,
+    shutdown: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    use crate::tunnel::{self, rancher};
+    let (secret_namespace, secret_name) =
+        args.rancher_apiservice_secret.clone().unwrap_or_else(|| {
+            (
+                args.harvester_namespace.clone(),
+                format!("{name}-aggregation"),
+            )
+        });
+    let spec = rancher::ApiServiceSpec {
+        name: name.to_string(),
+        secret_namespace: secret_namespace.clone(),
+        secret_name: secret_name.clone(),
+    };
+    let (endpoints_tx, endpoints) = tokio::sync::watch::channel(None);
+    let register = {
+        let (client, stop) = (client.clone(), shutdown.clone());
+        async move {
+            let mut wait = std::time::Duration::from_secs(1);
+            loop {
+                match rancher::register(&client, &spec).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        warn!(error = %e, retry_in = ?wait, "cannot register the Rancher APIService")
+                    }
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(std::time::Duration::from_secs(60));
+            }
+        }
+    };
+    let follow = rancher::follow_secret(
+        client,
+        secret_namespace,
+        secret_name,
+        endpoints_tx,
+        shutdown.clone(),
+    );
+    let accept = http::tunnel::acceptor(http::router(state.clone()), shutdown.clone());
+    let run = tunnel::run(
+        endpoints,
+        accept,
+        tunnel::Limits::default(),
+        Arc::new(tunnel::Stats::default()),
+        shutdown.clone(),
+    );
+    vec![
+        tokio::spawn(register.instrument(info_span!("apiservice", name = %name))),
+        tokio::spawn(follow.instrument(info_span!("apiservice_secret"))),
+        tokio::spawn(run.instrument(info_span!("tunnel"))),
+    ]
 }
 
 /// Starts the reconcilers next to the API, stopped by the same token: the load balancer's and, where
@@ -383,31 +462,58 @@ pub async fn serve_on(
     args: &ServeArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let Service { state, tls, close } = app.into();
+    let Service {
+        state,
+        tls,
+        close,
+        kube,
+    } = app.into();
     let local = listener.local_addr()?;
-    let reconcilers = spawn_reconcilers(&state, args, &shutdown);
-    // The listener closes at the signal; open connections drain first (see http::drain).
+    let mut reconcilers = spawn_reconcilers(&state, args, &shutdown);
+    if let Some(name) = &args.rancher_apiservice {
+        let Some(client) = kube else {
+            anyhow::bail!("--rancher-apiservice needs the Kubernetes backend (--backend kube)");
+        };
+        reconcilers.extend(spawn_tunnel(client, name, args, &state, &shutdown));
+    }
+    // The listener closes at the signal; open connections drain first (see http::drain and
+    // http::server).
     let drain = http::drain::Drain::new(shutdown.clone());
     let router = drain.router(http::router(state));
-    let drained = drain.graceful(http::drain::LINGER.min(args.shutdown_timeout));
+    let limits = http::server::Limits {
+        max_connections: args.max_connections as usize,
+        header_timeout: args.header_timeout,
+        handshake_timeout: args.header_timeout,
+        ..Default::default()
+    };
+    let linger = http::drain::LINGER.min(args.shutdown_timeout);
     let server = async {
-        match tls {
+        let config = match tls {
             Some(tls) => {
-                let config = http::tls::server_config(&tls.cert_chain_pem, &tls.key_pem)
-                    .map_err(|e| anyhow::anyhow!("invalid TLS certificate or key: {e}"))?;
+                let client_ca = args
+                    .webhook_client_ca
+                    .as_ref()
+                    .map(|p| {
+                        std::fs::read(p).with_context(|| {
+                            format!("cannot read --webhook-client-ca {}", p.display())
+                        })
+                    })
+                    .transpose()?;
+                let config = http::tls::server_config_with_clients(
+                    &tls.cert_chain_pem,
+                    &tls.key_pem,
+                    client_ca.as_deref(),
+                )
+                .map_err(|e| anyhow::anyhow!("invalid TLS certificate, key or client CA: {e}"))?;
                 info!(address = %local, url = %format!("https://{}:{}", public_host(local), local.port()), "listening (HTTPS)");
-                let listener = drain.listener(http::tls::TlsListener::new(listener, config)?)?;
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(drained)
-                    .await?;
+                Some(config)
             }
             None => {
                 info!(address = %local, url = %format!("http://{}:{}", public_host(local), local.port()), "listening (plain HTTP)");
-                axum::serve(drain.listener(listener)?, router)
-                    .with_graceful_shutdown(drained)
-                    .await?;
+                None
             }
-        }
+        };
+        http::server::serve(listener, config, router, limits, linger, shutdown.clone()).await?;
         anyhow::Ok(())
     };
     tokio::pin!(server);

@@ -233,6 +233,11 @@ pub struct ServeArgs {
     /// How long a POST waits for a service-account token before answering 504.
     #[arg(long, env = "HARVESTER_CLOUD_TOKEN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub token_timeout: Duration,
+    /// Embedded store: start with a new, empty store when the database is missing or empty although
+    /// the data directory was used before (otherwise such a start is refused, so that a lost
+    /// database is noticed instead of silently replaced). Everything of the old store is lost.
+    #[arg(long, env = "HARVESTER_CLOUD_REINITIALIZE")]
+    pub reinitialize: bool,
     /// SQLite durability: `full` makes every acknowledged write survive power loss.
     #[arg(long, env = "HARVESTER_CLOUD_DURABILITY", value_enum, default_value_t = Durability::Full)]
     pub durability: Durability,
@@ -245,6 +250,29 @@ pub struct ServeArgs {
     /// backend always has exactly one.
     #[arg(long, env = "HARVESTER_CLOUD_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
+    /// Kubernetes backend: register Rancher's aggregation `APIService` (management.cattle.io/v3) of
+    /// this name for `/v1/harvester/kubeconfig`, and serve the requests Rancher's dashboard sends
+    /// there through the tunnel this service dials to Rancher (with the URL, token and CA Rancher
+    /// writes into the APIService's Secret).
+    #[arg(long, env = "HARVESTER_CLOUD_RANCHER_APISERVICE", value_parser = parse_apiservice_name)]
+    pub rancher_apiservice: Option<String>,
+    /// The Secret Rancher is to write for the APIService: `namespace/name`. Default:
+    /// `<--harvester-namespace>/<APIService name>-aggregation`.
+    #[arg(long, env = "HARVESTER_CLOUD_RANCHER_APISERVICE_SECRET", value_parser = parse_namespaced_name)]
+    pub rancher_apiservice_secret: Option<(String, String)>,
+    /// Kubernetes backend: answer admission reviews only from a client that presents a certificate
+    /// signed by a CA in this PEM file (configure kube-apiserver's WebhookAdmissionConfiguration
+    /// to present one). Without it they are answered for anyone who reaches the port, as
+    /// Harvester's webhooks are, which lets them probe which IPPool ranges exist.
+    #[arg(long, env = "HARVESTER_CLOUD_WEBHOOK_CLIENT_CA")]
+    pub webhook_client_ca: Option<PathBuf>,
+    /// Connections the API listener keeps open at once; past it, new ones wait in the backlog.
+    #[arg(long, env = "HARVESTER_CLOUD_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+    /// How long a client may take to send a request's head (and how long an idle keep-alive
+    /// connection stays open), and a new connection its first request.
+    #[arg(long, env = "HARVESTER_CLOUD_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
+    pub header_timeout: Duration,
     /// After SIGTERM or Ctrl-C, how long in-flight requests may take before the process exits.
     #[arg(long, env = "HARVESTER_CLOUD_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
@@ -256,6 +284,30 @@ pub struct ServeArgs {
         default_value = "127.0.0.1:9090"
     )]
     pub metrics_listen: SocketAddr,
+}
+
+fn parse_apiservice_name(s: &str) -> Result<String, String> {
+    crate::validation::dns1123_subdomain(s)?;
+    Ok(s.to_string())
+}
+
+/// `namespace/name`, both valid Kubernetes names.
+fn parse_namespaced_name(s: &str) -> Result<(String, String), String> {
+    let (ns, name) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not namespace/name"))?;
+    crate::validation::dns1123_label(ns)?;
+    crate::validation::dns1123_subdomain(name)?;
+    Ok((ns.to_string(), name.to_string()))
+}
+
+/// A [`parse_duration`] that is not zero.
+pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err("must be longer than zero".into());
+    }
+    Ok(d)
 }
 
 /// `500ms`, `30s`, `5m`, `12h`, `90d`, or a plain number of seconds.

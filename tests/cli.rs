@@ -240,3 +240,162 @@ async fn plain_http_mode() {
     assert_eq!(r.text().await.unwrap(), "ok");
     server.stop();
 }
+
+/// `token create --ttl` refuses what cannot make a usable token (zero), or a date (a hundred
+/// years and more), with a message and exit status 2-ish instead of a panic.
+#[test]
+fn token_ttls_out_of_range_are_refused_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // A first token command creates the database.
+    assert!(token_cmd(&data, &["list"]).status.success());
+    for (ttl, says) in [
+        ("0s", "a token must live longer than zero"),
+        ("3000000d", "at most 36500 days"),
+    ] {
+        let out = token_cmd(&data, &["create", "--ttl", ttl]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--ttl {ttl} was accepted");
+        assert_ne!(
+            out.status.code(),
+            Some(101),
+            "--ttl {ttl} panicked: {stderr}"
+        );
+        assert!(stderr.contains(says), "--ttl {ttl}: {stderr}");
+    }
+    let list = String::from_utf8(token_cmd(&data, &["list"]).stdout).unwrap();
+    assert_eq!(list.lines().count(), 1, "no token was created: {list}");
+}
+
+/// The database and its WAL files are private (they hold the signing key and every token); and
+/// a database that is missing or empty in a data directory used before is a refused start that
+/// says what to do, not a silent new store, until `--reinitialize` asks for one.
+#[test]
+fn the_database_is_private_and_a_lost_one_is_not_replaced_silently() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let serve = |extra: &[&str]| {
+        Command::new(BIN)
+            .arg("--data-dir")
+            .arg(&data)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mode = |name: &str| {
+        std::fs::metadata(data.join(name))
+            .map(|m| m.permissions().mode() & 0o777)
+            .ok()
+    };
+    // A first start, stopped once it listens.
+    let mut child = serve(&[]);
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    while !lines
+        .next()
+        .expect("the server logs")
+        .unwrap()
+        .contains("listening")
+    {}
+    for name in [
+        "harvester-cloud.db",
+        "harvester-cloud.db-wal",
+        "harvester-cloud.db-shm",
+    ] {
+        if let Some(m) = mode(name) {
+            assert_eq!(m, 0o600, "{name} is {m:o}");
+        }
+    }
+    assert_eq!(mode("harvester-cloud.db"), Some(0o600));
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
+
+    for lose in ["truncate", "remove"] {
+        match lose {
+            "truncate" => std::fs::write(data.join("harvester-cloud.db"), b"").unwrap(),
+            _ => std::fs::remove_file(data.join("harvester-cloud.db")).unwrap(),
+        }
+        for suffix in ["-wal", "-shm"] {
+            let _ = std::fs::remove_file(data.join(format!("harvester-cloud.db{suffix}")));
+        }
+        let out = serve(&[]).wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{lose}: the server started on a lost database"
+        );
+        assert!(stderr.contains("--reinitialize"), "{lose}: {stderr}");
+        assert!(
+            stderr.contains(if lose == "truncate" {
+                "is empty"
+            } else {
+                "is missing"
+            }),
+            "{lose}: {stderr}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(data.join("admin-token")).unwrap(),
+            token,
+            "{lose}: the admin token was overwritten"
+        );
+        // Token commands refuse it too.
+        let out = token_cmd(&data, &["list"]);
+        assert!(!out.status.success());
+    }
+    // Asked for, a new store: a new admin token.
+    let mut child = serve(&["--reinitialize"]);
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    while !lines
+        .next()
+        .expect("the server logs")
+        .unwrap()
+        .contains("listening")
+    {}
+    assert_ne!(
+        std::fs::read_to_string(data.join("admin-token")).unwrap(),
+        token
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A server whose port is taken fails before it creates anything in a fresh data directory.
+#[test]
+fn a_taken_port_fails_before_anything_is_written() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(&data)
+        .args([
+            "serve",
+            "--listen",
+            &addr,
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen on"));
+    for f in ["admin-token", "harvester-cloud.db", "tls"] {
+        assert!(!data.join(f).exists(), "{f} was created");
+    }
+}

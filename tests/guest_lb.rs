@@ -257,13 +257,21 @@ impl GuestEnv for EmbeddedEnv {
     }
 
     async fn force_delete(&self, ns: &str, name: &str) {
+        // Deleted first, then its finalizer stripped (a terminating object takes no new one, so
+        // the reconciler cannot put it back in between), until it is gone.
         let api = Api::<Service>::new(self.cluster_store());
-        let mut svc = api.get(ns, name).await.expect("reads").expect("exists");
-        svc.metadata.finalizers = None;
-        api.replace(&svc).await.expect("strips the finalizer");
         api.delete(ns, name, &Preconditions::default())
             .await
             .expect("deletes");
+        eventually("the Service to be gone", async || {
+            let Some(mut svc) = api.get(ns, name).await.expect("reads") else {
+                return Some(());
+            };
+            svc.metadata.finalizers = None;
+            let _ = api.replace(&svc).await;
+            None
+        })
+        .await;
     }
 
     async fn delete_cluster(&mut self) {
@@ -519,19 +527,21 @@ impl GuestEnv for KubeEnv {
     }
 
     async fn force_delete(&self, ns: &str, name: &str) {
+        // Deleted first, then its finalizer stripped (a terminating object takes no new one, so
+        // the ccm cannot put it back in between), until it is gone.
         let api = self.services(ns);
-        loop {
-            let mut svc = api.get(name).await.expect("reads");
-            svc.metadata.finalizers = None;
-            match api.replace(name, &PostParams::default(), &svc).await {
-                Ok(_) => break,
-                Err(::kube::Error::Api(e)) if e.code == 409 => continue,
-                Err(e) => panic!("cannot strip the finalizer: {e}"),
-            }
-        }
         api.delete(name, &DeleteParams::default())
             .await
             .expect("deletes");
+        eventually("the Service to be gone", async || {
+            let Some(mut svc) = api.get_opt(name).await.expect("reads") else {
+                return Some(());
+            };
+            svc.metadata.finalizers = None;
+            let _ = api.replace(name, &PostParams::default(), &svc).await;
+            None
+        })
+        .await;
     }
 
     /// Rancher's way: the guest cluster (and its ccm) goes away, and its VMs, marked by Rancher's

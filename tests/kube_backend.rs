@@ -809,3 +809,165 @@ async fn stopping_releases_the_lease() {
         "the Lease is still held after a clean stop"
     );
 }
+
+/// A client that hangs up while its POST waits for the token does not cut the POST short: it runs
+/// to its end (here the 504 after `--token-timeout`) and rolls back what it created, instead of
+/// leaving the ServiceAccount, its Secret and the bindings behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_whose_client_hangs_up_leaves_nothing_behind() {
+    use tokio::io::AsyncWriteExt;
+    let b = KubeBackend::start_with(&["--token-timeout", "3s"]).await;
+    let _never = b.cp.hold_tokens("gc-test", None).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = b.router();
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let body = account("gc-test", "hangs-up");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(
+        format!(
+            "POST {PATH} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            b.admin_token(),
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    // The POST has made its ServiceAccount and waits for the token: hang up now.
+    support::eventually("the POST to create its ServiceAccount", async || {
+        b.cp.object("", "serviceaccounts", "gc-test", "hangs-up")
+            .await
+            .map(|_| ())
+    })
+    .await;
+    drop(tcp);
+    // After the token timeout the POST's own rollback has removed everything it made.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    support::eventually("the rollback", async || {
+        let mut left = Vec::new();
+        for (group, plural, ns, name) in [
+            ("", "serviceaccounts", "gc-test", "hangs-up"),
+            ("", "secrets", "gc-test", "hangs-up-token"),
+            (
+                "rbac.authorization.k8s.io",
+                "rolebindings",
+                "gc-test",
+                "gc-test-hangs-up",
+            ),
+            (
+                "rbac.authorization.k8s.io",
+                "clusterrolebindings",
+                "",
+                "gc-test-hangs-up",
+            ),
+        ] {
+            if b.cp.object(group, plural, ns, name).await.is_some() {
+                left.push(plural);
+            }
+        }
+        left.is_empty().then_some(())
+    })
+    .await;
+    server.abort();
+}
+
+/// Kubernetes users (TokenReview) use the IPPool and LoadBalancer routes as far as the cluster's
+/// RBAC lets them use those kinds: cluster-admin may do everything, a namespaced grant reaches its
+/// namespace only, and a refusal names the permission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_users_reach_the_load_balancer_routes_by_their_rbac() {
+    let b = KubeBackend::start().await;
+    let c = &b.client;
+    let pools = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
+    let lbs = "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers";
+    // dave: cluster-admin (as a system:masters user would be).
+    let crbs: Api<ClusterRoleBinding> = Api::all(c.clone());
+    crbs.create(
+        &PostParams::default(),
+        &ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some("dave-admin".into()),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: "cluster-admin".into(),
+            },
+            subjects: user_subject("dave"),
+        },
+    )
+    .await
+    .unwrap();
+    let dave = b.cp.user_token("dave");
+    let r = b.call(Method::GET, pools, Some(&dave), Body::empty()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let pool = serde_json::json!({"metadata": {"name": "daves"},
+        "spec": {"ranges": [{"subnet": "10.77.0.0/24"}],
+            "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}});
+    let r = b
+        .call(Method::POST, pools, Some(&dave), pool.to_string())
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+
+    // eve: read access to LoadBalancers in ns1 only.
+    grant_in_namespace(
+        c,
+        "eve",
+        "ns1",
+        vec![rule(
+            "loadbalancer.harvesterhci.io",
+            &["loadbalancers"],
+            &["get", "list"],
+        )],
+    )
+    .await;
+    let eve = b.cp.user_token("eve");
+    let r = b
+        .call(
+            Method::GET,
+            &format!("{lbs}/ns1"),
+            Some(&eve),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let m = b
+        .call(
+            Method::GET,
+            &format!("{lbs}/ns2"),
+            Some(&eve),
+            Body::empty(),
+        )
+        .await
+        .error(StatusCode::FORBIDDEN, "PermissionDenied");
+    assert_eq!(
+        m,
+        "user \"eve\" cannot list resource \"loadbalancers\" in API group \"loadbalancer.harvesterhci.io\" in the namespace \"ns2\""
+    );
+    let m = b
+        .call(Method::GET, pools, Some(&eve), Body::empty())
+        .await
+        .error(StatusCode::FORBIDDEN, "PermissionDenied");
+    assert!(m.contains("cannot list resource \"ippools\""), "{m}");
+    // A LoadBalancer's Events are hers to read where she may get the LoadBalancer.
+    b.call(
+        Method::GET,
+        &format!("{lbs}/ns1/none/events"),
+        Some(&eve),
+        Body::empty(),
+    )
+    .await
+    .error(StatusCode::NOT_FOUND, "NotFound");
+    let m = b
+        .call(
+            Method::GET,
+            &format!("{lbs}/ns2/none/events"),
+            Some(&eve),
+            Body::empty(),
+        )
+        .await
+        .error(StatusCode::FORBIDDEN, "PermissionDenied");
+    assert!(m.contains("cannot get resource \"loadbalancers\""), "{m}");
+}

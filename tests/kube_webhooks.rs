@@ -42,7 +42,8 @@ impl Drop for Service {
 
 impl Service {
     /// Starts it and returns it with the address it listens on.
-    fn start(dir: &Path) -> (Service, std::net::SocketAddr) {
+    /// `client_ca`: answer admission reviews only for clients with a certificate it signed.
+    fn start(dir: &Path, client_ca: &Path) -> (Service, std::net::SocketAddr) {
         let mut child = Command::new(BIN)
             .arg("--data-dir")
             .arg(dir.join("data"))
@@ -55,6 +56,8 @@ impl Service {
             .arg(dir.join("tls/tls.key"))
             .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
             .args(["--leader-elect=false"])
+            .arg("--webhook-client-ca")
+            .arg(client_ca)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -119,6 +122,8 @@ fn refusal(result: Result<DynamicObject, kube::Error>) -> (u16, String) {
 /// Harvester, the service and the shipped webhook configurations.
 struct Env {
     client: Client,
+    addr: std::net::SocketAddr,
+    tls_ca: Vec<u8>,
     _cp: support::control_plane::ControlPlane,
     service: Option<Service>,
     _dir: tempfile::TempDir,
@@ -147,7 +152,9 @@ impl Env {
             ],
         )
         .expect("a certificate");
-        let (service, addr) = Service::start(dir.path());
+        // The control plane presents a client certificate of its CA to webhooks (its
+        // WebhookAdmissionConfiguration); the service answers no one else.
+        let (service, addr) = Service::start(dir.path(), &cp.dir.join("pki/ca.crt"));
 
         // The shipped configurations, with the CA the chart would put in `caBundle`.
         let manifest = std::fs::read_to_string(concat!(
@@ -186,6 +193,8 @@ impl Env {
         );
         Env {
             client,
+            addr,
+            tls_ca: tls.ca_pem.clone(),
             _cp: cp,
             service: Some(service),
             _dir: dir,
@@ -388,4 +397,47 @@ async fn with_the_service_down_its_kinds_are_refused() {
         )
         .await
         .expect("other kinds are admitted without the service");
+}
+
+/// The webhooks answer the API server only (it presents the client certificate the service was
+/// told to require); anyone else asking which pools overlap is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhooks_answer_only_the_api_server() {
+    let env = Env::start().await;
+    // Through the API server: admitted and mutated (so the webhook answered it).
+    let created = env
+        .pools()
+        .create(
+            &PostParams::default(),
+            &pool("global", "10.52.0.0/24", global()),
+        )
+        .await
+        .expect("the API server's review is answered");
+    assert!(
+        created
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key("loadbalancer.harvesterhci.io/global-ip-pool")
+    );
+    // Directly, without the certificate: refused, and nothing about the pools is said.
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&env.tls_ca).unwrap())
+        .build()
+        .unwrap();
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u", "kind": {"group": "loadbalancer.harvesterhci.io", "version": "v1beta1", "kind": "IPPool"},
+            "operation": "CREATE", "object": pool("probe", "10.52.0.0/24", global())}});
+    let r = http
+        .post(format!(
+            "https://127.0.0.1:{}/v1/webhook/validation",
+            env.addr.port()
+        ))
+        .json(&review)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let text = r.text().await.unwrap();
+    assert!(!text.contains("overlap"), "{text}");
 }

@@ -951,6 +951,113 @@ pub mod cases {
         assert_consistent(&b).await;
     }
 
+    /// A body's `metadata.deletionTimestamp` is not the store's: it does not make admission treat
+    /// the object as being deleted (the store drops the claim and would keep the object unchecked).
+    pub async fn a_claimed_deletion_does_not_skip_admission<B: Backend>(b: B) {
+        let _r = Reconcilers::start(b.service_store());
+        let claimed = json!("2026-01-01T00:00:00Z");
+        create_pool(
+            &b,
+            mk_pool(
+                "held",
+                range("10.60.0.0/24", "10.60.0.10", "10.60.0.20"),
+                global(),
+            ),
+        )
+        .await;
+        create_lb(&b, mk_lb("default", "holder", json!({}))).await;
+        allocated(&b, "default", "holder").await;
+        // A second pool over the same addresses, created plainly, then PUT claiming deletion.
+        let mut other = mk_pool(
+            "other",
+            range("10.61.0.0/24", "10.61.0.10", "10.61.0.20"),
+            json!({"scope": [{"project": "p", "namespace": "ns1", "guestCluster": "*"}]}),
+        );
+        let created = ok(
+            call(&b, Method::POST, POOLS, Some(other.clone())).await,
+            StatusCode::CREATED,
+        );
+        other["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"].clone();
+        other["metadata"]["deletionTimestamp"] = claimed.clone();
+        other["spec"]["ranges"] = range("10.60.0.0/24", "10.60.0.10", "10.60.0.20");
+        let m = call(&b, Method::PUT, &format!("{POOLS}/other"), Some(other))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert!(m.contains("overlap"), "{m}");
+        assert_eq!(
+            pool(&b, "other").await["spec"]["ranges"][0]["subnet"],
+            "10.61.0.0/24",
+            "nothing of the refused update was stored"
+        );
+        // A LoadBalancer with duplicate listener names and port 0, claiming deletion.
+        let mut lb = ok(
+            get(&b, &format!("{LBS}/default/holder")).await,
+            StatusCode::OK,
+        );
+        lb["metadata"]["deletionTimestamp"] = claimed;
+        lb["spec"]["listeners"] = json!([
+            {"name": "a", "port": 0, "protocol": "TCP", "backendPort": 1},
+            {"name": "a", "port": 81, "protocol": "TCP", "backendPort": 2}
+        ]);
+        call(&b, Method::PUT, &format!("{LBS}/default/holder"), Some(lb))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        // And a create claiming deletion is judged as a create.
+        let mut fresh = mk_lb("default", "fresh", json!({"listeners": []}));
+        fresh["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        call(&b, Method::POST, LBS, Some(fresh))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+    }
+
+    /// The edges of the contract: undecodable path segments and invalid namespaces name nothing
+    /// (404 in the error shape), a listener protocol a Service cannot take and a range with no
+    /// address to give are refused, and a pool far larger than a cloud-config body is taken.
+    pub async fn contract_edges<B: Backend>(b: B) {
+        get(&b, &format!("{POOLS}/%FF%FE"))
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
+        get(&b, &format!("{LBS}/Not_A_Namespace"))
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
+        let sctpx = mk_lb(
+            "default",
+            "sctpx",
+            json!({"listeners": [{"name": "a", "port": 80, "protocol": "SCTPX", "backendPort": 80}]}),
+        );
+        let m = call(&b, Method::POST, LBS, Some(sctpx))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert!(m.contains("protocol \"SCTPX\""), "{m}");
+        let m = call(
+            &b,
+            Method::POST,
+            POOLS,
+            Some(mk_pool(
+                "v6-127",
+                json!([{"subnet": "2001:db8::/127"}]),
+                global(),
+            )),
+        )
+        .await
+        .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert!(m.contains("no address to allocate"), "{m}");
+        // 2,500 ranges: about 75 KB, past the cloud-config routes' 64 KiB.
+        let ranges: Vec<Value> = (0..2500)
+            .map(|i| json!({"subnet": format!("10.{}.{}.{}/32", 180 + i / 65536, (i / 256) % 256, i % 256)}))
+            .collect();
+        let big = mk_pool(
+            "many-ranges",
+            Value::Array(ranges),
+            json!({"scope": [{"project": "p", "namespace": "ns9", "guestCluster": "*"}]}),
+        );
+        assert!(big.to_string().len() > 64 * 1024);
+        ok(
+            call(&b, Method::POST, POOLS, Some(big)).await,
+            StatusCode::CREATED,
+        );
+    }
+
     pub async fn validation_messages<B: Backend>(b: B) {
         let refuse = async |method: Method, path: &str, body: Value| {
             call(&b, method, path, Some(body))
@@ -1459,13 +1566,77 @@ suite!(
         manual_release_annotation,
         guest_cluster_cleanup,
         validation_messages,
+        a_claimed_deletion_does_not_skip_admission,
+        contract_edges,
         authentication_is_required,
         restart_resyncs_without_double_assignment,
-        webhook_answers_admission_reviews,
         only_the_leader_reconciles_and_the_other_takes_over,
         load_balancer_events_are_listed,
     ]
 );
+
+/// The admission webhooks, as the Kubernetes API server calls them (the embedded store serves
+/// none: nothing calls them there, and answering anyone would only tell which pools exist).
+mod webhooks {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kube_answers_admission_reviews() {
+        cases::webhook_answers_admission_reviews(KubeBackend::start().await).await
+    }
+
+    /// An UPDATE review carries the object and the old object: a pool with thousands of
+    /// allocations is far more than the cloud-config routes' 64 KiB, and is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kube_answers_reviews_of_large_objects() {
+        let b = KubeBackend::start().await;
+        let allocated: serde_json::Map<String, Value> = (0..1400)
+            .map(|i| {
+                (
+                    format!("10.90.{}.{}", i / 250, 1 + i % 250),
+                    json!(format!("default/lb-with-a-rather-long-name-{i:05}")),
+                )
+            })
+            .collect();
+        let mut old = mk_pool("big", json!([{"subnet": "10.90.0.0/16"}]), global());
+        old["status"] = json!({"allocated": allocated, "total": 65534, "available": 64134});
+        let mut new = old.clone();
+        new["metadata"]["labels"] = json!({"edited": "yes"});
+        let review = json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "big-review",
+                "kind": {"group": "loadbalancer.harvesterhci.io", "version": "v1beta1", "kind": "IPPool"},
+                "resource": {"group": "loadbalancer.harvesterhci.io", "version": "v1beta1", "resource": "ippools"},
+                "name": "big", "operation": "UPDATE", "userInfo": {"username": "admin"},
+                "object": new, "oldObject": old, "dryRun": false
+            }
+        });
+        assert!(review.to_string().len() > 64 * 1024);
+        let r = b
+            .call(
+                Method::POST,
+                "/v1/webhook/validation",
+                None,
+                Body::from(review.to_string()),
+            )
+            .await;
+        let v = ok(r, StatusCode::OK);
+        assert_eq!(v["response"]["uid"], "big-review");
+    }
+
+    #[tokio::test]
+    async fn the_embedded_store_serves_no_webhooks() {
+        let b = EmbeddedBackend::start().await;
+        for path in ["/v1/webhook/validation", "/v1/webhook/mutation"] {
+            let m = b
+                .call(Method::POST, path, None, Body::from("{}"))
+                .await
+                .error(StatusCode::NOT_FOUND, "NotFound");
+            assert!(m.contains("no admission webhooks here"), "{m}");
+        }
+    }
+}
 
 // --- Leader election: two replicas on one store -------------------------------------------------
 
@@ -1564,5 +1735,60 @@ mod replicas {
         assert_consistent(&b).await;
         b_stop.cancel();
         b_task.await.expect("stops");
+    }
+}
+
+// --- Stored data that does not decode (embedded store: on Kubernetes the CRD's schema keeps it out) --
+
+mod undecodable {
+    use super::*;
+
+    /// One LoadBalancer the store holds but that does not decode as one: the list leaves it out
+    /// (and the log says which), and reading it is the server's error, not the client's.
+    #[tokio::test]
+    async fn a_broken_object_is_left_out_of_lists_and_is_a_500() {
+        let b = EmbeddedBackend::start().await;
+        create_lb(&b, mk_lb("default", "good", json!({}))).await;
+        let broken = json!({
+            "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+            "metadata": {"name": "broken", "namespace": "default"},
+            "spec": {"listeners": "not a list"}
+        });
+        b.store()
+            .create(&harvester_cloud::crd::lb_kind(), broken)
+            .await
+            .expect("the raw store keeps anything JSON");
+        let list = ok(get(&b, LBS).await, StatusCode::OK);
+        let names: Vec<&str> = list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["good"]);
+        get(&b, &format!("{LBS}/default/broken"))
+            .await
+            .error(StatusCode::INTERNAL_SERVER_ERROR, "ServerError");
+    }
+
+    /// A row that is not even JSON does not keep the service from starting: it is logged and
+    /// left out, and everything else is served.
+    #[tokio::test]
+    async fn a_corrupt_row_does_not_stop_the_start() {
+        let b = EmbeddedBackend::start().await;
+        create_lb(&b, mk_lb("default", "kept", json!({}))).await;
+        create_lb(&b, mk_lb("default", "corrupted", json!({}))).await;
+        sqlx::query("UPDATE objects SET body = '{not json' WHERE name = 'corrupted'")
+            .execute(b.app.store.pool())
+            .await
+            .unwrap();
+        let b = b.restart().await;
+        ok(
+            get(&b, &format!("{LBS}/default/kept")).await,
+            StatusCode::OK,
+        );
+        get(&b, &format!("{LBS}/default/corrupted"))
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
     }
 }

@@ -142,6 +142,21 @@ fn every_operation_documents_its_errors_in_the_error_shape() {
                     "{method} {path} is authenticated and must document 401"
                 );
             }
+            // What the request limits answer on any route (http::limits).
+            for code in ["414", "431"] {
+                assert!(
+                    responses.contains_key(code),
+                    "{method} {path} must document {code}"
+                );
+            }
+            if method == "post" || method == "put" {
+                for code in ["400", "408"] {
+                    assert!(
+                        responses.contains_key(code),
+                        "{method} {path} reads a body and must document {code}"
+                    );
+                }
+            }
             if method == "post" {
                 for code in ["413", "422"] {
                     assert!(

@@ -15,12 +15,18 @@ use std::{
     time::Duration,
 };
 
+#[macro_use]
+#[allow(unused_macros)]
+mod support;
+
 use base64::Engine;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const BIN: &str = env!("CARGO_BIN_EXE_harvester-cloud");
 const KUBECONFIG: &str = "/v1/harvester/kubeconfig";
+/// How long a test waits for a condition before it declares the service stuck (not a bound on speed).
+const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A `serve` process with JSON logs, both listeners on free ports.
 struct Server {
@@ -870,26 +876,50 @@ async fn sigterm_under_load_fails_no_accepted_request_and_loses_no_write() {
 
 /// A request that never finishes holds the drain for `--shutdown-timeout` only: the process still
 /// exits cleanly, and says so.
-#[tokio::test]
+/// A request still being answered when SIGTERM comes is in flight: the drain waits for it, until
+/// `--shutdown-timeout`. Here a POST on the Kubernetes backend waits for a token that the (real)
+/// token controller is kept from writing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_timeout_bounds_the_drain() {
+    let cp = support::control_plane::ControlPlane::lease().await;
+    let _never = cp.hold_tokens("gc-test", None).await;
     let dir = tempfile::tempdir().unwrap();
     let data: PathBuf = dir.path().join("data");
+    let kubeconfig = dir.path().join("service.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        support::kube_env::service_kubeconfig(&cp).await,
+    )
+    .unwrap();
+    let kubeconfig = kubeconfig.display().to_string();
     let server = Server::start(
         &data,
         "info,tower_http=debug",
-        &["--shutdown-timeout", "1s"],
+        &[
+            "--backend",
+            "kube",
+            "--kubeconfig",
+            &kubeconfig,
+            "--leader-elect=false",
+            "--token-timeout",
+            "120s",
+            "--shutdown-timeout",
+            "1s",
+        ],
     );
-    let token = admin_token(&data);
-    let (_stuck, _never_sent) = start_slow_post(
-        &data,
-        &server.addr,
-        &token,
-        "stuck-post",
-        &account("default", "stuck", None),
-    )
-    .await;
+    let token = support::kube_env::rancher_token(&cp.admin, "user-admin", Default::default()).await;
+    let http = client_for_generated_ca(&server);
+    let url = format!("{}{KUBECONFIG}", server.url);
+    let pending = tokio::spawn(async move {
+        http.post(url)
+            .bearer_auth(token)
+            .header("x-request-id", "waits-for-its-token")
+            .body(account("gc-test", "stuck", None))
+            .send()
+            .await
+    });
     server.wait_for("the stuck request starting", |v| {
-        message(v) == "started processing request" && request_id(v) == Some("stuck-post")
+        message(v) == "started processing request" && request_id(v) == Some("waits-for-its-token")
     });
     server.sigterm();
     let (status, logs) = server.wait();
@@ -897,7 +927,224 @@ async fn shutdown_timeout_bounds_the_drain() {
     assert!(
         logs.iter()
             .any(|l| l.contains("in-flight requests did not finish in time")),
-        "{logs:?}"
+        "the drain did not wait for the request in flight"
     );
-    assert!(logs.iter().any(|l| l.contains("\"stopped\"")), "{logs:?}");
+    assert!(logs.iter().any(|l| l.contains("\"stopped\"")));
+    let _ = pending.await;
+}
+
+/// A client for a server whose certificate it has not seen (the Kubernetes backend keeps its
+/// generated CA in memory): no verification, for the drain test only.
+fn client_for_generated_ca(_server: &Server) -> reqwest::Client {
+    reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .unwrap()
+}
+
+/// A connection that sends a byte now and then: what a slow-loris client does.
+async fn drip<S: tokio::io::AsyncWrite + tokio::io::AsyncRead + Unpin>(mut conn: S) -> bool {
+    let head = b"POST /v1/harvester/kubeconfig HTTP/1.1\r\nhost: x\r\nx-drip: ";
+    for b in head.iter().chain(std::iter::repeat(&b'a')) {
+        if conn.write_all(&[*b]).await.is_err() || conn.flush().await.is_err() {
+            break;
+        }
+        let mut buf = [0u8; 1024];
+        // The server's answer or its close, whichever: either ends the drip.
+        match tokio::time::timeout(Duration::from_millis(400), conn.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(_)) => continue,
+            Err(_) => continue,
+        }
+    }
+    true
+}
+
+/// Slow clients meet the header timeout, the TLS handshake timeout and the drain: with hundreds of
+/// them drip-feeding request heads or never finishing a handshake, normal requests all answer, the
+/// server closes every slow connection, and a SIGTERM is not held up by them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_neither_starve_others_nor_hold_a_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: PathBuf = dir.path().join("data");
+    let server = Server::start(
+        &data,
+        "info",
+        &["--header-timeout", "2s", "--shutdown-timeout", "60s"],
+    );
+    let token = admin_token(&data);
+    let closed = Arc::new(AtomicUsize::new(0));
+    let mut slow = Vec::new();
+    for _ in 0..300 {
+        let conn = tls_connect(&data, &server.addr).await;
+        let closed = closed.clone();
+        slow.push(tokio::spawn(async move {
+            drip(conn).await;
+            closed.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+    // Connections that never start their TLS handshake.
+    for _ in 0..100 {
+        let tcp = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+        let closed = closed.clone();
+        slow.push(tokio::spawn(async move {
+            let mut tcp = tcp;
+            let mut buf = [0u8; 16];
+            let _ = tcp.read(&mut buf).await;
+            closed.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+    let http = client(&data);
+    let mut answered = 0;
+    for i in 0..20 {
+        let r = http
+            .post(format!("{}{KUBECONFIG}", server.url))
+            .bearer_auth(&token)
+            .body(account("default", &format!("normal-{i}"), None))
+            .send()
+            .await
+            .expect("a normal request is answered");
+        assert_eq!(r.status(), 200);
+        answered += 1;
+    }
+    assert_eq!(answered, 20);
+    // Every slow connection is closed by the server (the test would otherwise wait forever).
+    for t in slow {
+        tokio::time::timeout(PATIENCE, t)
+            .await
+            .expect("the server closes a slow connection")
+            .unwrap();
+    }
+    assert_eq!(closed.load(Ordering::SeqCst), 400);
+    let metrics = reqwest::get(&server.metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let sample = |reason: &str| {
+        harvester_cloud::metrics::sample(
+            &metrics,
+            &format!("harvester_cloud_http_connections_refused_total{{reason=\"{reason}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(sample("handshake_timeout") >= 100.0, "{metrics}");
+
+    // Slow clients open at SIGTERM: the drain closes them at once instead of waiting for them.
+    for _ in 0..50 {
+        let conn = tls_connect(&data, &server.addr).await;
+        tokio::spawn(drip(conn));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.sigterm();
+    let (status, logs) = server.wait();
+    assert!(status.success(), "exit after SIGTERM: {status}");
+    assert!(
+        !logs
+            .iter()
+            .any(|l| l.contains("in-flight requests did not finish in time")),
+        "slow clients held the shutdown: {logs:?}"
+    );
+}
+
+/// Past `--max-connections`, new connections wait in the backlog (logged once, counted) and are
+/// served as slots free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_limit_holds_new_clients_until_a_slot_frees() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: PathBuf = dir.path().join("data");
+    let server = Server::start(
+        &data,
+        "info",
+        &[
+            "--http",
+            "--max-connections",
+            "20",
+            "--header-timeout",
+            "2s",
+        ],
+    );
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(tokio::net::TcpStream::connect(&server.addr).await.unwrap());
+    }
+    server.wait_for("the limit's warning", |v| {
+        message(v).starts_with("connection limit reached")
+    });
+    // The idle ones time out, and a normal request is served.
+    let r = reqwest::Client::new()
+        .get(format!("{}/healthz", server.url))
+        .timeout(PATIENCE)
+        .send()
+        .await
+        .expect("served once a slot frees");
+    assert_eq!(r.status(), 200);
+    let metrics = reqwest::get(&server.metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        harvester_cloud::metrics::sample(
+            &metrics,
+            "harvester_cloud_http_connections_refused_total{reason=\"at_capacity\"}"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+    drop(idle);
+    server.stop();
+}
+
+/// A client's `X-Request-Id` reaches the logs and the response only when it is a short token of
+/// safe characters: text that imitates a log line, or 60 KB of it, is replaced by a generated id.
+/// A malformed chunked body is a 400 in the error shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_cannot_forge_log_lines_and_bad_bodies_are_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: PathBuf = dir.path().join("data");
+    let server = Server::start(&data, "debug", &["--http"]);
+    let http = reqwest::Client::new();
+    let forged = "x\"},{\"level\":\"ERROR\",\"message\":\"FORGED-LINE\"}";
+    let huge = "FORGED-HUGE".repeat(6000);
+    for id in [forged, huge.as_str(), "ok-id_1.2:3"] {
+        let r = http
+            .get(format!("{}/healthz", server.url))
+            .header("x-request-id", id)
+            .send()
+            .await
+            .unwrap();
+        let answered = r
+            .headers()
+            .get("x-request-id")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        if id == "ok-id_1.2:3" {
+            assert_eq!(answered, id);
+        } else {
+            assert_ne!(answered, id);
+            assert_eq!(answered.len(), 36, "a generated UUID: {answered}");
+        }
+    }
+    // A chunked body whose chunk size is not hex.
+    let mut tcp = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+    tcp.write_all(
+        b"POST /v1/harvester/kubeconfig HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nZZ\r\nnot hex\r\n0\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut got)).await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("\"code\":\"InvalidBodyContent\""), "{text}");
+    let logs = server.stop();
+    assert!(
+        !logs.iter().any(|l| l.contains("FORGED")),
+        "a forged id reached the log"
+    );
 }

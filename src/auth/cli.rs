@@ -28,17 +28,30 @@ pub enum TokenCommandError {
     Open(#[from] OpenError),
     #[error("--ttl is too long")]
     Ttl(#[source] time::error::ConversionRange),
+    #[error("invalid --ttl: {0}")]
+    TtlRange(String),
     #[error(transparent)]
     Store(#[from] TokenStoreError),
     #[error(transparent)]
     Write(#[from] CertError),
 }
 
+/// The longest `--ttl`: a hundred years (a longer one overflows dates; use no --ttl for "never").
+const MAX_TTL: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
+
 /// Runs a `token` command on the database of `data_dir`.
 pub async fn run(data_dir: &Path, command: TokenCommand) -> Result<(), TokenCommandError> {
+    let changes = matches!(
+        command,
+        TokenCommand::Create { .. } | TokenCommand::Revoke { .. }
+    );
     let pool = embedded::open_pool(data_dir).await?;
     let result = command_on(&pool, command).await;
     pool.close().await;
+    if changes && result.is_ok() {
+        // A running server reads the token table again at once.
+        tokens::mark_changed(data_dir);
+    }
     result
 }
 
@@ -46,9 +59,21 @@ async fn command_on(pool: &SqlitePool, command: TokenCommand) -> Result<(), Toke
     match command {
         TokenCommand::Create { ttl, description } => {
             let ttl = ttl
-                .map(time::Duration::try_from)
-                .transpose()
-                .map_err(TokenCommandError::Ttl)?;
+                .map(|d| {
+                    if d.is_zero() {
+                        return Err(TokenCommandError::TtlRange(
+                            "a token must live longer than zero".into(),
+                        ));
+                    }
+                    if d > MAX_TTL {
+                        return Err(TokenCommandError::TtlRange(format!(
+                            "at most {} days",
+                            MAX_TTL.as_secs() / 86_400
+                        )));
+                    }
+                    time::Duration::try_from(d).map_err(TokenCommandError::Ttl)
+                })
+                .transpose()?;
             let (token, rec) = tokens::create(pool, &description, ttl).await?;
             match rec.expires_at {
                 Some(at) => eprintln!("created {} (expires {at})", rec.name),

@@ -1,11 +1,17 @@
 //! The embedded backend's authenticator: admin tokens from the SQLite `admin_tokens` table.
 //!
-//! Records are cached for one second so that the hot path does not query SQLite, while a token
-//! revoked or created with `harvester-cloud token` (another process) takes effect within that second.
+//! The whole table (a handful of records) is held in memory and read again every second, and at
+//! once when `harvester-cloud token` (another process) has changed it: it touches
+//! [`tokens::CHANGED_FILE`], whose modification time every check looks at (one `stat`). Every check costs the same whether the name exists or not: the lookup is in memory
+//! either way, and an unknown name's secret is verified against a dummy hash of the same format,
+//! so the time to refuse says nothing about which token names exist.
 
 use std::{
     collections::HashMap,
-    sync::Mutex,
+    sync::{
+        Arc, LazyLock,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -14,54 +20,85 @@ use sqlx::SqlitePool;
 use time::OffsetDateTime;
 
 use super::{AuthError, Authenticator, Credential, Identity, Principal, hash};
-use crate::{
-    auth::tokens::{self, TokenRecord},
-    sync::lock,
-};
+use crate::auth::tokens::{self, TokenRecord};
 
-const CACHE_TTL: Duration = Duration::from_secs(1);
-const CACHE_MAX: usize = 10_000;
+const REFRESH: Duration = Duration::from_secs(1);
+
+/// What an unknown name's secret is verified against: the format we write, so the work is the
+/// same as for a known name.
+static DUMMY_HASH: LazyLock<String> =
+    LazyLock::new(|| hash::hash_secret(&crate::validation::random_alnum(32)));
+
+type Snapshot = Arc<HashMap<String, TokenRecord>>;
+
+struct Held {
+    read_at: Instant,
+    changed: Option<std::time::SystemTime>,
+    records: Snapshot,
+}
 
 pub struct EmbeddedAuthenticator {
     pool: SqlitePool,
-    cache: Mutex<HashMap<String, (Instant, TokenRecord)>>,
+    changed_file: std::path::PathBuf,
+    refresh: Duration,
+    snapshot: tokio::sync::Mutex<Option<Held>>,
+    reads: AtomicU64,
 }
 
 impl EmbeddedAuthenticator {
-    pub fn new(pool: SqlitePool) -> Self {
+    pub fn new(pool: SqlitePool, data_dir: &std::path::Path) -> Self {
+        Self::with_refresh(pool, data_dir, REFRESH)
+    }
+
+    /// With another refresh interval (tests).
+    pub fn with_refresh(pool: SqlitePool, data_dir: &std::path::Path, refresh: Duration) -> Self {
         EmbeddedAuthenticator {
             pool,
-            cache: Mutex::new(HashMap::new()),
+            changed_file: data_dir.join(tokens::CHANGED_FILE),
+            refresh,
+            snapshot: tokio::sync::Mutex::new(None),
+            reads: AtomicU64::new(0),
         }
     }
 
-    async fn record(&self, name: &str) -> Result<Option<TokenRecord>, AuthError> {
-        {
-            let cache = lock(&self.cache);
-            if let Some((at, rec)) = cache.get(name)
-                && at.elapsed() < CACHE_TTL
-            {
-                return Ok(Some(rec.clone()));
-            }
-        }
-        let rec = tokens::get(&self.pool, name)
-            .await
-            .map_err(|e| AuthError::Backend(Box::new(e)))?;
-        let mut cache = lock(&self.cache);
-        if cache.len() >= CACHE_MAX {
-            cache.retain(|_, (at, _)| at.elapsed() < CACHE_TTL);
-        }
-        match &rec {
-            // Only known names are cached, so unknown names cannot grow the cache.
-            Some(r) => {
-                cache.insert(name.to_string(), (Instant::now(), r.clone()));
-            }
-            None => {
-                cache.remove(name);
-            }
-        }
-        Ok(rec)
+    /// How many times the table was read (tests).
+    pub fn table_reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
+
+    async fn records(&self) -> Result<Snapshot, AuthError> {
+        let changed = std::fs::metadata(&self.changed_file)
+            .and_then(|m| m.modified())
+            .ok();
+        let mut current = self.snapshot.lock().await;
+        if let Some(held) = current.as_ref()
+            && held.read_at.elapsed() < self.refresh
+            && held.changed == changed
+        {
+            return Ok(held.records.clone());
+        }
+        let records: Snapshot = Arc::new(
+            tokens::list(&self.pool)
+                .await
+                .map_err(|e| AuthError::Backend(Box::new(e)))?
+                .into_iter()
+                .map(|r| (r.name.clone(), r))
+                .collect(),
+        );
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        *current = Some(Held {
+            read_at: Instant::now(),
+            changed,
+            records: records.clone(),
+        });
+        Ok(records)
+    }
+}
+
+/// The hash a presented secret is verified against: the record's, or the dummy for an unknown
+/// name (then the answer is a refusal whatever the secret).
+fn hash_to_check(record: Option<&TokenRecord>) -> &str {
+    record.map_or(DUMMY_HASH.as_str(), |r| r.hash.as_str())
 }
 
 #[async_trait]
@@ -71,25 +108,60 @@ impl Authenticator for EmbeddedAuthenticator {
         let Credential::Api(token) = credential else {
             return Err(AuthError::Invalid);
         };
-        let Some(rec) = self.record(&token.name).await? else {
+        let records = self.records().await?;
+        let record = records.get(&token.name);
+        let matches = hash::verify(&token.secret, hash_to_check(record)).unwrap_or(false);
+        // Check the secret before saying anything about the token's state.
+        let Some(rec) = record.filter(|_| matches) else {
             return Err(AuthError::Invalid);
         };
-        // Check the secret before saying anything about the token's state.
-        if !hash::verify(&token.secret, &rec.hash).unwrap_or(false) {
-            return Err(AuthError::Invalid);
-        }
         if rec.revoked_at.is_some() {
-            return Err(AuthError::Revoked { name: rec.name });
+            return Err(AuthError::Revoked {
+                name: rec.name.clone(),
+            });
         }
         if rec
             .expires_at
             .is_some_and(|e| e <= OffsetDateTime::now_utc())
         {
-            return Err(AuthError::Expired { name: rec.name });
+            return Err(AuthError::Expired {
+                name: rec.name.clone(),
+            });
         }
         Ok(Principal {
-            name: rec.name,
+            name: rec.name.clone(),
             identity: Identity::Admin,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mk_record(name: &str, secret: &str) -> TokenRecord {
+        TokenRecord {
+            name: name.into(),
+            hash: hash::hash_secret(secret),
+            description: String::new(),
+            created_at: OffsetDateTime::now_utc(),
+            expires_at: None,
+            revoked_at: None,
+        }
+    }
+
+    /// An unknown name is checked against a hash of the very format a known name's is, so both
+    /// refusals do the same work.
+    #[test]
+    fn unknown_names_verify_against_a_hash_like_any_other() {
+        let known = mk_record("token-abcde", "s");
+        let dummy = hash_to_check(None);
+        let real = hash_to_check(Some(&known));
+        let shape = |h: &str| {
+            let parts: Vec<usize> = h.split(':').map(str::len).collect();
+            (h.split(':').take(2).collect::<Vec<_>>().join(":"), parts)
+        };
+        assert_eq!(shape(dummy), shape(real));
+        assert_eq!(hash::verify("s", dummy), Ok(false));
     }
 }

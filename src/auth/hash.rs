@@ -5,6 +5,11 @@
 //! - `$3:1:<salt>:<key>`: SHA3-512 over the salt bytes followed by the secret (what we write).
 //!
 //! Salts and keys are unpadded standard base64 except the scrypt salt. Comparison is constant-time.
+//!
+//! scrypt is slow on purpose (tens of milliseconds with Rancher's parameters), so [`verify_async`]
+//! runs it on the blocking pool, at most [`slow_slots`] at once and with a bounded queue: a flood of
+//! wrong secrets for a `$1` token waits for, or is refused by, those few slots, while every other
+//! request (`/healthz`, other tokens) keeps the async workers.
 
 use base64::{Engine, engine::general_purpose::STANDARD_NO_PAD as B64};
 use rand::RngCore;
@@ -52,6 +57,59 @@ fn equal(a: &[u8], b: &[u8]) -> bool {
     !b.is_empty() && a.ct_eq(b).into()
 }
 
+const MAX_SCRYPT_LOG_N: u8 = 20;
+const MAX_SCRYPT_RP: u32 = 64;
+/// Checks waiting for a slot past which more are refused at once.
+const SLOW_QUEUE: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error(transparent)]
+    Hash(#[from] HashError),
+    /// Too many slow checks are waiting already.
+    #[error("too many token checks are waiting; try again")]
+    Busy,
+}
+
+/// How many scrypt checks may run at once: half the machine's cores, at least one.
+pub fn slow_slots() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| (n.get() / 2).max(1))
+        .unwrap_or(1)
+}
+
+struct SlowLane {
+    slots: tokio::sync::Semaphore,
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+static SLOW: std::sync::LazyLock<SlowLane> = std::sync::LazyLock::new(|| SlowLane {
+    slots: tokio::sync::Semaphore::new(slow_slots()),
+    waiting: std::sync::atomic::AtomicUsize::new(0),
+});
+
+/// [`verify`] for async callers: cheap formats inline, scrypt on the blocking pool within the slow
+/// lane's slots (or [`VerifyError::Busy`] when its queue is full).
+pub async fn verify_async(secret: &str, hash: &str) -> Result<bool, VerifyError> {
+    if !hash.starts_with("$1:") {
+        return Ok(verify(secret, hash)?);
+    }
+    use std::sync::atomic::Ordering;
+    let lane = &*SLOW;
+    if lane.waiting.fetch_add(1, Ordering::AcqRel) >= SLOW_QUEUE {
+        lane.waiting.fetch_sub(1, Ordering::AcqRel);
+        return Err(VerifyError::Busy);
+    }
+    let permit = lane.slots.acquire().await;
+    lane.waiting.fetch_sub(1, Ordering::AcqRel);
+    let _permit = permit.map_err(|_| VerifyError::Busy)?;
+    let (secret, hash) = (secret.to_string(), hash.to_string());
+    tokio::task::spawn_blocking(move || verify(&secret, &hash))
+        .await
+        .map_err(|_| VerifyError::Busy)?
+        .map_err(VerifyError::Hash)
+}
+
 /// Whether `secret` matches the stored `hash`.
 pub fn verify(secret: &str, hash: &str) -> Result<bool, HashError> {
     let parts: Vec<&str> = hash.split(':').collect();
@@ -71,6 +129,10 @@ pub fn verify(secret: &str, hash: &str) -> Result<bool, HashError> {
             let parse = |s: &str, what| s.parse::<u32>().map_err(|_| HashError::Malformed(what));
             let (n, r, p) = (parse(n, "n")?, parse(r, "r")?, parse(p, "p")?);
             let log_n = u8::try_from(n).map_err(|_| HashError::Malformed("n"))?;
+            // Rancher writes N = 2^15, r = 8, p = 1; far larger is a stored denial of service.
+            if log_n > MAX_SCRYPT_LOG_N || r.saturating_mul(p) > MAX_SCRYPT_RP {
+                return Err(HashError::Malformed("scrypt parameters too large"));
+            }
             if key.is_empty() {
                 return Ok(false);
             }
@@ -120,6 +182,58 @@ mod tests {
         let h = format!("$1:{}:4:8:1:{}", hex::encode(salt), B64.encode(key));
         assert_eq!(verify("abc", &h), Ok(true));
         assert_eq!(verify("abd", &h), Ok(false));
+    }
+
+    /// A flood of scrypt checks does not hold the async workers: on a single-threaded runtime,
+    /// another task runs while the checks are still pending (were they inline, it could only run
+    /// after every one of them).
+    #[test]
+    fn scrypt_checks_leave_the_runtime_free() {
+        let salt = [9u8; 16];
+        let params = scrypt::Params::new(8, 8, 1, 32).unwrap();
+        let mut key = [0u8; 32];
+        scrypt::scrypt(b"right", &salt, &params, &mut key).unwrap();
+        let stored = format!("$1:{}:8:8:1:{}", hex::encode(salt), B64.encode(key));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let pending = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(16));
+            let mut checks = Vec::new();
+            for _ in 0..16 {
+                let (stored, pending) = (stored.clone(), pending.clone());
+                checks.push(tokio::spawn(async move {
+                    let r = verify_async("wrong", &stored).await;
+                    pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    r
+                }));
+            }
+            let seen = {
+                let pending = pending.clone();
+                tokio::spawn(async move { pending.load(std::sync::atomic::Ordering::SeqCst) })
+            }
+            .await
+            .unwrap();
+            assert!(seen > 0, "another task ran only after every scrypt check");
+            for c in checks {
+                assert!(matches!(c.await.unwrap(), Ok(false)));
+            }
+            assert!(matches!(verify_async("right", &stored).await, Ok(true)));
+        });
+    }
+
+    #[test]
+    fn huge_scrypt_parameters_are_refused() {
+        let h = format!(
+            "$1:{}:30:8:1:{}",
+            hex::encode([1u8; 8]),
+            B64.encode([0u8; 32])
+        );
+        assert_eq!(
+            verify("x", &h),
+            Err(HashError::Malformed("scrypt parameters too large"))
+        );
     }
 
     #[test]

@@ -3,8 +3,16 @@
 //! 1. Rancher API tokens `token-xxxxx:secret`: the `tokens.management.cattle.io` object of that name,
 //!    its secret verified against Rancher's stored formats (plain or hashed), refused when expired or
 //!    disabled, and its user required to be a Rancher administrator (a GlobalRoleBinding to `admin`, or
-//!    to `restricted-admin` when allowed).
-//! 2. Any other bearer token: a TokenReview, after which every action is checked with a
+//!    to `restricted-admin` when allowed). These are the tokens of the Rancher that runs in this
+//!    cluster.
+//! 2. Tokens of an external Rancher, `name:secret`, mirrored into this cluster as
+//!    `clusterauthtokens.cluster.cattle.io` in `cattle-system` (Rancher does so when the cluster's
+//!    authorized cluster endpoint is on), verified as rancher/kube-api-auth verifies them: enabled,
+//!    not past `expiresAt`, the secret against the hash in the Secret `cattle-system/<name>` (key
+//!    `hash`; older Rancher kept it in the object's `hash`), the user's ClusterUserAttribute
+//!    enabled and its groups the user's groups. The user is then a Kubernetes user like a
+//!    TokenReview's: every action is checked with SubjectAccessReviews.
+//! 3. Any other bearer token: a TokenReview, after which every action is checked with a
 //!    SubjectAccessReview per permission it needs.
 //!
 //! Results are cached briefly, keyed by a SHA-256 of the token, never by the token itself.
@@ -34,6 +42,9 @@ use crate::sync::lock;
 use super::{Action, AuthError, Authenticator, Credential, Identity, Principal, hash};
 
 const RANCHER_GROUP: &str = "management.cattle.io";
+const CLUSTER_GROUP: &str = "cluster.cattle.io";
+/// Where Rancher mirrors cluster auth tokens and user attributes into a downstream cluster.
+const CATTLE_SYSTEM: &str = "cattle-system";
 const HASHED_ANNOTATION: &str = "authn.management.cattle.io/token-hashed";
 /// How long a positive answer (an identity, an allowed permission) is reused.
 const POSITIVE_TTL: Duration = Duration::from_secs(10);
@@ -91,12 +102,23 @@ impl<V: Clone> Cache<V> {
     }
 }
 
+fn cattle_cluster(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: CLUSTER_GROUP.into(),
+        version: "v3".into(),
+        api_version: format!("{CLUSTER_GROUP}/v3"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
 /// A cached refusal, re-created as an `AuthError` on each use.
 #[derive(Clone)]
 enum Refusal {
     Invalid,
     Expired(String),
     Disabled(String),
+    UserDisabled(String),
     NotAdmin(String, String),
 }
 
@@ -106,6 +128,7 @@ impl From<Refusal> for AuthError {
             Refusal::Invalid => AuthError::Invalid,
             Refusal::Expired(name) => AuthError::Expired { name },
             Refusal::Disabled(name) => AuthError::Disabled { name },
+            Refusal::UserDisabled(user) => AuthError::UserDisabled { user },
             Refusal::NotAdmin(user, roles) => AuthError::NotAdmin { user, roles },
         }
     }
@@ -133,16 +156,26 @@ impl KubeAuthenticator {
         }
     }
 
+    /// `None` when this cluster's Rancher has no Token of that name.
     async fn rancher_token(
         &self,
         name: &str,
         secret: &str,
-    ) -> Result<Result<Principal, Refusal>, AuthError> {
+    ) -> Result<Option<Result<Principal, Refusal>>, AuthError> {
         let tokens: Api<DynamicObject> =
             Api::all_with(self.client.clone(), &rancher("Token", "tokens"));
         let Some(token) = tokens.get_opt(name).await.map_err(AuthError::backend)? else {
-            return Ok(Err(Refusal::Invalid));
+            return Ok(None);
         };
+        Ok(Some(self.verify_rancher_token(name, secret, &token).await?))
+    }
+
+    async fn verify_rancher_token(
+        &self,
+        name: &str,
+        secret: &str,
+        token: &DynamicObject,
+    ) -> Result<Result<Principal, Refusal>, AuthError> {
         let field = |f: &str| token.data.get(f).cloned().unwrap_or(Value::Null);
         let stored = field("token").as_str().unwrap_or_default().to_string();
         let hashed = token
@@ -152,7 +185,7 @@ impl KubeAuthenticator {
             .and_then(|a| a.get(HASHED_ANNOTATION))
             .is_some_and(|v| v == "true");
         let matches = if hashed {
-            hash::verify(secret, &stored).unwrap_or(false)
+            verified(secret, &stored).await?
         } else {
             !stored.is_empty() && bool::from(stored.as_bytes().ct_eq(secret.as_bytes()))
         };
@@ -163,7 +196,7 @@ impl KubeAuthenticator {
         if field("enabled").as_bool() == Some(false) {
             return Ok(Err(Refusal::Disabled(name.into())));
         }
-        if token_expired(&token) {
+        if token_expired(token) {
             return Ok(Err(Refusal::Expired(name.into())));
         }
         let user = field("userId").as_str().unwrap_or_default().to_string();
@@ -192,6 +225,99 @@ impl KubeAuthenticator {
             name: user,
             identity: Identity::Admin,
         }))
+    }
+
+    /// `None` when Rancher mirrored no ClusterAuthToken of that name into this cluster.
+    async fn cluster_auth_token(
+        &self,
+        name: &str,
+        secret: &str,
+    ) -> Result<Option<Result<Principal, Refusal>>, AuthError> {
+        // kube-api-auth accepts Rancher's `ext/` token names too.
+        let name = name.strip_prefix("ext/").unwrap_or(name);
+        if crate::validation::dns1123_subdomain(name).is_err() {
+            return Ok(None);
+        }
+        let tokens: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            CATTLE_SYSTEM,
+            &cattle_cluster("ClusterAuthToken", "clusterauthtokens"),
+        );
+        let Some(token) = tokens.get_opt(name).await.map_err(AuthError::backend)? else {
+            return Ok(None);
+        };
+        let field = |f: &str| token.data.get(f).cloned().unwrap_or(Value::Null);
+        let mut stored = field("hash").as_str().unwrap_or_default().to_string();
+        if stored.is_empty() {
+            let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+                Api::namespaced(self.client.clone(), CATTLE_SYSTEM);
+            if let Some(s) = secrets.get_opt(name).await.map_err(AuthError::backend)? {
+                stored = s
+                    .data
+                    .and_then(|d| {
+                        d.get("hash")
+                            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                    })
+                    .unwrap_or_default();
+            }
+        }
+        if stored.is_empty() || !verified(secret, &stored).await? {
+            return Ok(Some(Err(Refusal::Invalid)));
+        }
+        // Only after the secret matched does the answer say anything about the token.
+        if field("enabled").as_bool() != Some(true) {
+            return Ok(Some(Err(Refusal::Disabled(name.into()))));
+        }
+        if let Some(at) = field("expiresAt").as_str().filter(|s| !s.is_empty()) {
+            let parsed =
+                time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339);
+            if parsed.is_err() || parsed.is_ok_and(|t| t <= time::OffsetDateTime::now_utc()) {
+                return Ok(Some(Err(Refusal::Expired(name.into()))));
+            }
+        }
+        let user = field("userName").as_str().unwrap_or_default().to_string();
+        if user.is_empty() || crate::validation::dns1123_subdomain(&user).is_err() {
+            return Ok(Some(Err(Refusal::Invalid)));
+        }
+        let attributes: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            CATTLE_SYSTEM,
+            &cattle_cluster("ClusterUserAttribute", "clusteruserattributes"),
+        );
+        let Some(attribute) = attributes
+            .get_opt(&user)
+            .await
+            .map_err(AuthError::backend)?
+        else {
+            return Ok(Some(Err(Refusal::UserDisabled(user))));
+        };
+        if attribute.data.get("enabled").and_then(Value::as_bool) != Some(true) {
+            return Ok(Some(Err(Refusal::UserDisabled(user))));
+        }
+        let mut groups: Vec<String> = attribute
+            .data
+            .get("groups")
+            .and_then(Value::as_array)
+            .map(|g| {
+                g.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        // As kube-apiserver adds it to every authenticated user.
+        if !groups.iter().any(|g| g == "system:authenticated") {
+            groups.push("system:authenticated".into());
+        }
+        Ok(Some(Ok(Principal {
+            name: user.clone(),
+            identity: Identity::User {
+                username: user,
+                uid: String::new(),
+                groups,
+                extra: Default::default(),
+            },
+        })))
     }
 
     async fn token_review(&self, token: &str) -> Result<Result<Principal, Refusal>, AuthError> {
@@ -229,6 +355,16 @@ impl KubeAuthenticator {
                 Ok(Err(Refusal::Invalid))
             }
         }
+    }
+}
+
+/// Whether `secret` matches a stored Rancher hash; a busy slow lane (a flood of scrypt checks) is
+/// a failure to decide, not a refusal.
+async fn verified(secret: &str, stored: &str) -> Result<bool, AuthError> {
+    match hash::verify_async(secret, stored).await {
+        Ok(matches) => Ok(matches),
+        Err(hash::VerifyError::Hash(_)) => Ok(false),
+        Err(e @ hash::VerifyError::Busy) => Err(AuthError::Busy(e.to_string())),
     }
 }
 
@@ -271,10 +407,22 @@ impl Authenticator for KubeAuthenticator {
             return cached.map_err(AuthError::from);
         }
         let answer = match credential {
-            Credential::Api(t) if t.has_rancher_name() => {
-                self.rancher_token(&t.name, &t.secret).await?
+            Credential::Api(t) => {
+                let found = if t.has_rancher_name() {
+                    self.rancher_token(&t.name, &t.secret).await?
+                } else {
+                    None
+                };
+                match found {
+                    Some(answer) => answer,
+                    None => match self.cluster_auth_token(&t.name, &t.secret).await? {
+                        Some(answer) => answer,
+                        // Neither Rancher's: maybe the cluster knows it.
+                        None if t.has_rancher_name() => Err(Refusal::Invalid),
+                        None => self.token_review(&t.expose()).await?,
+                    },
+                }
             }
-            Credential::Api(t) => self.token_review(&t.expose()).await?,
             Credential::Bearer(b) => self.token_review(b).await?,
         };
         let ttl = if answer.is_ok() {
@@ -298,11 +446,13 @@ impl Authenticator for KubeAuthenticator {
         };
         let reviews: Api<SubjectAccessReview> = Api::all(self.client.clone());
         for p in action.permissions() {
+            let extras = serde_json::to_string(extra).unwrap_or_default();
             let key = key_of(&[
                 "decision",
                 username,
                 uid,
                 &groups.join(","),
+                &extras,
                 p.verb,
                 p.group,
                 p.resource,

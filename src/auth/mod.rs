@@ -51,6 +51,13 @@ pub enum Action<'a> {
     ReadAccount { namespace: &'a str },
     /// DELETE: remove the account's objects.
     DeleteAccount { namespace: &'a str },
+    /// An IPPool or LoadBalancer route: the one permission the request needs on that resource
+    /// (`namespace` `None`: cluster-wide).
+    Object {
+        verb: &'static str,
+        resource: &'static str,
+        namespace: Option<&'a str>,
+    },
 }
 
 /// One permission, as Kubernetes RBAC spells it.
@@ -90,6 +97,11 @@ impl<'a> Action<'a> {
                 p("delete", RBAC, "rolebindings", Some(namespace)),
                 p("delete", RBAC, "clusterrolebindings", None),
             ],
+            Action::Object {
+                verb,
+                resource,
+                namespace,
+            } => vec![p(verb, "loadbalancer.harvesterhci.io", resource, namespace)],
         }
     }
 }
@@ -111,6 +123,8 @@ pub enum AuthError {
     Revoked { name: String },
     #[error("token {name} is disabled")]
     Disabled { name: String },
+    #[error("user {user:?} is disabled")]
+    UserDisabled { user: String },
     #[error("user {user:?} is not a Rancher administrator (no GlobalRoleBinding to {roles})")]
     NotAdmin { user: String, roles: String },
     #[error(
@@ -124,6 +138,13 @@ pub enum AuthError {
         resource: String,
         namespace: Option<String>,
     },
+    /// A request through the Rancher tunnel whose caller could not be identified: 403, not 401, on
+    /// that path (the dashboard logs its user out on a 401, and Rancher has authenticated them).
+    #[error("the caller Rancher forwarded was not identified: {why}")]
+    Unidentified { why: String },
+    /// Too many slow token checks are waiting: 503 with a Retry-After.
+    #[error("{0}")]
+    Busy(String),
     #[error("authentication backend failed: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
@@ -138,8 +159,11 @@ impl AuthError {
             AuthError::Expired { .. } => "expired",
             AuthError::Revoked { .. } => "revoked",
             AuthError::Disabled { .. } => "disabled",
+            AuthError::UserDisabled { .. } => "user_disabled",
             AuthError::NotAdmin { .. } => "not_admin",
             AuthError::Forbidden { .. } => "forbidden",
+            AuthError::Unidentified { .. } => "unidentified",
+            AuthError::Busy(_) => "busy",
             AuthError::Backend(_) => "backend",
         }
     }
@@ -148,12 +172,25 @@ impl AuthError {
     pub fn is_forbidden(&self) -> bool {
         matches!(
             self,
-            AuthError::NotAdmin { .. } | AuthError::Forbidden { .. }
+            AuthError::NotAdmin { .. }
+                | AuthError::Forbidden { .. }
+                | AuthError::Unidentified { .. }
         )
     }
 
     pub fn backend(e: impl std::error::Error + Send + Sync + 'static) -> Self {
         AuthError::Backend(Box::new(e))
+    }
+
+    /// The same refusal as a tunnelled request must see it: never a 401.
+    pub fn on_tunnel(self) -> Self {
+        if self.is_forbidden() || matches!(self, AuthError::Backend(_) | AuthError::Busy(_)) {
+            self
+        } else {
+            AuthError::Unidentified {
+                why: self.to_string(),
+            }
+        }
     }
 }
 

@@ -97,6 +97,22 @@ pub async fn create(
     }
 }
 
+/// The file a `token` command touches after it changed the table, beside the database, so that
+/// a running server reads the table again at once (it checks the file's time on each request).
+pub const CHANGED_FILE: &str = "admin-tokens.changed";
+
+/// Marks the token table changed (see [`CHANGED_FILE`]); a failure only delays the server's
+/// noticing to its next periodic read.
+pub fn mark_changed(data_dir: &std::path::Path) {
+    let stamp = time::OffsetDateTime::now_utc()
+        .unix_timestamp_nanos()
+        .to_string();
+    let path = data_dir.join(CHANGED_FILE);
+    if let Err(e) = std::fs::write(&path, stamp) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot mark the token table changed");
+    }
+}
+
 pub async fn get(pool: &SqlitePool, name: &str) -> Result<Option<TokenRecord>, TokenStoreError> {
     sqlx::query("SELECT * FROM admin_tokens WHERE name = ?")
         .bind(name)

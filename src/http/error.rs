@@ -28,6 +28,12 @@ pub enum ApiError {
     CloudConfig(#[from] CloudConfigError),
     #[error("request body is larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    #[error("the request body did not arrive within {after:?}")]
+    RequestTimeout { after: std::time::Duration },
+    #[error("the request target is longer than {limit} bytes")]
+    UriTooLong { limit: usize },
+    #[error("the request's header fields are larger than {limit} bytes")]
+    HeadersTooLarge { limit: usize },
     #[error("cannot read the request body: {reason}")]
     BadBody { reason: String },
     #[error("method {method} is not allowed on {path}; allowed: {}", allowed.join(", "))]
@@ -56,6 +62,14 @@ pub enum ApiError {
     NoGuestClusters,
     #[error(transparent)]
     Guest(Box<GuestApiError>),
+    #[error(
+        "admission reviews are answered for the API server only: present a client certificate signed by the service's --webhook-client-ca"
+    )]
+    WebhookClient,
+    #[error(
+        "no admission webhooks here: the embedded store admits every write itself, and no API server calls them"
+    )]
+    NoWebhooks,
 }
 
 impl From<GuestApiError> for ApiError {
@@ -102,9 +116,10 @@ fn store_status(e: &StoreError) -> (StatusCode, &'static str) {
         StoreError::TokenTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout"),
         // Forbidden here means the service's own account lacks a permission: a deployment fault,
         // not the caller's.
-        StoreError::Gone | StoreError::Backend(_) | StoreError::Forbidden { .. } => {
-            (StatusCode::INTERNAL_SERVER_ERROR, "ServerError")
-        }
+        StoreError::Gone
+        | StoreError::Backend(_)
+        | StoreError::Forbidden { .. }
+        | StoreError::Undecodable { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
     }
 }
 
@@ -114,6 +129,9 @@ impl ApiError {
         match self {
             ApiError::Unauthorized(AuthError::Backend(_)) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "ServerError")
+            }
+            ApiError::Unauthorized(AuthError::Busy(_)) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable")
             }
             ApiError::Unauthorized(e) if e.is_forbidden() => {
                 (StatusCode::FORBIDDEN, "PermissionDenied")
@@ -136,6 +154,12 @@ impl ApiError {
                 (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge")
             }
             ApiError::BadBody { .. } => (StatusCode::BAD_REQUEST, "InvalidBodyContent"),
+            ApiError::RequestTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "RequestTimeout"),
+            ApiError::UriTooLong { .. } => (StatusCode::URI_TOO_LONG, "RequestURITooLong"),
+            ApiError::HeadersTooLarge { .. } => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "RequestHeaderFieldsTooLarge",
+            ),
             ApiError::MethodNotAllowed { .. } => {
                 (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed")
             }
@@ -158,7 +182,8 @@ impl ApiError {
             },
             ApiError::Encode { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
             ApiError::BadReview { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
-            ApiError::NoGuestClusters => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::NoGuestClusters | ApiError::NoWebhooks => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::WebhookClient => (StatusCode::FORBIDDEN, "PermissionDenied"),
             ApiError::Guest(e) => match e.as_ref() {
                 GuestApiError::Name(_)
                 | GuestApiError::ServiceName { .. }
@@ -242,6 +267,11 @@ impl IntoResponse for ApiError {
                     header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer realm=\"harvester-cloud\""),
                 );
+            }
+            ApiError::Unauthorized(AuthError::Busy(_)) => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             ApiError::MethodNotAllowed { allowed, .. } => {
                 if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {

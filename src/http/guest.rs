@@ -7,14 +7,14 @@
 use axum::{
     Json,
     body::Bytes,
-    extract::{Path, State, rejection::BytesRejection},
+    extract::{State, rejection::BytesRejection},
     http::StatusCode,
     response::{IntoResponse, Response},
 };
 use k8s_openapi::api::core::v1::Service;
 use serde_json::Value;
 
-use super::{Admin, ApiError, AppState, body_bytes};
+use super::{Admin, ApiError, AppState, body_bytes, path::ApiPath};
 use crate::guest::{api::GuestClusters, clusters::ClusterDeletion};
 
 pub const CLUSTER_PATH: &str = "/v1/harvester/guestclusters/{namespace}/{cluster}";
@@ -65,7 +65,7 @@ pub(super) fn core_v1_list<K: serde::Serialize>(
 pub async fn list_services(
     State(state): State<AppState>,
     _admin: Admin,
-    Path((namespace, cluster)): Path<(String, String)>,
+    ApiPath((namespace, cluster)): ApiPath<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let (items, revision) = guests(&state)?.list_services(&namespace, &cluster).await?;
     core_v1_list(&items, "Service", revision)
@@ -76,7 +76,7 @@ pub async fn list_services(
 pub async fn list_events(
     State(state): State<AppState>,
     _admin: Admin,
-    Path((namespace, cluster)): Path<(String, String)>,
+    ApiPath((namespace, cluster)): ApiPath<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let (items, revision) = guests(&state)?.list_events(&namespace, &cluster).await?;
     core_v1_list(&items, "Event", revision)
@@ -85,7 +85,7 @@ pub async fn list_events(
 pub async fn get_service(
     State(state): State<AppState>,
     _admin: Admin,
-    Path((namespace, cluster, svc_namespace, name)): Path<(String, String, String, String)>,
+    ApiPath((namespace, cluster, svc_namespace, name)): ApiPath<(String, String, String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let svc = guests(&state)?
         .get_service(&namespace, &cluster, &svc_namespace, &name)
@@ -96,10 +96,10 @@ pub async fn get_service(
 pub async fn put_service(
     State(state): State<AppState>,
     _admin: Admin,
-    Path((namespace, cluster, svc_namespace, name)): Path<(String, String, String, String)>,
+    ApiPath((namespace, cluster, svc_namespace, name)): ApiPath<(String, String, String, String)>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_bytes(body)?;
+    let body = body_bytes(body, super::limits::OBJECT_BODY)?;
     let put = guests(&state)?
         .put_service(&namespace, &cluster, &svc_namespace, &name, &body)
         .await?;
@@ -114,7 +114,7 @@ pub async fn put_service(
 pub async fn delete_service(
     State(state): State<AppState>,
     _admin: Admin,
-    Path((namespace, cluster, svc_namespace, name)): Path<(String, String, String, String)>,
+    ApiPath((namespace, cluster, svc_namespace, name)): ApiPath<(String, String, String, String)>,
 ) -> Result<Response, ApiError> {
     let deleted = guests(&state)?
         .delete_service(&namespace, &cluster, &svc_namespace, &name)
@@ -131,7 +131,7 @@ pub async fn delete_service(
 pub async fn delete_cluster(
     State(state): State<AppState>,
     _admin: Admin,
-    Path((namespace, cluster)): Path<(String, String)>,
+    ApiPath((namespace, cluster)): ApiPath<(String, String)>,
 ) -> Result<Json<ClusterDeletion>, ApiError> {
     Ok(Json(
         guests(&state)?.delete_cluster(&namespace, &cluster).await?,

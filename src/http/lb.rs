@@ -7,7 +7,7 @@
 use axum::{
     Json,
     body::Bytes,
-    extract::{Path, State, rejection::BytesRejection},
+    extract::{State, rejection::BytesRejection},
     http::StatusCode,
     response::{IntoResponse, Response},
 };
@@ -15,7 +15,7 @@ use kube::core::{DynamicObject, admission::AdmissionReview};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::{Admin, ApiError, AppState, body_bytes};
+use super::{Admin, ApiError, AppState, body_bytes, path::ApiPath};
 use crate::lb::webhook;
 
 pub const POOLS_PATH: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
@@ -93,7 +93,7 @@ pub async fn create_pool(
     _admin: Admin,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_bytes(body)?;
+    let body = body_bytes(body, super::limits::OBJECT_BODY)?;
     let pool = state.objects.create_pool(&body).await?;
     Ok(created(resource(POOL_TYPE, &pool)?))
 }
@@ -101,7 +101,7 @@ pub async fn create_pool(
 pub async fn get_pool(
     State(state): State<AppState>,
     _admin: Admin,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let pool = state.objects.get_pool(&name).await?;
     Ok(Json(resource(POOL_TYPE, &pool)?))
@@ -110,10 +110,10 @@ pub async fn get_pool(
 pub async fn update_pool(
     State(state): State<AppState>,
     _admin: Admin,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let body = body_bytes(body)?;
+    let body = body_bytes(body, super::limits::OBJECT_BODY)?;
     let pool = state.objects.update_pool(&name, &body).await?;
     Ok(Json(resource(POOL_TYPE, &pool)?))
 }
@@ -121,7 +121,7 @@ pub async fn update_pool(
 pub async fn delete_pool(
     State(state): State<AppState>,
     _admin: Admin,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let deleted = state.objects.delete_pool(&name).await?;
     Ok(Json(resource_value(POOL_TYPE, deleted)))
@@ -138,8 +138,14 @@ pub async fn list_lbs(
 pub async fn list_lbs_in(
     State(state): State<AppState>,
     _admin: Admin,
-    Path(namespace): Path<String>,
+    ApiPath(namespace): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
+    // No namespace of an invalid name exists, so there is no such collection either.
+    if crate::validation::dns1123_label(&namespace).is_err() {
+        return Err(ApiError::NotFound {
+            path: format!("{LBS_PATH}/{namespace}"),
+        });
+    }
     let (lbs, revision) = state.objects.list_lbs(Some(&namespace)).await?;
     collection(LB_TYPE, &lbs, revision)
 }
@@ -149,7 +155,7 @@ pub async fn create_lb(
     _admin: Admin,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_bytes(body)?;
+    let body = body_bytes(body, super::limits::OBJECT_BODY)?;
     let lb = state.objects.create_lb(&body).await?;
     Ok(created(resource(LB_TYPE, &lb)?))
 }
@@ -157,7 +163,7 @@ pub async fn create_lb(
 pub async fn get_lb(
     State(state): State<AppState>,
     _admin: Admin,
-    Path((namespace, name)): Path<(String, String)>,
+    ApiPath((namespace, name)): ApiPath<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let lb = state.objects.get_lb(&namespace, &name).await?;
     Ok(Json(resource(LB_TYPE, &lb)?))
@@ -166,10 +172,10 @@ pub async fn get_lb(
 pub async fn update_lb(
     State(state): State<AppState>,
     _admin: Admin,
-    Path((namespace, name)): Path<(String, String)>,
+    ApiPath((namespace, name)): ApiPath<(String, String)>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let body = body_bytes(body)?;
+    let body = body_bytes(body, super::limits::OBJECT_BODY)?;
     let lb = state.objects.update_lb(&namespace, &name, &body).await?;
     Ok(Json(resource(LB_TYPE, &lb)?))
 }
@@ -177,7 +183,7 @@ pub async fn update_lb(
 pub async fn delete_lb(
     State(state): State<AppState>,
     _admin: Admin,
-    Path((namespace, name)): Path<(String, String)>,
+    ApiPath((namespace, name)): ApiPath<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let deleted = state.objects.delete_lb(&namespace, &name).await?;
     Ok(Json(resource_value(LB_TYPE, deleted)))
@@ -187,7 +193,7 @@ pub async fn delete_lb(
 pub async fn list_lb_events(
     State(state): State<AppState>,
     _admin: Admin,
-    Path((namespace, name)): Path<(String, String)>,
+    ApiPath((namespace, name)): ApiPath<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let (events, revision) = state.objects.lb_events(&namespace, &name).await?;
     super::guest::core_v1_list(&events, "Event", revision)
@@ -199,7 +205,7 @@ pub async fn list_lb_events(
 fn review(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Result<AdmissionReview<DynamicObject>, AdmissionReview<DynamicObject>>, ApiError> {
-    let body = body_bytes(body)?;
+    let body = body_bytes(body, super::limits::REVIEW_BODY)?;
     let bad = |reason: String| ApiError::BadReview { reason };
     let value: Value = serde_json::from_slice(&body).map_err(|e| bad(e.to_string()))?;
     let fields = value
@@ -226,10 +232,25 @@ fn review(
 
 /// The ValidatingAdmissionWebhook. The API server authenticates itself by TLS only, so there is no
 /// bearer token; the endpoint only answers questions and changes nothing.
+/// Refuses an admission review from a caller the webhooks do not answer ([`super::WebhookAccess`]).
+fn webhook_allowed(
+    state: &AppState,
+    verified: Option<&super::VerifiedClient>,
+) -> Result<(), ApiError> {
+    match state.webhooks {
+        super::WebhookAccess::Open => Ok(()),
+        super::WebhookAccess::ClientCertificate if verified.is_some() => Ok(()),
+        super::WebhookAccess::ClientCertificate => Err(ApiError::WebhookClient),
+        super::WebhookAccess::Off => Err(ApiError::NoWebhooks),
+    }
+}
+
 pub async fn validation(
     State(state): State<AppState>,
+    verified: Option<axum::Extension<super::VerifiedClient>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<AdmissionReview<DynamicObject>>, ApiError> {
+    webhook_allowed(&state, verified.as_deref())?;
     Ok(Json(match review(body)? {
         Ok(review) => webhook::validate(state.objects.admission(), review).await,
         Err(refusal) => refusal,
@@ -239,8 +260,10 @@ pub async fn validation(
 /// The MutatingAdmissionWebhook (labels, annotations and defaults, as a JSON Patch).
 pub async fn mutation(
     State(state): State<AppState>,
+    verified: Option<axum::Extension<super::VerifiedClient>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    webhook_allowed(&state, verified.as_deref())?;
     let answer = match review(body)? {
         Ok(review) => webhook::mutate(state.objects.admission(), review).await,
         Err(refusal) => refusal,

@@ -58,7 +58,8 @@ fn failure_reason(e: &ApiError) -> &'static str {
     match e {
         ApiError::Request(_) => "invalid_request",
         ApiError::PayloadTooLarge { .. } => "body_too_large",
-        ApiError::BadBody { .. } => "unreadable_body",
+        ApiError::BadBody { .. } | ApiError::RequestTimeout { .. } => "unreadable_body",
+        ApiError::UriTooLong { .. } | ApiError::HeadersTooLarge { .. } => "request_too_large",
         ApiError::CloudConfig(e) => match e {
             C::ClusterRoleNotFound { .. } => "cluster_role_not_found",
             C::ServerUrl { .. } => "server_url",
@@ -78,7 +79,9 @@ fn failure_reason(e: &ApiError) -> &'static str {
         | ApiError::Encode { .. }
         | ApiError::BadReview { .. }
         | ApiError::NoGuestClusters
-        | ApiError::Guest(_) => "other",
+        | ApiError::Guest(_)
+        | ApiError::WebhookClient
+        | ApiError::NoWebhooks => "other",
     }
 }
 

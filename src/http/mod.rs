@@ -7,8 +7,11 @@ pub mod drain;
 pub mod error;
 pub mod guest;
 pub mod lb;
+pub mod limits;
 pub mod metrics;
 pub mod openapi;
+pub mod path;
+pub mod server;
 pub mod tls;
 pub mod tunnel;
 pub mod ui;
@@ -41,8 +44,8 @@ use crate::{
     store::ObjectStore,
 };
 
-/// Largest request body accepted (Harvester's clients send a few hundred bytes).
-pub const BODY_LIMIT: usize = 64 * 1024;
+/// Largest request body of the cloud-config routes (Harvester's clients send a few hundred bytes).
+pub const BODY_LIMIT: usize = limits::KUBECONFIG_BODY;
 pub const KUBECONFIG_PATH: &str = "/v1/harvester/kubeconfig";
 
 #[derive(Clone)]
@@ -56,7 +59,27 @@ pub struct AppState {
     pub objects: crate::lb::objects::Objects,
     /// Guest clusters' Services, when this backend keeps them (embedded).
     pub guests: Option<crate::guest::api::GuestClusters>,
+    /// Who may send admission reviews.
+    pub webhooks: WebhookAccess,
 }
+
+/// Who the admission webhooks answer. Their answers tell which IPPool ranges overlap, so they
+/// are an oracle to whoever may ask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WebhookAccess {
+    /// Not served: no API server calls them (the embedded store admits writes itself).
+    Off,
+    /// Anyone who reaches the port, as Harvester's own (the API server authenticates by TLS only).
+    Open,
+    /// Only a client presenting a certificate signed by `--webhook-client-ca` (the API server,
+    /// configured to present one).
+    ClientCertificate,
+}
+
+/// Marks a request whose connection presented a client certificate the listener verified (set
+/// by the server loop, never by a client).
+#[derive(Clone, Copy, Debug)]
+pub struct VerifiedClient;
 
 /// A route as declared: its path and the methods it serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,25 +145,27 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
     .add(
         lb::POOLS_PATH,
         &["GET", "POST"],
-        get(lb::list_pools).post(lb::create_pool),
+        objects(get(lb::list_pools).post(lb::create_pool)),
     )
     .add(
         lb::POOL_PATH,
         &["GET", "PUT", "DELETE"],
-        get(lb::get_pool)
-            .put(lb::update_pool)
-            .delete(lb::delete_pool),
+        objects(
+            get(lb::get_pool)
+                .put(lb::update_pool)
+                .delete(lb::delete_pool),
+        ),
     )
     .add(
         lb::LBS_PATH,
         &["GET", "POST"],
-        get(lb::list_lbs).post(lb::create_lb),
+        objects(get(lb::list_lbs).post(lb::create_lb)),
     )
     .add(lb::LBS_NAMESPACE_PATH, &["GET"], get(lb::list_lbs_in))
     .add(
         lb::LB_PATH,
         &["GET", "PUT", "DELETE"],
-        get(lb::get_lb).put(lb::update_lb).delete(lb::delete_lb),
+        objects(get(lb::get_lb).put(lb::update_lb).delete(lb::delete_lb)),
     )
     .add(lb::LB_EVENTS_PATH, &["GET"], get(lb::list_lb_events))
     .add(guest::SERVICES_PATH, &["GET"], get(guest::list_services))
@@ -148,17 +173,27 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
     .add(
         guest::SERVICE_PATH,
         &["GET", "PUT", "DELETE"],
-        get(guest::get_service)
-            .put(guest::put_service)
-            .delete(guest::delete_service),
+        objects(
+            get(guest::get_service)
+                .put(guest::put_service)
+                .delete(guest::delete_service),
+        ),
     )
     .add(
         guest::CLUSTER_PATH,
         &["DELETE"],
         axum::routing::delete(guest::delete_cluster),
     )
-    .add(lb::VALIDATION_PATH, &["POST"], post(lb::validation))
-    .add(lb::MUTATION_PATH, &["POST"], post(lb::mutation))
+    .add(
+        lb::VALIDATION_PATH,
+        &["POST"],
+        post(lb::validation).layer(DefaultBodyLimit::max(limits::REVIEW_BODY)),
+    )
+    .add(
+        lb::MUTATION_PATH,
+        &["POST"],
+        post(lb::mutation).layer(DefaultBodyLimit::max(limits::REVIEW_BODY)),
+    )
     .add(openapi::OPENAPI_PATH, &["GET"], get(openapi::openapi_json));
     let routes = ui::routes(routes);
 
@@ -170,6 +205,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
             }
         })
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(limits::bounded))
         .layer(axum::middleware::from_fn(metrics::track))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(
@@ -189,6 +225,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
                 .on_failure(()),
         )
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(axum::middleware::from_fn(limits::sanitize_request_id))
         .with_state(state);
     (router, routes.table)
 }
@@ -207,6 +244,18 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
+        // Through the Rancher tunnel, and only there, Rancher says who the caller is; a caller it
+        // forwards without a name is refused with a 403, never a 401.
+        let via_tunnel = parts.extensions.get::<tunnel::ViaTunnel>().is_some();
+        if via_tunnel {
+            if let Some(principal) = tunnel::impersonated(&parts.headers) {
+                debug!(principal = %principal.name, "identified by Rancher");
+                return Ok(Caller(principal));
+            }
+            if !parts.headers.contains_key(header::AUTHORIZATION) {
+                return Ok(Caller(tunnel::anonymous()));
+            }
+        }
         let principal = async {
             let header = parts
                 .headers
@@ -220,6 +269,7 @@ impl FromRequestParts<AppState> for Caller {
             state.authenticator.authenticate(&credential).await
         }
         .await
+        .map_err(|e| if via_tunnel { e.on_tunnel() } else { e })
         .inspect_err(|e| crate::metrics::auth_failed(e.reason()))?;
         debug!(principal = %principal.name, "authenticated");
         Ok(Caller(principal))
@@ -251,10 +301,21 @@ impl FromRequestParts<AppState> for Admin {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let Caller(principal) = Caller::from_request_parts(parts, state).await?;
-        match &principal.identity {
-            auth::Identity::Admin => Ok(Admin(principal)),
+        let caller = Caller::from_request_parts(parts, state).await?;
+        match &caller.0.identity {
+            auth::Identity::Admin => Ok(Admin(caller.0)),
             auth::Identity::User { username, .. } => {
+                // A Kubernetes user may use the IPPool and LoadBalancer routes as far as the
+                // cluster's RBAC lets them use those kinds.
+                if let Some((verb, resource, namespace)) = object_permission(parts) {
+                    let action = auth::Action::Object {
+                        verb,
+                        resource,
+                        namespace: namespace.as_deref(),
+                    };
+                    caller.authorize(state, action).await?;
+                    return Ok(Admin(caller.0));
+                }
                 let refused = auth::AuthError::NotAdmin {
                     user: username.clone(),
                     roles: "admin".into(),
@@ -266,10 +327,50 @@ impl FromRequestParts<AppState> for Admin {
     }
 }
 
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+/// A route of IPPools, LoadBalancers or guest Services: bodies up to [`limits::OBJECT_BODY`].
+fn objects(route: MethodRouter<AppState>) -> MethodRouter<AppState> {
+    route.layer(DefaultBodyLimit::max(limits::OBJECT_BODY))
+}
+
+/// The permission a request of an IPPool or LoadBalancer route needs: the verb from the method and
+/// whether it names one object, the namespace from the path (a create names none: it is checked
+/// cluster-wide). `None` for any other route.
+fn object_permission(parts: &Parts) -> Option<(&'static str, &'static str, Option<String>)> {
+    let rest = parts
+        .uri
+        .path()
+        .strip_prefix("/v1/harvester/loadbalancer.harvesterhci.io.")?;
+    let mut segments = rest.split('/').filter(|s| !s.is_empty());
+    let (resource, namespaced) = match segments.next()? {
+        "ippools" => ("ippools", false),
+        "loadbalancers" => ("loadbalancers", true),
+        _ => return None,
+    };
+    let after: Vec<&str> = segments.collect();
+    let (namespace, named) = match (namespaced, after.as_slice()) {
+        (false, []) => (None, false),
+        (false, [_]) => (None, true),
+        (true, []) => (None, false),
+        (true, [ns]) => (Some(ns.to_string()), false),
+        // A LoadBalancer's Events are read as the LoadBalancer is: `get` on it.
+        (true, [ns, _]) | (true, [ns, _, "events"]) => (Some(ns.to_string()), true),
+        _ => return None,
+    };
+    let verb = match (&parts.method, named) {
+        (&Method::GET, true) => "get",
+        (&Method::GET, false) => "list",
+        (&Method::POST, false) => "create",
+        (&Method::PUT, true) => "update",
+        (&Method::DELETE, true) => "delete",
+        _ => return None,
+    };
+    Some((verb, resource, namespace))
+}
+
+fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge { limit: BODY_LIMIT }
+            ApiError::PayloadTooLarge { limit }
         } else {
             ApiError::BadBody {
                 reason: rejection.body_text(),
@@ -305,7 +406,7 @@ async fn post_kubeconfig(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let issued = async {
-        let req = kubeconfig::request::from_json(&body_bytes(body)?)?;
+        let req = kubeconfig::request::from_json(&body_bytes(body, BODY_LIMIT)?)?;
         caller
             .authorize(
                 &state,
@@ -314,7 +415,10 @@ async fn post_kubeconfig(
                 },
             )
             .await?;
-        let kubeconfig = state.cloud_config.ensure(&req).await?;
+        let kubeconfig = {
+            let (cloud_config, req) = (state.cloud_config.clone(), req.clone());
+            to_completion(async move { cloud_config.ensure(&req).await }).await?
+        };
         Ok::<_, ApiError>((req, kubeconfig))
     };
     let (req, kubeconfig) = metrics::cloud_config(Create, |(r, _)| r.output, issued.await)?;
@@ -367,15 +471,35 @@ async fn delete_kubeconfig(
             },
         )
         .await?;
-    let revocation = state
-        .cloud_config
-        .revoke(&req.namespace, &req.service_account)
-        .await?;
+    let revocation = {
+        let (cloud_config, req) = (state.cloud_config.clone(), req.clone());
+        to_completion(async move {
+            cloud_config
+                .revoke(&req.namespace, &req.service_account)
+                .await
+        })
+        .await?
+    };
     Ok(Json(RevocationBody {
         namespace: req.namespace,
         service_account_name: req.service_account,
         revocation,
     }))
+}
+
+/// Runs a write to its end even when its caller goes away: hyper drops a request's handler when
+/// the connection closes, and a POST or DELETE cut off there would leave the objects it had made
+/// (or half of those it was removing) instead of finishing or rolling back.
+async fn to_completion<T: Send + 'static>(
+    work: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    use tracing::Instrument;
+    match tokio::spawn(work.instrument(tracing::Span::current())).await {
+        Ok(done) => done,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled: only when the runtime itself shuts down, and with it this request.
+        Err(_) => std::future::pending().await,
+    }
 }
 
 async fn healthz() -> &'static str {

@@ -11,14 +11,14 @@
 use std::sync::LazyLock;
 
 use axum::{
-    extract::{OriginalUri, Path},
+    extract::OriginalUri,
     http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Redirect, Response},
     routing::get,
 };
 use sha2::{Digest, Sha256};
 
-use super::ApiError;
+use super::{ApiError, path::ApiPath};
 
 /// `/ui` itself redirects here, so that the assets' relative URLs resolve under `/ui/`.
 pub const INDEX_PATH: &str = "/ui/";
@@ -155,7 +155,7 @@ pub async fn bare() -> Redirect {
 
 /// `GET /ui/{asset}`: one file of the console.
 pub async fn asset(
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {

@@ -28,6 +28,10 @@ pub enum RangeError {
     /// Not an upstream message: upstream builds such a pool and then misbehaves.
     #[error("ranges {first} and {second} mix address families")]
     MixedFamilies { first: String, second: String },
+    /// Not an upstream check: upstream accepts such a range (an IPv6 /127, whose only host address
+    /// is its gateway) and reports the pool Ready with nothing to give.
+    #[error("range {subnet} has no address to allocate (its only one is the gateway)")]
+    NoAddress { subnet: String },
 }
 
 /// Why an explicit `rangeStart`, `rangeEnd` or `gateway` is not acceptable.
@@ -98,17 +102,24 @@ impl IpRange {
                 });
             }
         };
+        // As upstream's MakeRange: a start after the end is read as the range between them.
         let (start, end) = if start > end {
             (end, start)
         } else {
             (start, end)
         };
-        Ok(IpRange {
+        let range = IpRange {
             subnet,
             start,
             end,
             gateway,
-        })
+        };
+        if range.size() == 0 {
+            return Err(RangeError::NoAddress {
+                subnet: spec.subnet.clone(),
+            });
+        }
+        Ok(range)
     }
 
     pub fn family(&self) -> Family {
@@ -348,6 +359,28 @@ mod tests {
     }
 
     #[test]
+    fn a_range_with_nothing_to_allocate_is_refused() {
+        let spec = RangeSpec {
+            subnet: "2001:db8::/127".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            IpRange::parse(&spec),
+            Err(RangeError::NoAddress {
+                subnet: "2001:db8::/127".into()
+            })
+        );
+        // A /31 or a /32 of IPv4 still has its address (upstream's point-to-point rule).
+        for subnet in ["10.0.0.7/32", "2001:db8::5/128"] {
+            let spec = RangeSpec {
+                subnet: subnet.into(),
+                ..Default::default()
+            };
+            assert!(IpRange::parse(&spec).is_ok(), "{subnet}");
+        }
+    }
+
+    #[test]
     fn totals_table_from_the_reference() {
         let net = "192.168.0.0/24";
         assert_eq!(total(&[mk_subnet(net)]), 253);
@@ -580,7 +613,11 @@ mod tests {
         assert_eq!(total(&[mk_subnet("192.168.0.0/30")]), 1);
         // /31: start .1 and end .0 swap; the default gateway .1 lies inside.
         assert_eq!(total(&[mk_subnet("192.168.0.0/31")]), 1);
-        // /127: one address, which is the default gateway.
-        assert_eq!(total(&[mk_subnet("fd00::/127")]), 0);
+        // /127: one address, which is the default gateway: nothing to allocate, refused (upstream
+        // accepts it and reports the pool Ready with a total of 0).
+        assert!(matches!(
+            IpRange::parse(&mk_subnet("fd00::/127")),
+            Err(RangeError::NoAddress { .. })
+        ));
     }
 }

@@ -14,7 +14,7 @@ use k8s_openapi::api::{
     core::v1::{ConfigMap, Secret, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding},
 };
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use super::{
     naming::AccountNames,
@@ -130,6 +130,33 @@ pub struct CloudConfig {
 /// How long a positive answer about the ClusterRoles or the VIP is reused. Both change rarely, and
 /// on the Kubernetes backend each check is an API request.
 const LOOKUP_TTL: Duration = Duration::from_secs(5);
+
+/// How long a rollback that the store refuses is retried.
+const ROLLBACK_RETRY_FOR: Duration = Duration::from_secs(30 * 60);
+
+/// One pass of a rollback, newest first; returns what could not be deleted (oldest first).
+async fn roll_back_once(store: &Arc<dyn ObjectStore>, created: Vec<Created>) -> Vec<Created> {
+    let mut left = Vec::new();
+    for c in created.into_iter().rev() {
+        let pre = Preconditions {
+            uid: c.uid.clone(),
+            ..Default::default()
+        };
+        match store.delete(&c.kind, &c.namespace, &c.name, &pre).await {
+            Ok(_) => {
+                info!(kind = %c.kind, namespace = %c.namespace, name = %c.name, "rolled back object of a failed request")
+            }
+            // Gone, or another object of that name by now: nothing of ours to remove.
+            Err(e) if e.is_not_found() || matches!(e, StoreError::Conflict { .. }) => {}
+            Err(e) => {
+                warn!(kind = %c.kind, namespace = %c.namespace, name = %c.name, error = %e, "cannot roll back object of a failed request yet; retrying");
+                left.push(c);
+            }
+        }
+    }
+    left.reverse();
+    left
+}
 
 impl CloudConfig {
     pub fn new(store: Arc<dyn ObjectStore>, settings: Settings) -> Self {
@@ -405,26 +432,34 @@ impl CloudConfig {
         }
     }
 
+    /// Removes what a failed request created, newest first. What cannot be removed now (the store
+    /// is failing, as the write that failed the request was) is retried in the background with a
+    /// back-off, so a failed request leaves nothing behind once the store works again.
     async fn roll_back(&self, created: Vec<Created>) {
-        for c in created.into_iter().rev() {
-            let pre = Preconditions {
-                uid: c.uid,
-                ..Default::default()
-            };
-            match self
-                .store
-                .delete(&c.kind, &c.namespace, &c.name, &pre)
-                .await
-            {
-                Ok(_) => {
-                    info!(kind = %c.kind, namespace = %c.namespace, name = %c.name, "rolled back object of a failed request")
-                }
-                Err(e) if e.is_not_found() => {}
-                Err(e) => {
-                    warn!(kind = %c.kind, namespace = %c.namespace, name = %c.name, error = %e, "cannot roll back object of a failed request")
+        let left = roll_back_once(&self.store, created).await;
+        if left.is_empty() {
+            return;
+        }
+        let store = self.store.clone();
+        tokio::spawn(
+            async move {
+                let mut left = left;
+                let mut wait = Duration::from_millis(250);
+                let give_up = Instant::now() + ROLLBACK_RETRY_FOR;
+                while !left.is_empty() {
+                    if Instant::now() > give_up {
+                        for c in &left {
+                            tracing::error!(kind = %c.kind, namespace = %c.namespace, name = %c.name, "gave up rolling back an object of a failed request; delete it, or DELETE the account");
+                        }
+                        return;
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(30));
+                    left = roll_back_once(&store, left).await;
                 }
             }
-        }
+            .instrument(tracing::info_span!("rollback")),
+        );
     }
 
     /// DELETE: revokes an account by deleting its bindings, its token Secret and its ServiceAccount,

@@ -174,16 +174,7 @@ impl Objects {
             .list(self.pools.kind(), None, &LabelSelector::everything())
             .await
             .map_err(Self::store_err("list", POOL, ""))?;
-        let items = list
-            .items
-            .into_iter()
-            .map(|v| {
-                serde_json::from_value(v).map_err(|e| ObjectError::Decode {
-                    kind: POOL,
-                    reason: e.to_string(),
-                })
-            })
-            .collect::<Result<_, _>>()?;
+        let items = crate::store::decode_listed(self.pools.kind(), list.items);
         Ok((items, list.resource_version))
     }
 
@@ -248,16 +239,7 @@ impl Objects {
             .list(self.lbs.kind(), namespace, &LabelSelector::everything())
             .await
             .map_err(Self::store_err("list", LB, namespace.unwrap_or_default()))?;
-        let items = list
-            .items
-            .into_iter()
-            .map(|v| {
-                serde_json::from_value(v).map_err(|e| ObjectError::Decode {
-                    kind: LB,
-                    reason: e.to_string(),
-                })
-            })
-            .collect::<Result<_, _>>()?;
+        let items = crate::store::decode_listed(self.lbs.kind(), list.items);
         Ok((items, list.resource_version))
     }
 

@@ -25,6 +25,7 @@
 //! | `tunnel_connected` | none | [`set_tunnel_connected`] (Rancher aggregation tunnel: 1 while a session is up) |
 //! | `tunnel_failures_total` | none | [`tunnel_failed`] (failed dials and sessions that ended in an error) |
 //! | `tunnel_connections_total` | none | [`tunnel_connection`] (connections Rancher opened through the tunnel) |
+//! | `http_connections_refused_total` | `reason` (`at_capacity`, `handshake_timeout`, `no_request`) | [`http_connection_refused`] (listeners) |
 //! | `build_info` | `version` | always 1 |
 
 pub mod server;
@@ -117,6 +118,7 @@ struct Metrics {
     tunnel_connected: Gauge,
     tunnel_failures: Counter,
     tunnel_connections: Counter,
+    connections_refused: Family<ReasonLabels, Counter>,
 }
 
 impl Metrics {
@@ -139,6 +141,7 @@ impl Metrics {
             tunnel_connected: Gauge::default(),
             tunnel_failures: Counter::default(),
             tunnel_connections: Counter::default(),
+            connections_refused: Family::default(),
         };
         registry.register(
             "http_requests",
@@ -216,6 +219,11 @@ impl Metrics {
             "tunnel_connections",
             "Connections Rancher opened through the aggregation tunnel",
             m.tunnel_connections.clone(),
+        );
+        registry.register(
+            "http_connections_refused",
+            "Connections a listener limited: paused at the connection limit, TLS handshakes that timed out, connections closed without a request",
+            m.connections_refused.clone(),
         );
         let build_info = Family::<VersionLabels, Gauge>::default();
         build_info
@@ -340,6 +348,14 @@ pub fn set_guest_clusters(count: usize) {
     METRICS
         .guest_clusters
         .set(i64::try_from(count).unwrap_or(i64::MAX));
+}
+
+/// A listener limited a connection (`reason` from a fixed set).
+pub fn http_connection_refused(reason: &'static str) {
+    METRICS
+        .connections_refused
+        .get_or_create(&ReasonLabels { reason })
+        .inc();
 }
 
 /// Whether the Rancher aggregation tunnel has a session up.

@@ -8,6 +8,8 @@ use axum::{
     response::IntoResponse,
     routing::get,
 };
+use std::time::Duration;
+
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -31,12 +33,14 @@ async fn metrics() -> impl IntoResponse {
     )
 }
 
-/// Serves `/metrics` on `listener` until `shutdown` is cancelled. Scrapes are short, so the
-/// graceful stop waits for them without a bound of its own.
+/// Serves `/metrics` on `listener` until `shutdown` is cancelled, with a listener's limits (a few
+/// scrapers at once; a request head within 10 s). Scrapes are short, so the stop waits for them.
 pub async fn serve(listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
     let local = listener.local_addr()?;
     info!(address = %local, url = %format!("http://{local}{METRICS_PATH}"), "serving metrics");
-    axum::serve(listener, router())
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    let limits = crate::http::server::Limits {
+        max_connections: 64,
+        ..Default::default()
+    };
+    crate::http::server::serve(listener, None, router(), limits, Duration::ZERO, shutdown).await
 }

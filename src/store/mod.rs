@@ -150,6 +150,13 @@ pub enum StoreError {
         name: String,
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A stored object that does not decode as its kind: the store's fault, not the writer's.
+    #[error("stored {kind} \"{name}\" does not decode: {reason}")]
+    Undecodable {
+        kind: String,
+        name: String,
+        reason: String,
+    },
     #[error("the requested resource version is too old")]
     Gone,
     #[error("the service's own identity is not allowed to do this: {message}")]
@@ -277,11 +284,34 @@ impl<K> Clone for Api<K> {
 }
 
 fn decode<K: Object>(kind: &Kind, v: Value) -> Result<K, StoreError> {
-    serde_json::from_value(v).map_err(|e| StoreError::Invalid {
+    let (namespace, name) = object_key(&v);
+    serde_json::from_value(v).map_err(|e| StoreError::Undecodable {
         kind: kind.singular(),
-        name: String::new(),
-        reason: format!("stored object does not decode: {e}"),
+        name: if namespace.is_empty() {
+            name
+        } else {
+            format!("{namespace}/{name}")
+        },
+        reason: e.to_string(),
     })
+}
+
+/// The objects of a list that decode; each one that does not is logged and left out, so one
+/// broken object does not hide the others.
+pub fn decode_listed<K: serde::de::DeserializeOwned>(kind: &Kind, items: Vec<Value>) -> Vec<K> {
+    items
+        .into_iter()
+        .filter_map(|v| {
+            let (namespace, name) = object_key(&v);
+            match serde_json::from_value(v) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    tracing::error!(kind = %kind.kind, %namespace, %name, error = %e, "a stored object does not decode; leaving it out of the list");
+                    None
+                }
+            }
+        })
+        .collect()
 }
 
 fn encode<K: Object>(kind: &Kind, obj: &K) -> Result<Value, StoreError> {
@@ -327,10 +357,7 @@ impl<K: Object> Api<K> {
         selector: &LabelSelector,
     ) -> Result<Vec<K>, StoreError> {
         let list = self.store.list(&self.kind, namespace, selector).await?;
-        list.items
-            .into_iter()
-            .map(|v| decode(&self.kind, v))
-            .collect()
+        Ok(decode_listed(&self.kind, list.items))
     }
 
     pub async fn create(&self, obj: &K) -> Result<K, StoreError> {

@@ -39,7 +39,7 @@ pub struct ApiServiceSpec {
 #[derive(Debug, Error)]
 pub enum RegisterError {
     #[error(
-        "cannot register APIService {name}: {source} (is Rancher's management.cattle.io/v3 APIService kind served here?)"
+        "cannot register APIService {name}: {source} (is Rancher's management.cattle.io/v3 APIService kind served here? the Helm chart creates the object; the service may only patch it)"
     )]
     Apply { name: String, source: kube::Error },
 }

@@ -107,6 +107,29 @@ fn crds() -> Vec<Value> {
             "v3",
             "Cluster",
         ),
+        // Rancher's aggregation kind, and what it mirrors into a downstream cluster for tokens of
+        // an external Rancher.
+        schemaless_crd(
+            "management.cattle.io",
+            "APIService",
+            "apiservices",
+            "v3",
+            "Cluster",
+        ),
+        schemaless_crd(
+            "cluster.cattle.io",
+            "ClusterAuthToken",
+            "clusterauthtokens",
+            "v3",
+            "Namespaced",
+        ),
+        schemaless_crd(
+            "cluster.cattle.io",
+            "ClusterUserAttribute",
+            "clusteruserattributes",
+            "v3",
+            "Namespaced",
+        ),
         schemaless_crd(
             "kubevirt.io",
             "VirtualMachine",
@@ -147,30 +170,51 @@ fn crds() -> Vec<Value> {
 
 /// The chart's ServiceAccount and RBAC objects, from the rendered manifest.
 fn chart_rbac() -> Vec<(Value, &'static str)> {
-    let manifest = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/deploy/manifests/harvester-cloud.yaml"
-    ))
-    .expect("reads the manifest");
+    manifest_objects("harvester-cloud.yaml", &[])
+}
+
+/// The ServiceAccount and RBAC objects (and those of `extra_kinds`, with their plurals) of a
+/// rendered manifest under `deploy/manifests/`.
+fn manifest_objects(
+    file: &str,
+    extra_kinds: &[(&str, &'static str)],
+) -> Vec<(Value, &'static str)> {
+    let path = format!("{}/deploy/manifests/{file}", env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(&path).expect("reads the manifest");
     let mut out = Vec::new();
     for doc in yaml_serde::Deserializer::from_str(&manifest) {
         let v: Value = serde::Deserialize::deserialize(doc).expect("a Kubernetes object");
-        let plural = match v["kind"].as_str() {
-            Some("ServiceAccount") => "serviceaccounts",
-            Some("ClusterRole") => "clusterroles",
-            Some("ClusterRoleBinding") => "clusterrolebindings",
-            Some("Role") => "roles",
-            Some("RoleBinding") => "rolebindings",
-            _ => continue,
+        let kind = v["kind"].as_str().unwrap_or_default();
+        let plural = match kind {
+            "ServiceAccount" => "serviceaccounts",
+            "ClusterRole" => "clusterroles",
+            "ClusterRoleBinding" => "clusterrolebindings",
+            "Role" => "roles",
+            "RoleBinding" => "rolebindings",
+            _ => match extra_kinds.iter().find(|(k, _)| *k == kind) {
+                Some((_, plural)) => plural,
+                None => continue,
+            },
         };
         out.push((v, plural));
     }
     assert_eq!(
         out.len(),
-        5,
-        "the manifest's ServiceAccount and RBAC objects"
+        5 + extra_kinds.len(),
+        "the ServiceAccount and RBAC objects of {file} (and {extra_kinds:?})"
     );
     out
+}
+
+/// What the chart installs where Rancher runs (`rancherApiService.enabled`): its RBAC, which lets
+/// the service keep the APIService, and the APIService itself.
+pub async fn rancher_chart(cp: &ControlPlane) {
+    for (obj, plural) in manifest_objects(
+        "harvester-cloud-rancher.yaml",
+        &[("APIService", "apiservices")],
+    ) {
+        apply(&cp.admin, &obj, plural).await;
+    }
 }
 
 /// Everything a Harvester cluster has that the service relies on.

@@ -1,9 +1,9 @@
 // Command rancher-peer plays Rancher's side of an aggregated APIService for the tests: it accepts
 // the service's remotedialer tunnel at /v3/connect (with github.com/rancher/remotedialer's own
 // server, checking the bearer token Rancher would have put in the APIService's Secret), and proxies
-// HTTP requests through that tunnel the way Rancher's aggregation middleware does: Authorization
-// removed, the caller's identity sent as Impersonate-User, Impersonate-Group and
-// Impersonate-Extra-* headers.
+// HTTP requests through that tunnel the way Rancher's aggregation middleware does: for a caller
+// Rancher authenticated, Authorization removed and the identity sent as Impersonate-User,
+// Impersonate-Group and Impersonate-Extra-* headers; for one it did not, a bearer token passed on.
 //
 // Test-facing routes (all on the same TLS listener):
 //
@@ -130,9 +130,10 @@ func main() {
 }
 
 // impersonate moves the test's X-Test-* identity headers to Impersonate-* headers and drops
-// Authorization, as Rancher's proxy does for an authenticated user.
+// Authorization, as Rancher's proxy does for a user it authenticated. Without X-Test-User the
+// caller is one Rancher did not authenticate: its bearer token, if any, is passed on, as Rancher
+// does for such a caller.
 func impersonate(in, out http.Header) {
-	out.Del("Authorization")
 	for k := range out {
 		if strings.HasPrefix(k, "Impersonate-") || strings.HasPrefix(k, "X-Test-") {
 			out.Del(k)
@@ -140,8 +141,12 @@ func impersonate(in, out http.Header) {
 	}
 	user := in.Get("X-Test-User")
 	if user == "" {
+		if !strings.HasPrefix(in.Get("Authorization"), "Bearer ") {
+			out.Del("Authorization")
+		}
 		return
 	}
+	out.Del("Authorization")
 	out.Set("Impersonate-User", user)
 	for _, g := range strings.Split(in.Get("X-Test-Groups"), ",") {
 		if g = strings.TrimSpace(g); g != "" {

@@ -43,6 +43,8 @@ pub enum LbRejection {
         key: String,
         other: String,
     },
+    #[error("listener {listener} has protocol {protocol:?}, which is not TCP, UDP or SCTP")]
+    Protocol { listener: String, protocol: String },
     #[error("listener port {port} must <= {MAX_PORT}")]
     PortTooLarge { port: i32 },
     #[error("listener port {port} must >= 1")]
@@ -172,6 +174,14 @@ pub fn check_listeners(lb: &LoadBalancer) -> Result<(), LbRejection> {
         backends.insert(key, i);
     }
     for l in listeners {
+        // Upstream accepts any string here and its Service for the load balancer then fails to
+        // be created: refused up front instead, with the protocols a Service takes.
+        if !matches!(l.protocol.as_str(), "TCP" | "UDP" | "SCTP") {
+            return Err(LbRejection::Protocol {
+                listener: l.name.clone(),
+                protocol: l.protocol.clone(),
+            });
+        }
         if l.port > MAX_PORT {
             return Err(LbRejection::PortTooLarge { port: l.port });
         }

@@ -131,6 +131,16 @@ fn encode<K: Serialize>(kind: &Kind, object: &K) -> Result<Value, StoreError> {
     Ok(value)
 }
 
+/// The deletion marks as the store will keep them: the stored object's (none on a create), never
+/// the writer's. An object "being deleted" skips most checks, so a body may not claim it.
+fn as_stored(
+    meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    stored: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+) {
+    meta.deletion_timestamp = stored.and_then(|s| s.deletion_timestamp.clone());
+    meta.deletion_grace_period_seconds = stored.and_then(|s| s.deletion_grace_period_seconds);
+}
+
 /// An update is conditional on the version it was judged against.
 fn pin_version(
     meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -171,8 +181,10 @@ impl ObjectStore for AdmittedStore {
             None => object,
             Some(Judged::LoadBalancer) => {
                 let mut lb: LoadBalancer = decode(kind, object)?;
-                // The store drops a status on create (a subresource): judged without one.
+                // The store drops a status on create (a subresource) and a client's deletion
+                // marks: judged without them.
                 lb.status = None;
+                as_stored(&mut lb.metadata, None);
                 self.admission
                     .admit_lb_create(&mut lb)
                     .await
@@ -182,6 +194,7 @@ impl ObjectStore for AdmittedStore {
             Some(Judged::Pool) => {
                 let mut pool: IPPool = decode(kind, object)?;
                 pool.status = None;
+                as_stored(&mut pool.metadata, None);
                 self.admission
                     .admit_pool_create(&mut pool)
                     .await
@@ -202,8 +215,10 @@ impl ObjectStore for AdmittedStore {
                 let current: LoadBalancer = self.stored(kind, &namespace, &name).await?;
                 let mut lb: LoadBalancer = decode(kind, object)?;
                 pin_version(&mut lb.metadata, &current.metadata);
-                // The store keeps the stored status (a subresource): judged with it.
+                // The store keeps the stored status (a subresource) and whether the object is
+                // being deleted: judged with those, whatever the body claims.
                 lb.status = current.status.clone();
+                as_stored(&mut lb.metadata, Some(&current.metadata));
                 self.admission
                     .admit_lb_update(&current, &mut lb)
                     .await
@@ -214,8 +229,10 @@ impl ObjectStore for AdmittedStore {
                 let current: IPPool = self.stored(kind, &namespace, &name).await?;
                 let mut pool: IPPool = decode(kind, object)?;
                 pin_version(&mut pool.metadata, &current.metadata);
-                // What the pool holds is its stored status: an update is judged with it.
+                // What the pool holds is its stored status, and whether it is being deleted is
+                // the store's: an update is judged with those.
                 pool.status = current.status.clone();
+                as_stored(&mut pool.metadata, Some(&current.metadata));
                 self.admission
                     .admit_pool_update(&current, &mut pool)
                     .await

@@ -86,6 +86,10 @@ pub enum OpenError {
     },
     #[error("cannot load objects from {path}: {source}")]
     Load { path: PathBuf, source: StoreError },
+    #[error(
+        "the database {path} {problem}: restore it from a backup, or start with --reinitialize to begin with an empty store (every object, key and token of the old one is lost)"
+    )]
+    LostDatabase { path: PathBuf, problem: String },
 }
 
 /// The service-account token controller of the embedded backend: it fills token Secrets on creation.
@@ -111,12 +115,24 @@ pub struct EmbeddedStore {
     sync_failed: std::sync::atomic::AtomicBool,
     wal_path: PathBuf,
     token_controller: RwLock<Option<Arc<TokenController>>>,
+    /// Fault injection: writes to let through, then writes to fail ([`Self::inject_write_failures`]).
+    faults: std::sync::Mutex<(usize, usize)>,
     _lock: std::fs::File,
 }
 
 impl EmbeddedStore {
     /// Opens (creating if needed) the store in `data_dir` and loads every object into memory.
     pub async fn open(data_dir: &Path, durability: Durability) -> Result<Arc<Self>, OpenError> {
+        Self::open_with(data_dir, durability, false).await
+    }
+
+    /// [`Self::open`], and with `reinitialize` a lost or empty database is replaced by a new one
+    /// instead of refused.
+    pub async fn open_with(
+        data_dir: &Path,
+        durability: Durability,
+        reinitialize: bool,
+    ) -> Result<Arc<Self>, OpenError> {
         create_data_dir(data_dir)?;
         let lock_path = data_dir.join("lock");
         let lock = std::fs::OpenOptions::new()
@@ -143,7 +159,8 @@ impl EmbeddedStore {
             }
         }
 
-        let path = data_dir.join("harvester-cloud.db");
+        let path = data_dir.join(sql::DB_FILE);
+        sql::prepare_database_file(data_dir, reinitialize)?;
         let opts = options(&path, SqliteSynchronous::Normal);
         let pool = migrated_pool(&path, &opts, 4).await?;
         let writer = SqliteConnection::connect_with(&opts)
@@ -172,6 +189,7 @@ impl EmbeddedStore {
             sync_failed: std::sync::atomic::AtomicBool::new(false),
             wal_path,
             token_controller: RwLock::new(None),
+            faults: std::sync::Mutex::new((0, 0)),
             _lock: lock,
         });
         let weak = Arc::downgrade(&store);
@@ -323,6 +341,27 @@ impl EmbeddedStore {
 
     /// Runs one write: `plan` sees the current state (stable: writers are serialised) and returns the
     /// rows to store; they are committed in one transaction, then applied to memory and published.
+    /// Fault injection (tests, drills): after `after` more writes succeed, the next `count` fail
+    /// as a full disk makes them fail (nothing is stored, the caller gets a backend error).
+    pub fn inject_write_failures(&self, after: usize, count: usize) {
+        *crate::sync::lock(&self.faults) = (after, count);
+    }
+
+    fn injected_failure(&self) -> bool {
+        let mut faults = crate::sync::lock(&self.faults);
+        match *faults {
+            (0, 0) => false,
+            (0, n) => {
+                *faults = (0, n - 1);
+                true
+            }
+            (k, n) => {
+                *faults = (k - 1, n);
+                false
+            }
+        }
+    }
+
     async fn write<T>(
         &self,
         plan: impl FnOnce(&State) -> Result<(Vec<StateRow>, T), StoreError>,
@@ -344,6 +383,11 @@ impl EmbeddedStore {
             return Ok(out);
         }
         let last_rv = rows.iter().map(|r| r.rv).max().unwrap_or_default();
+        if self.injected_failure() {
+            return Err(StoreError::backend(std::io::Error::other(
+                "database or disk is full (injected)",
+            )));
+        }
         commit(conn, &rows, last_rv).await?;
 
         {

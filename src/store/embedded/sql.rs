@@ -22,8 +22,83 @@ use crate::store::{ChangeType, StoreError};
 /// exclusive lock and the object index that `serve` holds.
 pub async fn open_pool(data_dir: &Path) -> Result<SqlitePool, OpenError> {
     create_data_dir(data_dir)?;
-    let path = data_dir.join("harvester-cloud.db");
+    let path = data_dir.join(DB_FILE);
+    prepare_database_file(data_dir, false)?;
     migrated_pool(&path, &options(&path, SqliteSynchronous::Full), 2).await
+}
+
+pub(super) const DB_FILE: &str = "harvester-cloud.db";
+
+/// What in a data directory says an earlier start used it (besides the database).
+const PRIOR_STATE: &[&str] = &["admin-token", "tls", "admin-tokens.changed"];
+
+/// Checks the database file before SQLite opens it, and makes it private. A missing database in
+/// a directory an earlier start used, or an empty (zero-length) one, is refused: SQLite would
+/// silently start a new store, and the service a new signing key and admin token, over what was
+/// lost. `reinitialize` starts anew on purpose instead.
+pub(super) fn prepare_database_file(data_dir: &Path, reinitialize: bool) -> Result<(), OpenError> {
+    let path = data_dir.join(DB_FILE);
+    let existing = std::fs::metadata(&path).ok();
+    let problem = match &existing {
+        Some(m) if m.len() > 0 => None,
+        Some(_) => Some("is empty (zero bytes)".to_string()),
+        None => {
+            let evidence: Vec<&str> = PRIOR_STATE
+                .iter()
+                .copied()
+                .filter(|f| data_dir.join(f).exists())
+                .collect();
+            (!evidence.is_empty()).then(|| {
+                format!(
+                    "is missing, but {} holds {} from an earlier start",
+                    data_dir.display(),
+                    evidence.join(", ")
+                )
+            })
+        }
+    };
+    if let Some(problem) = problem {
+        if !reinitialize {
+            return Err(OpenError::LostDatabase {
+                path: path.clone(),
+                problem,
+            });
+        }
+        tracing::warn!(path = %path.display(), %problem, "--reinitialize: starting with an empty store");
+        for suffix in ["", "-wal", "-shm"] {
+            let f = data_dir.join(format!("{DB_FILE}{suffix}"));
+            if f.exists() {
+                std::fs::remove_file(&f).map_err(|source| OpenError::CreateDir {
+                    path: f.clone(),
+                    source,
+                })?;
+            }
+        }
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        // The database holds the signing key and every issued token: readable by its owner only.
+        // SQLite gives its -wal and -shm files the database's mode.
+        if !path.exists() {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|source| OpenError::CreateDir {
+                    path: path.clone(),
+                    source,
+                })?;
+        }
+        for suffix in ["", "-wal", "-shm"] {
+            let f = data_dir.join(format!("{DB_FILE}{suffix}"));
+            if f.exists() {
+                let _ = std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A pool of `connections` on the database at `path`, migrated to the current schema.
@@ -146,7 +221,17 @@ pub(super) async fn load(pool: &SqlitePool) -> Result<State, StoreError> {
     while let Some(row) = rows.next().await {
         let row = row.map_err(StoreError::backend)?;
         let body: String = row.get("body");
-        let object: Value = serde_json::from_str(&body).map_err(StoreError::backend)?;
+        let object: Value = match serde_json::from_str(&body) {
+            Ok(v) => v,
+            Err(e) => {
+                // One corrupt row must not keep the service down: it stays in the file, out of
+                // the index, and the log says which.
+                let (kind, namespace, name): (String, String, String) =
+                    (row.get("kind"), row.get("namespace"), row.get("name"));
+                tracing::error!(%kind, %namespace, %name, error = %e, "a stored object is not JSON; leaving it out");
+                continue;
+            }
+        };
         let rv: i64 = row.get("resource_version");
         state.insert_loaded(StateRow {
             api_version: row.get("api_version"),
