@@ -1016,4 +1016,23 @@ async fn kubernetes_users_reach_the_load_balancer_routes_by_their_rbac() {
         .await
         .error(StatusCode::FORBIDDEN, "PermissionDenied");
     assert!(m.contains("cannot list resource \"ippools\""), "{m}");
+    // A LoadBalancer's Events are hers to read where she may get the LoadBalancer.
+    b.call(
+        Method::GET,
+        &format!("{lbs}/ns1/none/events"),
+        Some(&eve),
+        Body::empty(),
+    )
+    .await
+    .error(StatusCode::NOT_FOUND, "NotFound");
+    let m = b
+        .call(
+            Method::GET,
+            &format!("{lbs}/ns2/none/events"),
+            Some(&eve),
+            Body::empty(),
+        )
+        .await
+        .error(StatusCode::FORBIDDEN, "PermissionDenied");
+    assert!(m.contains("cannot get resource \"loadbalancers\""), "{m}");
 }

@@ -14,6 +14,7 @@ pub mod path;
 pub mod server;
 pub mod tls;
 pub mod tunnel;
+pub mod ui;
 
 use std::sync::Arc;
 
@@ -176,6 +177,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         &["GET", "PUT", "DELETE"],
         objects(get(lb::get_lb).put(lb::update_lb).delete(lb::delete_lb)),
     )
+    .add(lb::LB_EVENTS_PATH, &["GET"], get(lb::list_lb_events))
     .add(guest::SERVICES_PATH, &["GET"], get(guest::list_services))
     .add(guest::EVENTS_PATH, &["GET"], get(guest::list_events))
     .add(
@@ -203,6 +205,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         post(lb::mutation).layer(DefaultBodyLimit::max(limits::REVIEW_BODY)),
     )
     .add(openapi::OPENAPI_PATH, &["GET"], get(openapi::openapi_json));
+    let routes = ui::routes(routes);
 
     let router = routes
         .router
@@ -359,7 +362,8 @@ fn object_permission(parts: &Parts) -> Option<(&'static str, &'static str, Optio
         (false, [_]) => (None, true),
         (true, []) => (None, false),
         (true, [ns]) => (Some(ns.to_string()), false),
-        (true, [ns, _]) => (Some(ns.to_string()), true),
+        // A LoadBalancer's Events are read as the LoadBalancer is: `get` on it.
+        (true, [ns, _]) | (true, [ns, _, "events"]) => (Some(ns.to_string()), true),
         _ => return None,
     };
     let verb = match (&parts.method, named) {
