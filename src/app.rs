@@ -179,6 +179,8 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
         objects: Objects::new(admitted),
         // Guest clusters run `harvester-cloud ccm` themselves.
         guests: None,
+        // KubeVirt and the API server have those.
+        vms: None,
         store,
         issuer: None,
     };
@@ -244,6 +246,7 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
         authenticator: Arc::new(EmbeddedAuthenticator::new(store.pool().clone())),
         objects: Objects::new(admitted),
         guests: Some(guests),
+        vms: Some(crate::lb::vm::api::VmObjects::new(dyn_store.clone())),
         store: dyn_store,
         issuer: Some(issuer),
     };
@@ -399,6 +402,8 @@ fn spawn_reconcilers(
     let store = state.store.clone();
     let settings = crate::lb::Settings {
         concurrency: args.lb_concurrency,
+        // No kube-vip announces VM load balancers' addresses on the embedded store.
+        fill_service_ingress: matches!(args.backend, BackendKind::Embedded),
         ..crate::lb::Settings::default()
     };
     let elector: Arc<dyn LeaderElector> = match args.backend {

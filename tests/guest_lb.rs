@@ -100,6 +100,7 @@ fn lb_reconcilers(store: Arc<dyn ObjectStore>) -> Task {
             lb::Settings {
                 concurrency: 64,
                 identity: "test".into(),
+                ..lb::Settings::default()
             },
             Arc::new(AlwaysLeader),
             stop,

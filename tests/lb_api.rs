@@ -46,6 +46,7 @@ impl Reconcilers {
         let settings = lb::Settings {
             concurrency: 32,
             identity: "test".into(),
+            ..lb::Settings::default()
         };
         let task = tokio::spawn(lb::run(
             store,
@@ -1410,6 +1411,7 @@ mod replicas {
         let settings = lb::Settings {
             concurrency: 32,
             identity: identity.into(),
+            ..lb::Settings::default()
         };
         let task = tokio::spawn(lb::run(store, settings, Arc::new(elector), stop.clone()));
         (stop, task)

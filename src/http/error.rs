@@ -54,6 +54,10 @@ pub enum ApiError {
     NoGuestClusters,
     #[error(transparent)]
     Guest(Box<GuestApiError>),
+    #[error(
+        "{what} are kept on the embedded backend only; on Kubernetes, read them from the cluster's API"
+    )]
+    EmbeddedOnly { what: &'static str },
 }
 
 impl From<GuestApiError> for ApiError {
@@ -154,7 +158,9 @@ impl ApiError {
             },
             ApiError::Encode { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
             ApiError::BadReview { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
-            ApiError::NoGuestClusters => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::NoGuestClusters | ApiError::EmbeddedOnly { .. } => {
+                (StatusCode::NOT_FOUND, "NotFound")
+            }
             ApiError::Guest(e) => match e.as_ref() {
                 GuestApiError::Name(_)
                 | GuestApiError::ServiceName { .. }

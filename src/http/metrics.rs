@@ -77,6 +77,7 @@ fn failure_reason(e: &ApiError) -> &'static str {
         | ApiError::Encode { .. }
         | ApiError::BadReview { .. }
         | ApiError::NoGuestClusters
+        | ApiError::EmbeddedOnly { .. }
         | ApiError::Guest(_) => "other",
     }
 }

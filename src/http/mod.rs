@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod tls;
 pub mod tunnel;
+pub mod vm;
 
 use std::sync::Arc;
 
@@ -55,6 +56,9 @@ pub struct AppState {
     pub objects: crate::lb::objects::Objects,
     /// Guest clusters' Services, when this backend keeps them (embedded).
     pub guests: Option<crate::guest::api::GuestClusters>,
+    /// VMIs, and VM load balancers' Services and EndpointSlices, when this backend keeps them
+    /// (embedded).
+    pub vms: Option<crate::lb::vm::api::VmObjects>,
 }
 
 /// A route as declared: its path and the methods it serves.
@@ -155,6 +159,27 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         &["DELETE"],
         axum::routing::delete(guest::delete_cluster),
     )
+    .add(
+        vm::VMIS_PATH,
+        &["GET", "POST"],
+        get(vm::list_vmis).post(vm::create_vmi),
+    )
+    .add(vm::VMIS_NAMESPACE_PATH, &["GET"], get(vm::list_vmis_in))
+    .add(
+        vm::VMI_PATH,
+        &["GET", "PUT", "DELETE"],
+        get(vm::get_vmi).put(vm::update_vmi).delete(vm::delete_vmi),
+    )
+    .add(vm::SERVICES_PATH, &["GET"], get(vm::list_services))
+    .add(
+        vm::SERVICES_NAMESPACE_PATH,
+        &["GET"],
+        get(vm::list_services_in),
+    )
+    .add(vm::SERVICE_PATH, &["GET"], get(vm::get_service))
+    .add(vm::SLICES_PATH, &["GET"], get(vm::list_slices))
+    .add(vm::SLICES_NAMESPACE_PATH, &["GET"], get(vm::list_slices_in))
+    .add(vm::SLICE_PATH, &["GET"], get(vm::get_slice))
     .add(lb::VALIDATION_PATH, &["POST"], post(lb::validation))
     .add(lb::MUTATION_PATH, &["POST"], post(lb::mutation))
     .add(openapi::OPENAPI_PATH, &["GET"], get(openapi::openapi_json));
