@@ -416,8 +416,8 @@ mod tests {
         assert_eq!(
             ready_of(&third),
             [
-                ("10.0.0.2".into(), false),
                 ("10.0.0.7".into(), false),
+                ("10.0.0.2".into(), false),
                 (DUMMY_ADDRESS.into(), true)
             ]
         );
@@ -441,6 +441,7 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&slice).expect("JSON"),
             serde_json::json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                 "metadata": {
                     "name": "lb1", "namespace": "default",
                     "labels": {"loadbalancer.harvesterhci.io/servicelb": "true",

@@ -214,6 +214,7 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&svc).expect("JSON"),
             serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
                 "metadata": {
                     "name": "lb1", "namespace": "default",
                     "labels": {"loadbalancer.harvesterhci.io/servicelb": "true"},

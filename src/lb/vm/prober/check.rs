@@ -150,14 +150,13 @@ where
             addr,
             reason: e.to_string(),
         })?;
-    // The connection is driven here, next to the request, rather than by a task of its own.
-    tokio::pin!(conn);
-    tokio::select! {
-        answer = sender.send_request(req) => Ok(answer.map_err(http)?.status().as_u16()),
-        ended = &mut conn => match ended {
-            Err(source) => Err(http(source)),
-            Ok(()) => Err(ProbeError::Closed { addr }),
-        },
+    // The connection is driven here, next to the request, rather than by a task of its own; with
+    // `Connection: close` it ends after the answer.
+    let (answer, _ended) = tokio::join!(sender.send_request(req), conn);
+    match answer {
+        Ok(response) => Ok(response.status().as_u16()),
+        Err(e) if e.is_canceled() || e.is_incomplete_message() => Err(ProbeError::Closed { addr }),
+        Err(e) => Err(http(e)),
     }
 }
 

@@ -147,9 +147,16 @@ impl Prober {
                 if next.contains_key(ip) {
                     continue;
                 }
-                let kept = current
-                    .remove(ip)
-                    .filter(|id| st.targets.get(id).is_some_and(|t| *t.settings == *settings));
+                let kept = match current.remove(ip) {
+                    Some(id) if st.targets.get(&id).is_some_and(|t| *t.settings == *settings) => {
+                        Some(id)
+                    }
+                    Some(id) => {
+                        st.targets.remove(&id);
+                        None
+                    }
+                    None => None,
+                };
                 let id = match kept {
                     Some(id) => id,
                     None => {
