@@ -118,6 +118,20 @@ impl ControlPlane {
         (a, b)
     }
 
+    /// The control plane in `dir` (one a test started for itself, outside
+    /// `HARVESTER_CLOUD_CONTROL_PLANES`), leased and in its seeded state.
+    pub async fn lease_at(dir: &Path) -> ControlPlane {
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("lease.lock"))
+            .unwrap_or_else(|e| panic!("cannot open {}/lease.lock: {e}", dir.display()));
+        file.lock()
+            .unwrap_or_else(|e| panic!("cannot lock {}/lease.lock: {e}", dir.display()));
+        Self::prepare(dir.to_path_buf(), file).await
+    }
+
     async fn prepare(dir: PathBuf, lease: File) -> ControlPlane {
         let env = std::fs::read_to_string(dir.join("env"))
             .unwrap_or_else(|e| panic!("{} is not a running control plane: {e}", dir.display()));

@@ -79,6 +79,31 @@ pub async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>
     }
 }
 
+/// Creates a VirtualMachineInstance as KubeVirt does: the object, then its `status` through the
+/// status subresource (which the create ignores). Returns it as stored.
+pub async fn create_vmi(
+    store: std::sync::Arc<dyn harvester_cloud::store::ObjectStore>,
+    vmi: &harvester_cloud::controller::kinds::VirtualMachineInstance,
+) -> harvester_cloud::controller::kinds::VirtualMachineInstance {
+    let api = vmi_api(store);
+    let mut created = api.create(vmi).await.expect("creates the VMI");
+    if let Some(status) = vmi.rest.get("status") {
+        created.rest.insert("status".into(), status.clone());
+        created = api
+            .replace_status(&created)
+            .await
+            .expect("writes the VMI's status");
+    }
+    created
+}
+
+/// Typed store access to VirtualMachineInstances, with their status subresource.
+pub fn vmi_api(
+    store: std::sync::Arc<dyn harvester_cloud::store::ObjectStore>,
+) -> harvester_cloud::store::Api<harvester_cloud::controller::kinds::VirtualMachineInstance> {
+    harvester_cloud::store::Api::with_kind(store, harvester_cloud::controller::kinds::vmi_kind())
+}
+
 /// A service under test, reached through its router.
 pub trait Backend: Sized {
     fn router(&self) -> Router;
@@ -263,6 +288,7 @@ pub fn account_yaml(ns: &str, sa: &str) -> String {
 
 pub mod control_plane;
 pub mod kube_env;
+pub mod netns;
 pub mod rancher_peer;
 
 use control_plane::ControlPlane;
@@ -391,10 +417,41 @@ impl Refusals for KubeBackend {
 /// KubeBackend::start()], [case_a, case_b])` makes `embedded::case_a`, `kube::case_a`, … calling
 /// `cases::case_a(<backend>)`, and then checks that the API servers refused the service nothing
 /// ([`Refusals`]). (Test files declare `#[macro_use] mod support;`.)
+///
+/// `suite!(netns, [...], [...])` runs each case again by itself inside a private network namespace
+/// ([`netns`]) and starts its environment there.
 #[allow(unused_macros)]
 macro_rules! suite {
     ([$($backend:ident => $start:expr),+ $(,)?], $cases:tt) => {
         $( suite!(@one $backend, $start, $cases); )+
+    };
+    (netns, [$($backend:ident => $start:expr),+ $(,)?], $cases:tt) => {
+        $( suite!(@netns $backend, $start, $cases); )+
+    };
+    (@netns $backend:ident, $start:expr, [$($case:ident),* $(,)?]) => {
+        mod $backend {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    if !support::netns::inside() {
+                        support::netns::rerun(concat!(
+                            stringify!($backend),
+                            "::",
+                            stringify!($case)
+                        ))
+                        .await;
+                        return;
+                    }
+                    let env = $start.await;
+                    let probes = support::Refusals::refusal_probes(&env);
+                    cases::$case(env).await;
+                    for probe in probes {
+                        probe.assert_none_refused();
+                    }
+                }
+            )*
+        }
     };
     (@one $backend:ident, $start:expr, [$($case:ident),* $(,)?]) => {
         mod $backend {
