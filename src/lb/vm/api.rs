@@ -75,8 +75,42 @@ fn decode_vmi(body: &[u8]) -> Result<(VirtualMachineInstance, Option<Value>), Ob
         }
     }
     let status = fields.remove("status");
+    if let Some(status) = &status {
+        check_status(status).map_err(invalid)?;
+    }
     let vmi = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
     Ok((vmi, status))
+}
+
+/// The parts of a VMI's status that load balancers read have KubeVirt's types.
+fn check_status(status: &Value) -> Result<(), String> {
+    let string = |v: Option<&Value>, at: &str| match v {
+        None | Some(Value::String(_)) => Ok(()),
+        Some(other) => Err(format!("{at} must be a string, not {other}")),
+    };
+    string(status.get("phase"), "status.phase")?;
+    let Some(interfaces) = status.get("interfaces") else {
+        return Ok(());
+    };
+    let interfaces = interfaces
+        .as_array()
+        .ok_or("status.interfaces must be an array")?;
+    for (i, iface) in interfaces.iter().enumerate() {
+        let at = |f: &str| format!("status.interfaces[{i}].{f}");
+        if !iface.is_object() {
+            return Err(format!("status.interfaces[{i}] must be an object"));
+        }
+        for f in ["name", "interfaceName", "ip"] {
+            string(iface.get(f), &at(f))?;
+        }
+        if let Some(all) = iface.get("ipAddresses") {
+            let ok = all.as_array().is_some_and(|a| a.iter().all(Value::is_string));
+            if !ok {
+                return Err(format!("{} must be an array of strings", at("ipAddresses")));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl VmObjects {
@@ -279,6 +313,9 @@ mod tests {
             br#"{"metadata":{"name":"x"},"spec":3}"#,
             br#"{"metadata":{"name":"x"},"status":"up"}"#,
             br#"{"metadata":{"labels":{"a":1}}}"#,
+            br#"{"metadata":{"name":"x"},"status":{"interfaces":{}}}"#,
+            br#"{"metadata":{"name":"x"},"status":{"interfaces":[{"ip":5}]}}"#,
+            br#"{"metadata":{"name":"x"},"status":{"interfaces":[{"ipAddresses":"a"}]}}"#,
         ] {
             assert!(
                 matches!(decode_vmi(bad), Err(ObjectError::Decode { .. })),
