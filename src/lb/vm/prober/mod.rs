@@ -189,6 +189,7 @@ impl Prober {
             if !next.is_empty() {
                 st.by_lb.insert(lb.clone(), next);
             }
+            crate::metrics::set_probe_targets(st.targets.len());
         }
         if added {
             debug!(lb = %lb, targets = addresses.len(), "probe targets changed");
@@ -203,6 +204,7 @@ impl Prober {
             for id in ids.into_values() {
                 st.targets.remove(&id);
             }
+            crate::metrics::set_probe_targets(st.targets.len());
         }
     }
 
@@ -269,6 +271,7 @@ impl Inner {
         if result.is_err() {
             self.failures.fetch_add(1, Ordering::Relaxed);
         }
+        crate::metrics::probe_done(result.is_ok());
         let mut changed = None;
         {
             let mut guard = lock(&self.state);
