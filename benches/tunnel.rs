@@ -10,7 +10,7 @@
 //! so what it shows is what the tunnel costs a dashboard request, not a like-for-like listener.
 
 #[path = "../tests/support/mod.rs"]
-#[allow(unused_imports, unused_macros, dead_code)]
+#[allow(unused_imports, unused_macros)]
 mod support;
 
 use std::{
@@ -36,7 +36,13 @@ fn arg(name: &str, default: u64) -> u64 {
 }
 
 /// `connections` clients looping on `url` for `seconds`: requests per second, all of them 200.
-async fn load(client: &reqwest::Client, url: &str, token: &str, connections: u64, seconds: u64) -> f64 {
+async fn load(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    connections: u64,
+    seconds: u64,
+) -> f64 {
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();

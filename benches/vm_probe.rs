@@ -31,7 +31,9 @@ use harvester_cloud::{
         embedded::{Durability, EmbeddedStore},
     },
 };
-use k8s_openapi::{api::discovery::v1::EndpointSlice, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use k8s_openapi::{
+    api::discovery::v1::EndpointSlice, apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use tokio_util::sync::CancellationToken;
 
 const BACKENDS_PER_LB: usize = 3;
@@ -55,7 +57,12 @@ fn main() {
 
 /// The address of backend `k`: 127.1.0.1, 127.1.0.2, … (250 a block).
 fn backend(k: usize) -> Ipv4Addr {
-    Ipv4Addr::new(127, 1 + (k / 62_500) as u8, ((k / 250) % 250) as u8, (k % 250 + 1) as u8)
+    Ipv4Addr::new(
+        127,
+        1 + (k / 62_500) as u8,
+        ((k / 250) % 250) as u8,
+        (k % 250 + 1) as u8,
+    )
 }
 
 /// User + system CPU seconds of this process so far.
@@ -189,7 +196,9 @@ async fn run(lbs: usize, seconds: u64) {
         listeners.push(
             tokio::net::TcpListener::bind(addr)
                 .await
-                .unwrap_or_else(|e| panic!("binds {addr} (ulimit -n must allow {targets} listeners and more): {e}")),
+                .unwrap_or_else(|e| {
+                    panic!("binds {addr} (ulimit -n must allow {targets} listeners and more): {e}")
+                }),
         );
     }
     let dir = tempfile::tempdir().expect("tempdir");

@@ -164,7 +164,8 @@ const WAITING_FOR_KUBE_VIP: &str = "WaitingForExternalIP";
 /// Whether the load balancer's allocation is done: it has an address and is Ready, or (a VM load
 /// balancer) waits for kube-vip.
 fn allocation_done(lb: &Value) -> bool {
-    let done = ready(lb).is_some_and(|c| c["status"] == "True" || c["reason"] == WAITING_FOR_KUBE_VIP);
+    let done =
+        ready(lb).is_some_and(|c| c["status"] == "True" || c["reason"] == WAITING_FOR_KUBE_VIP);
     done && lb["status"]["allocatedAddress"]["ip"].is_string()
 }
 

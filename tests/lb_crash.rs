@@ -412,8 +412,7 @@ async fn sigkill_during_churn_loses_and_duplicates_nothing() {
                 &[200],
             )
             .await;
-        match check(&pools, &lbs, &expected)
-            .and_then(|()| check_services(&services, &slices, &lbs))
+        match check(&pools, &lbs, &expected).and_then(|()| check_services(&services, &slices, &lbs))
         {
             Ok(()) => break,
             Err(why) => last = why,

@@ -103,19 +103,13 @@ pub struct Kube {
 async fn embedded() -> Embedded {
     let b = EmbeddedBackend::start().await;
     let r = Reconcilers::start(b.service_store(), true);
-    Embedded {
-        b,
-        _reconcilers: r,
-    }
+    Embedded { b, _reconcilers: r }
 }
 
 async fn kube() -> Kube {
     let b = KubeBackend::start_on(netns::control_plane().await, &[]).await;
     let r = Reconcilers::start(b.service_store(), false);
-    Kube {
-        b,
-        _reconcilers: r,
-    }
+    Kube { b, _reconcilers: r }
 }
 
 impl Refusals for Embedded {}
@@ -168,7 +162,10 @@ impl VmEnv for Embedded {
     }
     async fn delete_vmi(&self, name: &str) {
         let path = format!("{VMIS}/{NS}/{name}");
-        ok(call(&self.b, Method::DELETE, &path, None).await, StatusCode::OK);
+        ok(
+            call(&self.b, Method::DELETE, &path, None).await,
+            StatusCode::OK,
+        );
     }
     async fn service(&self, name: &str) -> Option<Value> {
         get_opt(&self.b, &format!("/v1/harvester/services/{NS}/{name}")).await
@@ -223,7 +220,9 @@ impl VmEnv for Kube {
             .map(|s| serde_json::to_value(s).expect("JSON"))
     }
     async fn slice(&self, name: &str) -> Option<Value> {
-        let slice = Api::<EndpointSlice>::new(self.b.store()).get(NS, name).await;
+        let slice = Api::<EndpointSlice>::new(self.b.store())
+            .get(NS, name)
+            .await;
         slice
             .expect("reads the EndpointSlice")
             .map(|s| serde_json::to_value(s).expect("JSON"))
@@ -369,7 +368,10 @@ async fn create_pool<B: Backend>(b: &B) {
 }
 
 async fn create_lb<B: Backend>(b: &B, lb: Value) {
-    ok(call(b, Method::POST, LBS, Some(lb)).await, StatusCode::CREATED);
+    ok(
+        call(b, Method::POST, LBS, Some(lb)).await,
+        StatusCode::CREATED,
+    );
 }
 
 async fn get_lb<B: Backend>(b: &B, name: &str) -> Option<Value> {
@@ -431,7 +433,10 @@ async fn announce<E: VmEnv>(env: &E, name: &str) -> String {
             .await
             .expect("reads the Service")
             .expect("exists");
-        svc.status = Some(serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": ip}]}})).expect("status"));
+        svc.status = Some(
+            serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": ip}]}}))
+                .expect("status"),
+        );
         api.replace_status(&svc).await.expect("writes the ingress");
     }
     ip
@@ -515,7 +520,12 @@ pub mod cases {
         assert_eq!(svc["spec"]["selector"], Value::Null);
         let port = &svc["spec"]["ports"][0];
         assert_eq!(
-            (&port["name"], &port["protocol"], &port["port"], &port["targetPort"]),
+            (
+                &port["name"],
+                &port["protocol"],
+                &port["port"],
+                &port["targetPort"]
+            ),
             (&json!("web"), &json!("TCP"), &json!(80), &json!(8080))
         );
 
@@ -526,7 +536,10 @@ pub mod cases {
         })
         .await;
         assert_eq!(slice["metadata"]["ownerReferences"], owner);
-        assert_eq!(slice["metadata"]["labels"]["kubernetes.io/service-name"], "web");
+        assert_eq!(
+            slice["metadata"]["labels"]["kubernetes.io/service-name"],
+            "web"
+        );
         assert_eq!(
             slice["metadata"]["labels"]["loadbalancer.harvesterhci.io/servicelb"],
             "true"
@@ -547,7 +560,10 @@ pub mod cases {
         backend_b.close().await;
         within(failure_bound(), "vm-b's endpoint not ready", async || {
             let eps = endpoints(&env.slice("web").await?);
-            assert!(eps.contains(&ready(a_ip, true)), "vm-a must stay ready: {eps:?}");
+            assert!(
+                eps.contains(&ready(a_ip, true)),
+                "vm-a must stay ready: {eps:?}"
+            );
             (eps == [ready(a_ip, true), ready(b_ip, false)]).then_some(())
         })
         .await;
@@ -566,7 +582,11 @@ pub mod cases {
         })
         .await;
         assert_eq!(condition(&lb, "Ready").expect("Ready")["status"], "True");
-        assert!(events(b, "web", "BackendUnhealthy", "vm-a").await.is_empty());
+        assert!(
+            events(b, "web", "BackendUnhealthy", "vm-a")
+                .await
+                .is_empty()
+        );
 
         // It listens again: ready again.
         let healthy_before = events(b, "web", "BackendHealthy", "vm-b").await.len();
@@ -583,10 +603,14 @@ pub mod cases {
 
         // vm-b stops matching: it leaves within seconds.
         env.put_vmi(mk_vmi("vm-b", "db", b_ip)).await;
-        within(Duration::from_secs(10), "vm-b out of the EndpointSlice", async || {
-            let eps = endpoints(&env.slice("web").await?);
-            (eps == [ready(a_ip, true)]).then_some(())
-        })
+        within(
+            Duration::from_secs(10),
+            "vm-b out of the EndpointSlice",
+            async || {
+                let eps = endpoints(&env.slice("web").await?);
+                (eps == [ready(a_ip, true)]).then_some(())
+            },
+        )
         .await;
         eventually("backendServers without vm-b", async || {
             let lb = get_lb(b, "web").await?;
@@ -662,7 +686,10 @@ pub mod cases {
         backend_b.answer(503);
         within(failure_bound(), "api-b's endpoint not ready", async || {
             let eps = endpoints(&env.slice("api").await?);
-            assert!(eps.contains(&ready(a_ip, true)), "api-a must stay ready: {eps:?}");
+            assert!(
+                eps.contains(&ready(a_ip, true)),
+                "api-a must stay ready: {eps:?}"
+            );
             (eps == [ready(a_ip, true), ready(b_ip, false)]).then_some(())
         })
         .await;
@@ -682,10 +709,14 @@ pub mod cases {
         .await;
 
         env.delete_vmi("api-b").await;
-        within(Duration::from_secs(10), "api-b out of the EndpointSlice", async || {
-            let eps = endpoints(&env.slice("api").await?);
-            (eps == [ready(a_ip, true)]).then_some(())
-        })
+        within(
+            Duration::from_secs(10),
+            "api-b out of the EndpointSlice",
+            async || {
+                let eps = endpoints(&env.slice("api").await?);
+                (eps == [ready(a_ip, true)]).then_some(())
+            },
+        )
         .await;
     }
 }

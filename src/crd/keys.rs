@@ -23,7 +23,8 @@ pub const ANNOTATION_SERVICE_UID: &str = "cloudprovider.harvesterhci.io/serviceU
 /// `spec.healthCheck` it does not know, while annotations survive every schema and upstream's
 /// controller ignores them. The path (`/healthz`) turns the TCP probe of `spec.healthCheck.port`
 /// into an HTTP GET of it.
-pub const ANNOTATION_HEALTH_CHECK_HTTP_PATH: &str = "loadbalancer.harvesterhci.io/healthCheckHTTPPath";
+pub const ANNOTATION_HEALTH_CHECK_HTTP_PATH: &str =
+    "loadbalancer.harvesterhci.io/healthCheckHTTPPath";
 /// `HTTP` (the default) or `HTTPS` (the certificate is not verified, as the kubelet's probes do).
 pub const ANNOTATION_HEALTH_CHECK_HTTP_SCHEME: &str =
     "loadbalancer.harvesterhci.io/healthCheckHTTPScheme";

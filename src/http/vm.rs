@@ -18,7 +18,8 @@ use super::{
 use crate::lb::vm::api::VmObjects;
 
 pub const VMIS_PATH: &str = "/v1/harvester/kubevirt.io.virtualmachineinstances";
-pub const VMIS_NAMESPACE_PATH: &str = "/v1/harvester/kubevirt.io.virtualmachineinstances/{namespace}";
+pub const VMIS_NAMESPACE_PATH: &str =
+    "/v1/harvester/kubevirt.io.virtualmachineinstances/{namespace}";
 pub const VMI_PATH: &str = "/v1/harvester/kubevirt.io.virtualmachineinstances/{namespace}/{name}";
 pub const SERVICES_PATH: &str = "/v1/harvester/services";
 pub const SERVICES_NAMESPACE_PATH: &str = "/v1/harvester/services/{namespace}";
@@ -33,10 +34,7 @@ const SERVICE_TYPE: &str = "service";
 const SLICE_TYPE: &str = "discovery.k8s.io.endpointslice";
 
 fn vms<'a>(state: &'a AppState, what: &'static str) -> Result<&'a VmObjects, ApiError> {
-    state
-        .vms
-        .as_ref()
-        .ok_or(ApiError::EmbeddedOnly { what })
+    state.vms.as_ref().ok_or(ApiError::EmbeddedOnly { what })
 }
 
 const VMIS: &str = "VirtualMachineInstances";
@@ -125,7 +123,9 @@ pub async fn get_service(
     _admin: Admin,
     Path((namespace, name)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let svc = vms(&state, SERVICES)?.get_service(&namespace, &name).await?;
+    let svc = vms(&state, SERVICES)?
+        .get_service(&namespace, &name)
+        .await?;
     Ok(Json(resource(SERVICE_TYPE, &svc)?))
 }
 
@@ -142,9 +142,7 @@ pub async fn list_slices_in(
     _admin: Admin,
     Path(namespace): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let (items, revision) = vms(&state, SLICES)?
-        .list_slices(Some(&namespace))
-        .await?;
+    let (items, revision) = vms(&state, SLICES)?.list_slices(Some(&namespace)).await?;
     collection(SLICE_TYPE, &items, revision)
 }
 

@@ -249,8 +249,7 @@ pub async fn run_controllers(
         watcher::<VirtualMachineInstance>(store.clone(), vmi_kind(), None),
     )
     .touched_objects();
-    let services =
-        watcher::<Service>(store.clone(), kind_of::<Service>(), None).touched_objects();
+    let services = watcher::<Service>(store.clone(), kind_of::<Service>(), None).touched_objects();
     let slices =
         watcher::<EndpointSlice>(store.clone(), kind_of::<EndpointSlice>(), None).touched_objects();
     let vmi_owners = {
@@ -263,7 +262,9 @@ pub async fn run_controllers(
             wake_rx,
         ))
         .watches_stream(vmis, vmi_owners)
-        .watches_stream(services, |svc: Service| vm::service::owner_of(&svc.metadata))
+        .watches_stream(services, |svc: Service| {
+            vm::service::owner_of(&svc.metadata)
+        })
         .watches_stream(slices, |slice: EndpointSlice| {
             vm::service::owner_of(&slice.metadata)
         })

@@ -104,7 +104,9 @@ fn check_status(status: &Value) -> Result<(), String> {
             string(iface.get(f), &at(f))?;
         }
         if let Some(all) = iface.get("ipAddresses") {
-            let ok = all.as_array().is_some_and(|a| a.iter().all(Value::is_string));
+            let ok = all
+                .as_array()
+                .is_some_and(|a| a.iter().all(Value::is_string));
             if !ok {
                 return Err(format!("{} must be an array of strings", at("ipAddresses")));
             }
@@ -202,12 +204,7 @@ impl VmObjects {
     pub async fn create_vmi(&self, body: &[u8]) -> Result<VirtualMachineInstance, ObjectError> {
         let (vmi, status) = decode_vmi(body)?;
         let name = vmi.metadata.name.clone().unwrap_or_default();
-        if vmi
-            .metadata
-            .namespace
-            .as_deref()
-            .is_none_or(str::is_empty)
-        {
+        if vmi.metadata.namespace.as_deref().is_none_or(str::is_empty) {
             return Err(ObjectError::MissingNamespace { kind: VMI, name });
         }
         let created = self

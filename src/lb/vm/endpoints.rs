@@ -159,16 +159,18 @@ pub fn endpoints(
         .servers
         .iter()
         .map(|server| {
-            let mut ep = existing(current, server).cloned().unwrap_or_else(|| Endpoint {
-                addresses: vec![server.address.to_string()],
-                target_ref: Some(ObjectReference {
-                    namespace: lb.metadata.namespace.clone(),
-                    name: Some(server.name.clone()),
-                    uid: Some(server.uid.clone()),
+            let mut ep = existing(current, server)
+                .cloned()
+                .unwrap_or_else(|| Endpoint {
+                    addresses: vec![server.address.to_string()],
+                    target_ref: Some(ObjectReference {
+                        namespace: lb.metadata.namespace.clone(),
+                        name: Some(server.name.clone()),
+                        uid: Some(server.uid.clone()),
+                        ..Default::default()
+                    }),
                     ..Default::default()
-                }),
-                ..Default::default()
-            });
+                });
             let kept = is_ready(&ep);
             let ready = match health {
                 None => true,
@@ -341,14 +343,19 @@ mod tests {
     fn selection_is_upstreams() {
         let lb = mk_lb(&[("app", &["web", "api"]), ("tier", &["front"])]);
         let mut deleting = mk_vmi("e", &[("app", "web"), ("tier", "front")], &["10.0.0.5"]);
-        deleting.metadata.deletion_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
-        );
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
         let mut elsewhere = mk_vmi("f", &[("app", "web"), ("tier", "front")], &["10.0.0.6"]);
         elsewhere.metadata.namespace = Some("other".into());
         let vmis = [
             // The first IPv4 address counts, after an IPv6 one.
-            mk_vmi("c", &[("app", "api"), ("tier", "front")], &["fd00::1", "10.0.0.3", "10.0.0.9"]),
+            mk_vmi(
+                "c",
+                &[("app", "api"), ("tier", "front")],
+                &["fd00::1", "10.0.0.3", "10.0.0.9"],
+            ),
             mk_vmi("a", &[("app", "web"), ("tier", "front")], &["10.0.0.1"]),
             // Selected, but without an address yet.
             mk_vmi("b", &[("app", "web"), ("tier", "front")], &[]),

@@ -24,7 +24,10 @@ const FALLBACK_FAILURE: u32 = 3;
 const FALLBACK_TIMEOUT: Duration = Duration::from_secs(3);
 const FALLBACK_PERIOD: Duration = Duration::from_secs(5);
 /// What an HTTP probe accepts unless told otherwise: the kubelet's rule (200 ≤ code < 400).
-const DEFAULT_STATUS: StatusRange = StatusRange { low: 200, high: 399 };
+const DEFAULT_STATUS: StatusRange = StatusRange {
+    low: 200,
+    high: 399,
+};
 
 /// How one backend is probed.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -290,7 +293,8 @@ mod tests {
 
     #[test]
     fn annotations_ask_for_http() {
-        let http = |pairs: &[(&str, &str)]| check_of(mk_lb(None, pairs).metadata.annotations.as_ref());
+        let http =
+            |pairs: &[(&str, &str)]| check_of(mk_lb(None, pairs).metadata.annotations.as_ref());
         assert_eq!(http(&[]), Ok(Check::Tcp));
         let Ok(Check::Http(c)) = http(&[(ANNOTATION_HEALTH_CHECK_HTTP_PATH, "/healthz?full=1")])
         else {
@@ -314,7 +318,8 @@ mod tests {
 
     #[test]
     fn bad_annotations_are_refused_with_the_key() {
-        let http = |pairs: &[(&str, &str)]| check_of(mk_lb(None, pairs).metadata.annotations.as_ref());
+        let http =
+            |pairs: &[(&str, &str)]| check_of(mk_lb(None, pairs).metadata.annotations.as_ref());
         for path in ["healthz", "http://x/healthz", "/a b"] {
             assert!(
                 matches!(

@@ -140,7 +140,10 @@ impl Members {
         }
         self.remove(lb);
         for vmi in &vmis {
-            self.by_vmi.entry(vmi.clone()).or_default().insert(lb.clone());
+            self.by_vmi
+                .entry(vmi.clone())
+                .or_default()
+                .insert(lb.clone());
         }
         if !vmis.is_empty() {
             self.by_lb.insert(lb.clone(), vmis);
@@ -232,10 +235,14 @@ pub(super) async fn ensure(
 ) -> Result<Outcome, VmError> {
     let vm = &ctx.vm;
     let lb_ref = ObjectRef::from_obj(lb);
-    let uid = lb.metadata.uid.clone().ok_or_else(|| VmError::MissingField {
-        key: key.into(),
-        field: "metadata.uid",
-    })?;
+    let uid = lb
+        .metadata
+        .uid
+        .clone()
+        .ok_or_else(|| VmError::MissingField {
+            key: key.into(),
+            field: "metadata.uid",
+        })?;
     let (namespace, name) = (
         lb.metadata.namespace.clone().unwrap_or_default(),
         lb.metadata.name.clone().unwrap_or_default(),
@@ -254,14 +261,14 @@ pub(super) async fn ensure(
         key: key.into(),
         source,
     };
-    let current = vm
-        .services
-        .get(&namespace, &name)
-        .await
-        .map_err(|source| VmError::GetService {
-            key: key.into(),
-            source,
-        })?;
+    let current =
+        vm.services
+            .get(&namespace, &name)
+            .await
+            .map_err(|source| VmError::GetService {
+                key: key.into(),
+                source,
+            })?;
     let written = match current {
         None => vm.services.create(&service::desired(lb, &uid, &ip)).await,
         Some(svc) if !service::owned_by(&svc.metadata, &uid) => {
@@ -348,7 +355,13 @@ pub(super) async fn ensure(
     match (&settings, &health) {
         (Some(_), Some(health)) => {
             let (state, why, message) = health_condition(&backends, &ready, health);
-            set_condition(&mut status.conditions, BACKENDS_HEALTHY, state, why, &message);
+            set_condition(
+                &mut status.conditions,
+                BACKENDS_HEALTHY,
+                state,
+                why,
+                &message,
+            );
         }
         _ => status.conditions.retain(|c| c.r#type != BACKENDS_HEALTHY),
     }
@@ -401,14 +414,14 @@ async fn write_slice(
         lb.metadata.namespace.clone().unwrap_or_default(),
         lb.metadata.name.clone().unwrap_or_default(),
     );
-    let current = vm
-        .slices
-        .get(&namespace, &name)
-        .await
-        .map_err(|source| VmError::GetEndpointSlice {
-            key: key.into(),
-            source,
-        })?;
+    let current =
+        vm.slices
+            .get(&namespace, &name)
+            .await
+            .map_err(|source| VmError::GetEndpointSlice {
+                key: key.into(),
+                source,
+            })?;
     if current
         .as_ref()
         .is_some_and(|s| !service::owned_by(&s.metadata, uid))
@@ -524,7 +537,11 @@ fn health_condition(
     }
     let tally = format!("{}/{total} healthy", ready.len());
     if total == 0 {
-        ("Unknown", reason::NO_BACKENDS, "no backend server to probe".into())
+        (
+            "Unknown",
+            reason::NO_BACKENDS,
+            "no backend server to probe".into(),
+        )
     } else if !unhealthy.is_empty() {
         (
             "False",

@@ -208,7 +208,10 @@ mod tests {
         let lb = mk_lb(
             "pool",
             "192.168.0.10",
-            vec![mk_listener("http", 80, "TCP", 8080), mk_listener("dns", 53, "UDP", 5353)],
+            vec![
+                mk_listener("http", 80, "TCP", 8080),
+                mk_listener("dns", 53, "UDP", 5353),
+            ],
         );
         let svc = desired(&lb, "u1", &ip_of(&lb));
         assert_eq!(
@@ -236,7 +239,11 @@ mod tests {
             owner_of(&svc.metadata),
             Some(ObjectRef::new("lb1").within("default"))
         );
-        let dhcp = mk_lb("dhcp", "0.0.0.0", vec![mk_listener("http", 80, "TCP", 8080)]);
+        let dhcp = mk_lb(
+            "dhcp",
+            "0.0.0.0",
+            vec![mk_listener("http", 80, "TCP", 8080)],
+        );
         assert_eq!(
             desired(&dhcp, "u1", &ip_of(&dhcp))
                 .spec
@@ -248,7 +255,11 @@ mod tests {
 
     #[test]
     fn updates_touch_only_the_address_and_ports_and_keep_node_ports() {
-        let lb = mk_lb("pool", "192.168.0.10", vec![mk_listener("http", 80, "TCP", 8080)]);
+        let lb = mk_lb(
+            "pool",
+            "192.168.0.10",
+            vec![mk_listener("http", 80, "TCP", 8080)],
+        );
         let mut svc = desired(&lb, "u1", &ip_of(&lb));
         // As the API server keeps it: defaults and a node port.
         let spec = svc.spec.as_mut().expect("spec");
@@ -260,7 +271,10 @@ mod tests {
         let moved = mk_lb(
             "pool",
             "192.168.0.11",
-            vec![mk_listener("http", 80, "TCP", 9090), mk_listener("https", 443, "TCP", 8443)],
+            vec![
+                mk_listener("http", 80, "TCP", 9090),
+                mk_listener("https", 443, "TCP", 8443),
+            ],
         );
         assert!(update(&mut svc, &moved, &ip_of(&moved)));
         let spec = svc.spec.as_ref().expect("spec");
@@ -275,13 +289,21 @@ mod tests {
 
     #[test]
     fn announcing_fills_the_ingress_once_and_never_for_dhcp() {
-        let lb = mk_lb("pool", "192.168.0.10", vec![mk_listener("http", 80, "TCP", 8080)]);
+        let lb = mk_lb(
+            "pool",
+            "192.168.0.10",
+            vec![mk_listener("http", 80, "TCP", 8080)],
+        );
         let mut svc = desired(&lb, "u1", &ip_of(&lb));
         assert_eq!(ingress_ip(&svc), None);
         assert!(announce(&mut svc));
         assert_eq!(ingress_ip(&svc).as_deref(), Some("192.168.0.10"));
         assert!(!announce(&mut svc));
-        let dhcp = mk_lb("dhcp", "0.0.0.0", vec![mk_listener("http", 80, "TCP", 8080)]);
+        let dhcp = mk_lb(
+            "dhcp",
+            "0.0.0.0",
+            vec![mk_listener("http", 80, "TCP", 8080)],
+        );
         let mut svc = desired(&dhcp, "u1", &ip_of(&dhcp));
         assert!(!announce(&mut svc));
         assert_eq!(ingress_ip(&svc), None);

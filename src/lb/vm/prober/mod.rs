@@ -43,8 +43,9 @@ pub const MAX_IN_FLIGHT: usize = 1024;
 pub type LbRef = ObjectRef<LoadBalancer>;
 
 /// One probe of one address; the error is what the Event and condition show.
-pub type ProbeFn =
-    Arc<dyn Fn(SocketAddr, Arc<ProbeSettings>) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
+pub type ProbeFn = Arc<
+    dyn Fn(SocketAddr, Arc<ProbeSettings>) -> BoxFuture<'static, Result<(), String>> + Send + Sync,
+>;
 
 /// What the prober last concluded about one backend.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -148,7 +149,12 @@ impl Prober {
                     continue;
                 }
                 let kept = match current.remove(ip) {
-                    Some(id) if st.targets.get(&id).is_some_and(|t| *t.settings == *settings) => {
+                    Some(id)
+                        if st
+                            .targets
+                            .get(&id)
+                            .is_some_and(|t| *t.settings == *settings) =>
+                    {
                         Some(id)
                     }
                     Some(id) => {
@@ -453,7 +459,11 @@ mod tests {
         prober.set(&b, &[ip(4)], &mk_settings(1, 1));
         tokio::time::sleep(Duration::from_millis(2500)).await;
         assert_eq!(
-            (script.calls(ip(2)), script.calls(ip(3)), script.calls(ip(4))),
+            (
+                script.calls(ip(2)),
+                script.calls(ip(3)),
+                script.calls(ip(4))
+            ),
             (2, 2, 2)
         );
         assert_eq!(prober.health(&a)[&ip(2)].healthy, Some(true));
