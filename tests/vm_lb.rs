@@ -22,10 +22,7 @@ use std::{
     time::Duration,
 };
 
-use axum::{
-    body::Body,
-    http::{Method, StatusCode},
-};
+use axum::http::{Method, StatusCode};
 use harvester_cloud::{
     controller::{kinds::VirtualMachineInstance, leader::AlwaysLeader},
     lb,
@@ -36,7 +33,7 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
 };
 use serde_json::{Value, json};
-use support::{Backend, EmbeddedBackend, KubeBackend, Refusals, Reply, eventually, netns};
+use support::{Backend, EmbeddedBackend, KubeBackend, Refusals, eventually, netns};
 use tokio_util::sync::CancellationToken;
 
 const POOLS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
@@ -120,21 +117,10 @@ impl Refusals for Kube {
     }
 }
 
-async fn call<B: Backend>(b: &B, method: Method, path: &str, body: Option<Value>) -> Reply {
-    let token = b.admin_token();
-    let body = body.map_or_else(Body::empty, |v| Body::from(v.to_string()));
-    b.call(method, path, Some(&token), body).await
-}
-
-fn ok(r: Reply, status: StatusCode) -> Value {
-    assert_eq!(r.status, status, "{}", r.text());
-    r.json()
-}
-
 /// A GET of the embedded API: the object, or `None` on 404.
 async fn get_opt<B: Backend>(b: &B, path: &str) -> Option<Value> {
-    let r = call(b, Method::GET, path, None).await;
-    (r.status != StatusCode::NOT_FOUND).then(|| ok(r, StatusCode::OK))
+    let r = b.admin(Method::GET, path, None).await;
+    (r.status != StatusCode::NOT_FOUND).then(|| r.expect(StatusCode::OK))
 }
 
 impl VmEnv for Embedded {
@@ -149,23 +135,23 @@ impl VmEnv for Embedded {
         let name = vmi["metadata"]["name"].as_str().expect("named").to_string();
         let path = format!("{VMIS}/{NS}/{name}");
         if get_opt(&self.b, &path).await.is_some() {
-            ok(
-                call(&self.b, Method::PUT, &path, Some(vmi)).await,
-                StatusCode::OK,
-            );
+            self.b
+                .admin(Method::PUT, &path, Some(vmi))
+                .await
+                .expect(StatusCode::OK);
         } else {
-            ok(
-                call(&self.b, Method::POST, VMIS, Some(vmi)).await,
-                StatusCode::CREATED,
-            );
+            self.b
+                .admin(Method::POST, VMIS, Some(vmi))
+                .await
+                .expect(StatusCode::CREATED);
         }
     }
     async fn delete_vmi(&self, name: &str) {
         let path = format!("{VMIS}/{NS}/{name}");
-        ok(
-            call(&self.b, Method::DELETE, &path, None).await,
-            StatusCode::OK,
-        );
+        self.b
+            .admin(Method::DELETE, &path, None)
+            .await
+            .expect(StatusCode::OK);
     }
     async fn service(&self, name: &str) -> Option<Value> {
         get_opt(&self.b, &format!("/v1/harvester/services/{NS}/{name}")).await
@@ -361,21 +347,21 @@ async fn create_pool<B: Backend>(b: &B) {
                              "rangeEnd": "192.168.100.20"}],
                  "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
     });
-    ok(
-        call(b, Method::POST, POOLS, Some(pool)).await,
-        StatusCode::CREATED,
-    );
+    b.admin(Method::POST, POOLS, Some(pool))
+        .await
+        .expect(StatusCode::CREATED);
 }
 
 async fn create_lb<B: Backend>(b: &B, lb: Value) {
-    ok(
-        call(b, Method::POST, LBS, Some(lb)).await,
-        StatusCode::CREATED,
-    );
+    b.admin(Method::POST, LBS, Some(lb))
+        .await
+        .expect(StatusCode::CREATED);
 }
 
 async fn get_lb<B: Backend>(b: &B, name: &str) -> Option<Value> {
-    let r = call(b, Method::GET, &format!("{LBS}/{NS}/{name}"), None).await;
+    let r = b
+        .admin(Method::GET, &format!("{LBS}/{NS}/{name}"), None)
+        .await;
     (r.status == StatusCode::OK).then(|| r.json())
 }
 
@@ -638,10 +624,9 @@ pub mod cases {
         );
 
         // Deletion: the Service and the EndpointSlice go, the address is released.
-        ok(
-            call(b, Method::DELETE, &format!("{LBS}/{NS}/web"), None).await,
-            StatusCode::OK,
-        );
+        b.admin(Method::DELETE, &format!("{LBS}/{NS}/web"), None)
+            .await
+            .expect(StatusCode::OK);
         eventually("web, its Service and EndpointSlice gone", async || {
             let gone = get_lb(b, "web").await.is_none()
                 && env.service("web").await.is_none()
@@ -650,10 +635,10 @@ pub mod cases {
         })
         .await;
         eventually("the address released", async || {
-            let pool = ok(
-                call(b, Method::GET, &format!("{POOLS}/vms"), None).await,
-                StatusCode::OK,
-            );
+            let pool = b
+                .admin(Method::GET, &format!("{POOLS}/vms"), None)
+                .await
+                .expect(StatusCode::OK);
             let held = pool["status"]["allocated"][ip.as_str()].clone();
             (held.is_null() && pool["status"]["allocatedHistory"][ip.as_str()] == "default/web")
                 .then_some(())

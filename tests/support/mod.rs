@@ -48,6 +48,11 @@ impl Reply {
         assert_eq!(self.content_type(), "application/json");
         serde_json::from_slice::<String>(&self.body).expect("body is a JSON string")
     }
+    /// Asserts the status and returns the JSON body.
+    pub fn expect(self, status: StatusCode) -> Value {
+        assert_eq!(self.status, status, "{}", self.text());
+        self.json()
+    }
     /// Asserts Rancher's error shape with this status and code, and returns the message.
     pub fn error(&self, status: StatusCode, code: &str) -> String {
         assert_eq!(self.status, status, "{}", self.text());
@@ -143,6 +148,13 @@ pub trait Backend: Sized {
             headers: parts.headers,
             body: body.collect().await.expect("body").to_bytes().to_vec(),
         }
+    }
+
+    /// A request with the admin token and a JSON body, if any.
+    async fn admin(&self, method: Method, uri: &str, body: Option<Value>) -> Reply {
+        let t = self.admin_token();
+        let body = body.map_or_else(Body::empty, |v| Body::from(v.to_string()));
+        self.call(method, uri, Some(&t), body).await
     }
 
     async fn post(&self, body: &str) -> Reply {

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::{
     controller::kinds::{VirtualMachineInstance, vmi_kind},
-    lb::objects::ObjectError,
+    lb::objects::{ObjectError, decode_list, key_from_url},
     store::{Api, Deleted, Kind, LabelSelector, Object, ObjectStore, Preconditions, StoreError},
 };
 
@@ -136,17 +136,7 @@ impl VmObjects {
             .list(kind, namespace, &LabelSelector::everything())
             .await
             .map_err(store_err("list", what, namespace.unwrap_or_default()))?;
-        let items = list
-            .items
-            .into_iter()
-            .map(|v| {
-                serde_json::from_value(v).map_err(|e| ObjectError::Decode {
-                    kind: what,
-                    reason: e.to_string(),
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        Ok((items, list.resource_version))
+        decode_list(list, what)
     }
 
     async fn get<K: Object>(
@@ -222,22 +212,7 @@ impl VmObjects {
         body: &[u8],
     ) -> Result<VirtualMachineInstance, ObjectError> {
         let (mut vmi, status) = decode_vmi(body)?;
-        for (field, slot, url) in [
-            ("namespace", &mut vmi.metadata.namespace, namespace),
-            ("name", &mut vmi.metadata.name, name),
-        ] {
-            match slot.as_deref() {
-                None | Some("") => *slot = Some(url.into()),
-                Some(v) if v != url => {
-                    return Err(ObjectError::Mismatch {
-                        field,
-                        body: v.into(),
-                        url: url.into(),
-                    });
-                }
-                Some(_) => {}
-            }
-        }
+        key_from_url(&mut vmi.metadata, namespace, name)?;
         let replaced = self
             .vmis
             .replace(&vmi)

@@ -287,12 +287,7 @@ mod tests {
         let mut lb = LoadBalancer::new(
             "lb1",
             LoadBalancerSpec {
-                listeners: vec![Listener {
-                    name: "http".into(),
-                    port: 80,
-                    protocol: "TCP".into(),
-                    backend_port: 8080,
-                }],
+                listeners: vec![Listener::new("http", 80, "TCP", 8080)],
                 backend_server_selector: selector
                     .iter()
                     .map(|(k, vs)| (k.to_string(), vs.iter().map(|v| v.to_string()).collect()))

@@ -169,15 +169,6 @@ mod tests {
     use super::*;
     use crate::crd::{Listener, LoadBalancerSpec, LoadBalancerStatus};
 
-    fn mk_listener(name: &str, port: i32, protocol: &str, backend: i32) -> Listener {
-        Listener {
-            name: name.into(),
-            port,
-            protocol: protocol.into(),
-            backend_port: backend,
-        }
-    }
-
     fn mk_lb(ipam: &str, ip: &str, listeners: Vec<Listener>) -> LoadBalancer {
         let mut lb = LoadBalancer::new(
             "lb1",
@@ -209,8 +200,8 @@ mod tests {
             "pool",
             "192.168.0.10",
             vec![
-                mk_listener("http", 80, "TCP", 8080),
-                mk_listener("dns", 53, "UDP", 5353),
+                Listener::new("http", 80, "TCP", 8080),
+                Listener::new("dns", 53, "UDP", 5353),
             ],
         );
         let svc = desired(&lb, "u1", &ip_of(&lb));
@@ -242,7 +233,7 @@ mod tests {
         let dhcp = mk_lb(
             "dhcp",
             "0.0.0.0",
-            vec![mk_listener("http", 80, "TCP", 8080)],
+            vec![Listener::new("http", 80, "TCP", 8080)],
         );
         assert_eq!(
             desired(&dhcp, "u1", &ip_of(&dhcp))
@@ -258,7 +249,7 @@ mod tests {
         let lb = mk_lb(
             "pool",
             "192.168.0.10",
-            vec![mk_listener("http", 80, "TCP", 8080)],
+            vec![Listener::new("http", 80, "TCP", 8080)],
         );
         let mut svc = desired(&lb, "u1", &ip_of(&lb));
         // As the API server keeps it: defaults and a node port.
@@ -272,8 +263,8 @@ mod tests {
             "pool",
             "192.168.0.11",
             vec![
-                mk_listener("http", 80, "TCP", 9090),
-                mk_listener("https", 443, "TCP", 8443),
+                Listener::new("http", 80, "TCP", 9090),
+                Listener::new("https", 443, "TCP", 8443),
             ],
         );
         assert!(update(&mut svc, &moved, &ip_of(&moved)));
@@ -292,7 +283,7 @@ mod tests {
         let lb = mk_lb(
             "pool",
             "192.168.0.10",
-            vec![mk_listener("http", 80, "TCP", 8080)],
+            vec![Listener::new("http", 80, "TCP", 8080)],
         );
         let mut svc = desired(&lb, "u1", &ip_of(&lb));
         assert_eq!(ingress_ip(&svc), None);
@@ -302,7 +293,7 @@ mod tests {
         let dhcp = mk_lb(
             "dhcp",
             "0.0.0.0",
-            vec![mk_listener("http", 80, "TCP", 8080)],
+            vec![Listener::new("http", 80, "TCP", 8080)],
         );
         let mut svc = desired(&dhcp, "u1", &ip_of(&dhcp));
         assert!(!announce(&mut svc));
