@@ -49,7 +49,7 @@ use crate::{
         modify,
     },
     crd::{LoadBalancer, LoadBalancerStatus},
-    ipam::{Condition, WorkloadType},
+    ipam::WorkloadType,
     store::{Api, Object, ObjectStore, Preconditions, StoreError},
     sync::lock,
 };
@@ -243,10 +243,7 @@ pub(super) async fn ensure(
             key: key.into(),
             field: "metadata.uid",
         })?;
-    let (namespace, name) = (
-        lb.metadata.namespace.clone().unwrap_or_default(),
-        lb.metadata.name.clone().unwrap_or_default(),
-    );
+    let namespace = lb.metadata.namespace.clone().unwrap_or_default();
     let settings = match health::settings(lb) {
         Ok(s) => s,
         Err(e) => {
@@ -255,56 +252,11 @@ pub(super) async fn ensure(
         }
     };
 
-    // 1. The Service.
+    // 1. The Service, and 2. the address kube-vip announces for it.
     let ip = service::requested_ip(lb, &status.allocated_address);
-    let write = |source| VmError::WriteService {
-        key: key.into(),
-        source,
-    };
-    let current =
-        vm.services
-            .get(&namespace, &name)
-            .await
-            .map_err(|source| VmError::GetService {
-                key: key.into(),
-                source,
-            })?;
-    let written = match current {
-        None => vm.services.create(&service::desired(lb, &uid, &ip)).await,
-        Some(svc) if !service::owned_by(&svc.metadata, &uid) => {
-            return Ok(not_ours("Service", &namespace, &name));
-        }
-        Some(svc) => modify(&vm.services, &svc, Target::Object, |s| {
-            service::update(s, lb, &ip)
-        })
-        .await
-        .map(|m| m.map_or(svc, |m| m.object)),
-    };
-    let svc = match written {
+    let svc = match ensure_service(lb, key, &uid, &ip, vm).await? {
         Ok(svc) => svc,
-        Err(StoreError::Invalid { reason, .. }) => {
-            return Ok(refused(
-                reason::SERVICE_REFUSED,
-                format!("fail to write service {namespace}/{name}: {reason}"),
-                None,
-            ));
-        }
-        Err(source) => return Err(write(source)),
-    };
-
-    // 2. The address kube-vip announces.
-    let svc = if vm.fill_ingress {
-        match modify(&vm.services, &svc, Target::Status, service::announce).await {
-            Ok(m) => m.map_or(svc, |m| m.object),
-            Err(source) => {
-                return Err(VmError::WriteIngress {
-                    key: key.into(),
-                    source,
-                });
-            }
-        }
-    } else {
-        svc
+        Err(outcome) => return Ok(outcome),
     };
     let Some(address) = service::ingress_ip(&svc) else {
         status.address.clear();
@@ -387,6 +339,65 @@ pub(super) async fn ensure(
         ));
     }
     Ok(Outcome::Ready)
+}
+
+/// Creates the Service or brings it in step, and (where no kube-vip runs) writes its ingress.
+async fn ensure_service(
+    lb: &LoadBalancer,
+    key: &str,
+    uid: &str,
+    ip: &str,
+    vm: &VmContext,
+) -> Result<Result<Service, Outcome>, VmError> {
+    let (namespace, name) = (
+        lb.metadata.namespace.as_deref().unwrap_or_default(),
+        lb.metadata.name.as_deref().unwrap_or_default(),
+    );
+    let current = vm
+        .services
+        .get(namespace, name)
+        .await
+        .map_err(|source| VmError::GetService {
+            key: key.into(),
+            source,
+        })?;
+    let written = match current {
+        None => vm.services.create(&service::desired(lb, uid, ip)).await,
+        Some(svc) if !service::owned_by(&svc.metadata, uid) => {
+            return Ok(Err(not_ours("Service", namespace, name)));
+        }
+        Some(svc) => modify(&vm.services, &svc, Target::Object, |s| {
+            service::update(s, lb, ip)
+        })
+        .await
+        .map(|m| m.map_or(svc, |m| m.object)),
+    };
+    let svc = match written {
+        Ok(svc) => svc,
+        Err(StoreError::Invalid { reason, .. }) => {
+            return Ok(Err(refused(
+                reason::SERVICE_REFUSED,
+                format!("fail to write service {namespace}/{name}: {reason}"),
+                None,
+            )));
+        }
+        Err(source) => {
+            return Err(VmError::WriteService {
+                key: key.into(),
+                source,
+            });
+        }
+    };
+    if !vm.fill_ingress {
+        return Ok(Ok(svc));
+    }
+    match modify(&vm.services, &svc, Target::Status, service::announce).await {
+        Ok(m) => Ok(Ok(m.map_or(svc, |m| m.object))),
+        Err(source) => Err(VmError::WriteIngress {
+            key: key.into(),
+            source,
+        }),
+    }
 }
 
 fn not_ours(kind: &str, namespace: &str, name: &str) -> Outcome {
@@ -607,11 +618,6 @@ async fn delete_owned<K: Object>(
         Err(e) if e.is_not_found() => Ok(()),
         Err(source) => Err(err(source)),
     }
-}
-
-/// Whether the conditions carry the backend health condition (for tests and tools).
-pub fn backends_condition(conditions: &[Condition]) -> Option<&Condition> {
-    conditions.iter().find(|c| c.r#type == BACKENDS_HEALTHY)
 }
 
 #[cfg(test)]
