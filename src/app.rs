@@ -184,6 +184,8 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
         } else {
             http::WebhookAccess::Open
         },
+        // KubeVirt and the API server have those.
+        vms: None,
         store,
         issuer: None,
     };
@@ -249,6 +251,7 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
         authenticator: Arc::new(EmbeddedAuthenticator::new(store.pool().clone(), data_dir)),
         objects: Objects::new(admitted),
         guests: Some(guests),
+        vms: Some(crate::lb::vm::api::VmObjects::new(dyn_store.clone())),
         store: dyn_store,
         issuer: Some(issuer),
         // No API server calls them here, and an open one would only be an oracle of the pools.
@@ -407,6 +410,8 @@ fn spawn_reconcilers(
     let store = state.store.clone();
     let settings = crate::lb::Settings {
         concurrency: args.lb_concurrency,
+        // No kube-vip announces VM load balancers' addresses on the embedded store.
+        fill_service_ingress: matches!(args.backend, BackendKind::Embedded),
         ..crate::lb::Settings::default()
     };
     let elector: Arc<dyn LeaderElector> = match args.backend {

@@ -100,6 +100,7 @@ fn lb_reconcilers(store: Arc<dyn ObjectStore>) -> Task {
             lb::Settings {
                 concurrency: 64,
                 identity: "test".into(),
+                ..lb::Settings::default()
             },
             Arc::new(AlwaysLeader),
             stop,
@@ -1021,7 +1022,7 @@ mod cases {
         .expect("accepted");
         address(&env, "default", "first").await;
         create_nads(&env, &["vlan10", "vlan20"]).await;
-        let vmis = Api::<VirtualMachineInstance>::new(env.harvester().store());
+        let vmis = support::vmi_api(env.harvester().store());
         // (name, cluster, phase, [(NIC, NAD, guest interface)])
         let mk_vmi = |name: &str, cluster: &str, phase: &str, nics: &[(&str, &str, &str)]| {
             let networks: Vec<Value> = std::iter::once(json!({"name": "default", "pod": {}}))
@@ -1078,7 +1079,7 @@ mod cases {
                 &[("nic-1", "default/vlan10", "enp9s0")],
             ),
         ] {
-            vmis.create(&vmi).await.expect("creates");
+            support::create_vmi(env.harvester().store(), &vmi).await;
         }
         let value = async || -> Option<String> {
             env.nad_mapping()
@@ -1140,7 +1141,7 @@ mod cases {
             .expect("reads")
             .expect("exists");
         b.rest["status"]["interfaces"][2]["interfaceName"] = json!("enp3s0");
-        vmis.replace(&b).await.expect("updates");
+        vmis.replace_status(&b).await.expect("updates");
         eventually("the NAD mapping to take vlan20", async || {
             (value().await.as_deref()
                 == Some(r#"{"default/vlan10":"enp2s0","default/vlan20":"enp3s0"}"#))
@@ -1763,7 +1764,7 @@ mod embedded_http {
         env.put(dhcp("one")).await.expect("accepted");
         address(&env, "default", "one").await;
         assert_eq!(running(), 1.0);
-        let vmis = Api::<VirtualMachineInstance>::new(env.b.store());
+        let vmis = support::vmi_api(env.b.store());
         let vmi: VirtualMachineInstance = serde_json::from_value(json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "metadata": {"name": "node-a", "namespace": NS, "labels": {"guestcluster.harvesterhci.io/name": CLUSTER}},
@@ -1771,7 +1772,7 @@ mod embedded_http {
             "status": {"phase": "Running", "interfaces": [{"name": "nic-1", "interfaceName": "enp2s0"}]}
         }))
         .expect("vmi");
-        vmis.create(&vmi).await.expect("creates");
+        support::create_vmi(env.b.store(), &vmi).await;
         eventually("the NAD mapping", async || env.nad_mapping().await).await;
 
         let r = call(
@@ -1796,7 +1797,7 @@ mod embedded_http {
             .expect("reads")
             .expect("exists");
         vmi.rest["status"]["interfaces"][0]["interfaceName"] = json!("enp3s0");
-        vmis.replace(&vmi).await.expect("updates");
+        vmis.replace_status(&vmi).await.expect("updates");
         // No reconciler of the cluster exists any more to write it (the gauge counts finished ones
         // out only once they have ended).
         tokio::time::sleep(Duration::from_millis(500)).await;

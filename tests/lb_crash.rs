@@ -1,7 +1,8 @@
 //! Crash safety of allocation: the real binary is killed with SIGKILL again and again while 500
 //! LoadBalancers are created, deleted and re-created through the HTTP API. After the last restart the
-//! reconcilers must converge to a state where no address is held twice, none is leaked, and every live
-//! LoadBalancer has exactly the address its pool holds for it.
+//! reconcilers must converge to a state where no address is held twice, none is leaked, every live
+//! LoadBalancer has exactly the address its pool holds for it, and exactly the live ones (all of
+//! them VM load balancers) have a Service and an EndpointSlice.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -229,9 +230,12 @@ fn check(pools: &Value, lbs: &Value, expected: &BTreeSet<String>) -> Result<(), 
         if !lb["metadata"]["deletionTimestamp"].is_null() {
             return Err(format!("{id} is still terminating"));
         }
+        // A VM load balancer without backends is not Ready (upstream's "no running backend
+        // servers") once its address and Service are in place: its allocation is final.
         let ready = lb["status"]["conditions"].as_array().is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            cs.iter().any(|c| {
+                c["type"] == "Ready" && (c["status"] == "True" || c["reason"] == "NoBackendServers")
+            })
         });
         let address = &lb["status"]["allocatedAddress"];
         let (Some(pool), Some(ip)) = (address["ipPool"].as_str(), address["ip"].as_str()) else {
@@ -270,6 +274,41 @@ fn check(pools: &Value, lbs: &Value, expected: &BTreeSet<String>) -> Result<(), 
             "{} addresses reported, {held} held",
             reported.len()
         ));
+    }
+    Ok(())
+}
+
+/// The Services and EndpointSlices of the VM load balancers: exactly one of each per live load
+/// balancer (none left of a deleted one), the Service asking for its address.
+fn check_services(services: &Value, slices: &Value, lbs: &Value) -> Result<(), String> {
+    let ids = |list: &Value| -> BTreeSet<String> {
+        list["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o["id"].as_str().map(str::to_string))
+            .collect()
+    };
+    let live = ids(lbs);
+    for (what, list) in [("Services", services), ("EndpointSlices", slices)] {
+        let have = ids(list);
+        if have != live {
+            let extra: Vec<_> = have.difference(&live).collect();
+            let missing: Vec<_> = live.difference(&have).collect();
+            return Err(format!("{what}: extra {extra:?}, missing {missing:?}"));
+        }
+    }
+    for svc in services["data"].as_array().into_iter().flatten() {
+        let id = svc["id"].as_str().unwrap_or_default();
+        let lb = lbs["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["id"] == id)
+            .ok_or_else(|| format!("no load balancer {id}"))?;
+        if svc["spec"]["loadBalancerIP"] != lb["status"]["allocatedAddress"]["ip"] {
+            return Err(format!("the Service {id} asks for another address"));
+        }
     }
     Ok(())
 }
@@ -362,7 +401,19 @@ async fn sigkill_during_churn_loses_and_duplicates_nothing() {
             .until(reqwest::Method::GET, POOLS, None, &[200])
             .await;
         let (_, lbs) = client.until(reqwest::Method::GET, LBS, None, &[200]).await;
-        match check(&pools, &lbs, &expected) {
+        let (_, services) = client
+            .until(reqwest::Method::GET, "/v1/harvester/services", None, &[200])
+            .await;
+        let (_, slices) = client
+            .until(
+                reqwest::Method::GET,
+                "/v1/harvester/discovery.k8s.io.endpointslices",
+                None,
+                &[200],
+            )
+            .await;
+        match check(&pools, &lbs, &expected).and_then(|()| check_services(&services, &slices, &lbs))
+        {
             Ok(()) => break,
             Err(why) => last = why,
         }

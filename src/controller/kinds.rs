@@ -111,6 +111,12 @@ impl VirtualMachine {
     }
 }
 
+/// The store descriptor of VirtualMachineInstances, with KubeVirt's status subresource (its CRD has
+/// one: `status.interfaces` is written through it).
+pub fn vmi_kind() -> crate::store::Kind {
+    crate::store::Kind::of::<VirtualMachineInstance>().with_status_subresource()
+}
+
 impl VirtualMachineInstance {
     /// The first Multus network of `spec.networks`.
     pub fn first_multus_network(&self) -> Option<&str> {

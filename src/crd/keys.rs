@@ -18,6 +18,20 @@ pub const ANNOTATION_SERVICE_NETWORK: &str = "cloudprovider.harvesterhci.io/lb-n
 /// Service was recreated (a new UID) is garbage-collected instead of leaking.
 pub const ANNOTATION_SERVICE_UID: &str = "cloudprovider.harvesterhci.io/serviceUID";
 
+/// Ours, not upstream's: the HTTP(S) health check of a VM load balancer, an annotation because
+/// Harvester's CRD (the one its chart installs, which Helm never upgrades) prunes any field of
+/// `spec.healthCheck` it does not know, while annotations survive every schema and upstream's
+/// controller ignores them. The path (`/healthz`) turns the TCP probe of `spec.healthCheck.port`
+/// into an HTTP GET of it.
+pub const ANNOTATION_HEALTH_CHECK_HTTP_PATH: &str =
+    "loadbalancer.harvesterhci.io/healthCheckHTTPPath";
+/// `HTTP` (the default) or `HTTPS` (the certificate is not verified, as the kubelet's probes do).
+pub const ANNOTATION_HEALTH_CHECK_HTTP_SCHEME: &str =
+    "loadbalancer.harvesterhci.io/healthCheckHTTPScheme";
+/// The answers that count as healthy: codes and ranges, `200-399` (the default) or `200,204`.
+pub const ANNOTATION_HEALTH_CHECK_HTTP_STATUS: &str =
+    "loadbalancer.harvesterhci.io/healthCheckHTTPExpectedStatus";
+
 /// A guest cluster's LoadBalancers: the cluster name.
 pub const LABEL_GUEST_CLUSTER: &str = "cloudprovider.harvesterhci.io/cluster";
 /// A guest cluster's LoadBalancers: the namespace and name of the Service they serve.
@@ -26,6 +40,13 @@ pub const LABEL_SERVICE_NAME: &str = "cloudprovider.harvesterhci.io/serviceName"
 
 /// `allocatedAddress.ip` of a DHCP load balancer: the guest's kube-vip obtains the lease.
 pub const DHCP_ADDRESS: &str = "0.0.0.0";
+
+// --- On the Services and EndpointSlices of VM load balancers -----------------------------------
+
+/// Marks the Service and EndpointSlice a VM load balancer owns (value `"true"`).
+pub const LABEL_SERVICE_LB: &str = "loadbalancer.harvesterhci.io/servicelb";
+/// Kubernetes' link from an EndpointSlice to its Service.
+pub const LABEL_SERVICE_NAME_K8S: &str = "kubernetes.io/service-name";
 
 // --- On IPPools ----------------------------------------------------------------------------------
 

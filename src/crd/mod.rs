@@ -116,6 +116,17 @@ pub struct Listener {
     pub backend_port: i32,
 }
 
+impl Listener {
+    pub fn new(name: &str, port: i32, protocol: &str, backend_port: i32) -> Self {
+        Listener {
+            name: name.into(),
+            port,
+            protocol: protocol.into(),
+            backend_port,
+        }
+    }
+}
+
 /// How a VM load balancer probes its backends (TCP on a listener's backend port).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -70,6 +70,10 @@ pub enum ApiError {
         "no admission webhooks here: the embedded store admits every write itself, and no API server calls them"
     )]
     NoWebhooks,
+    #[error(
+        "{what} are kept on the embedded backend only; on Kubernetes, read them from the cluster's API"
+    )]
+    EmbeddedOnly { what: &'static str },
 }
 
 impl From<GuestApiError> for ApiError {
@@ -182,7 +186,9 @@ impl ApiError {
             },
             ApiError::Encode { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
             ApiError::BadReview { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
-            ApiError::NoGuestClusters | ApiError::NoWebhooks => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::NoGuestClusters | ApiError::NoWebhooks | ApiError::EmbeddedOnly { .. } => {
+                (StatusCode::NOT_FOUND, "NotFound")
+            }
             ApiError::WebhookClient => (StatusCode::FORBIDDEN, "PermissionDenied"),
             ApiError::Guest(e) => match e.as_ref() {
                 GuestApiError::Name(_)

@@ -35,7 +35,7 @@ const POOL_TYPE: &str = "loadbalancer.harvesterhci.io.ippool";
 const LB_TYPE: &str = "loadbalancer.harvesterhci.io.loadbalancer";
 
 /// An object as steve returns it: `id` and `type` first, then the Kubernetes object.
-fn resource<T: Serialize>(type_: &'static str, object: &T) -> Result<Value, ApiError> {
+pub(super) fn resource<T: Serialize>(type_: &'static str, object: &T) -> Result<Value, ApiError> {
     let value = serde_json::to_value(object).map_err(|e| ApiError::Encode {
         what: type_,
         reason: e.to_string(),
@@ -43,7 +43,7 @@ fn resource<T: Serialize>(type_: &'static str, object: &T) -> Result<Value, ApiE
     Ok(resource_value(type_, value))
 }
 
-fn resource_value(type_: &'static str, value: Value) -> Value {
+pub(super) fn resource_value(type_: &'static str, value: Value) -> Value {
     let (namespace, name) = crate::store::object_key(&value);
     let id = if namespace.is_empty() {
         name
@@ -59,7 +59,7 @@ fn resource_value(type_: &'static str, value: Value) -> Value {
     Value::Object(out)
 }
 
-fn collection<T: Serialize>(
+pub(super) fn collection<T: Serialize>(
     type_: &'static str,
     items: &[T],
     revision: String,
@@ -76,7 +76,7 @@ fn collection<T: Serialize>(
     })))
 }
 
-fn created(value: Value) -> Response {
+pub(super) fn created(value: Value) -> Response {
     (StatusCode::CREATED, Json(value)).into_response()
 }
 

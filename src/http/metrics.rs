@@ -81,7 +81,8 @@ fn failure_reason(e: &ApiError) -> &'static str {
         | ApiError::NoGuestClusters
         | ApiError::Guest(_)
         | ApiError::WebhookClient
-        | ApiError::NoWebhooks => "other",
+        | ApiError::NoWebhooks
+        | ApiError::EmbeddedOnly { .. } => "other",
     }
 }
 

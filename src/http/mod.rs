@@ -15,6 +15,7 @@ pub mod server;
 pub mod tls;
 pub mod tunnel;
 pub mod ui;
+pub mod vm;
 
 use std::sync::Arc;
 
@@ -64,6 +65,9 @@ pub struct AppState {
     pub guests: Option<crate::guest::api::GuestClusters>,
     /// Who may send admission reviews.
     pub webhooks: WebhookAccess,
+    /// VMIs, and VM load balancers' Services and EndpointSlices, when this backend keeps them
+    /// (embedded).
+    pub vms: Option<crate::lb::vm::api::VmObjects>,
 }
 
 /// Who the admission webhooks answer. Their answers tell which IPPool ranges overlap, so they
@@ -194,6 +198,27 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         &["DELETE"],
         axum::routing::delete(guest::delete_cluster),
     )
+    .add(
+        vm::VMIS_PATH,
+        &["GET", "POST"],
+        objects(get(vm::list_vmis).post(vm::create_vmi)),
+    )
+    .add(vm::VMIS_NAMESPACE_PATH, &["GET"], get(vm::list_vmis_in))
+    .add(
+        vm::VMI_PATH,
+        &["GET", "PUT", "DELETE"],
+        objects(get(vm::get_vmi).put(vm::update_vmi).delete(vm::delete_vmi)),
+    )
+    .add(vm::SERVICES_PATH, &["GET"], get(vm::list_services))
+    .add(
+        vm::SERVICES_NAMESPACE_PATH,
+        &["GET"],
+        get(vm::list_services_in),
+    )
+    .add(vm::SERVICE_PATH, &["GET"], get(vm::get_service))
+    .add(vm::SLICES_PATH, &["GET"], get(vm::list_slices))
+    .add(vm::SLICES_NAMESPACE_PATH, &["GET"], get(vm::list_slices_in))
+    .add(vm::SLICE_PATH, &["GET"], get(vm::get_slice))
     .add(
         lb::VALIDATION_PATH,
         &["POST"],
@@ -337,7 +362,7 @@ impl FromRequestParts<AppState> for Admin {
     }
 }
 
-/// A route of IPPools, LoadBalancers or guest Services: bodies up to [`limits::OBJECT_BODY`].
+/// A route of IPPools, LoadBalancers, guest Services or VMIs: bodies up to [`limits::OBJECT_BODY`].
 fn objects(route: MethodRouter<AppState>) -> MethodRouter<AppState> {
     route.layer(DefaultBodyLimit::max(limits::OBJECT_BODY))
 }

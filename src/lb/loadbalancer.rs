@@ -21,6 +21,7 @@ use tracing::{debug, info, trace, warn};
 use super::{
     Shared,
     pools::{PoolOp, PoolOpError, PoolReply, set_ready},
+    vm,
 };
 use crate::{
     controller::{
@@ -29,7 +30,7 @@ use crate::{
         finalizer,
     },
     crd::{AllocatedAddress, LB_FINALIZER, LoadBalancer, LoadBalancerStatus, keys::DHCP_ADDRESS},
-    ipam::{PoolEntry, PoolIndex, PoolPlan, SelectError, plan_pool},
+    ipam::{PoolEntry, PoolIndex, PoolPlan, SelectError, WorkloadType, plan_pool},
     store::StoreError,
 };
 
@@ -57,6 +58,8 @@ pub enum LbError {
     },
     #[error("load balancer {key}: {source}")]
     Allocate { key: String, source: PoolOpError },
+    #[error(transparent)]
+    Vm(#[from] super::vm::VmError),
     #[error("the reconciler is stopping")]
     Stopping,
 }
@@ -67,6 +70,7 @@ impl LbError {
         match self {
             LbError::Finalizer(e) => e.is_conflict(),
             LbError::WriteStatus { source, .. } => matches!(source, StoreError::Conflict { .. }),
+            LbError::Vm(e) => e.is_conflict(),
             _ => false,
         }
     }
@@ -80,6 +84,14 @@ pub struct Refusal {
 }
 
 impl Refusal {
+    pub(super) fn new(reason: &'static str, message: String, recheck: Option<Duration>) -> Self {
+        Refusal {
+            reason,
+            message,
+            recheck,
+        }
+    }
+
     /// No usable pool: a pool change wakes the load balancer; the re-check is a fallback.
     pub(super) fn unmatched(reason: &'static str, message: String) -> Self {
         Refusal {
@@ -144,15 +156,29 @@ async fn apply(lb: LoadBalancer, key: &str, ctx: &Shared) -> Result<Action, LbEr
     } else {
         pool(&lb, key, &mut status, ctx).await
     };
-    let (action, refusal) = match outcome? {
-        Ok(recheck) => {
+    let mut outcome = outcome?;
+    let mut deferred = None;
+    if let Ok(recheck) = &outcome
+        && lb.workload_type() == WorkloadType::Vm
+    {
+        // The address is there: the Service, the backends and their health (upstream's order).
+        match vm::ensure(&lb, key, &mut status, ctx).await? {
+            vm::Outcome::Ready => {}
+            vm::Outcome::Refused(refusal) => outcome = Err(refusal),
+            vm::Outcome::Deferred(wait) => deferred = Some(recheck.map_or(wait, |r| r.min(wait))),
+        }
+    }
+    let (action, refusal) = match (outcome, deferred) {
+        // Not decidable yet: Ready stays as it is.
+        (Ok(_), Some(wait)) => (Action::requeue(wait), None),
+        (Ok(recheck), None) => {
             set_ready(&mut status.conditions, true, "", "");
             (
                 recheck.map_or_else(Action::await_change, Action::requeue),
                 None,
             )
         }
-        Err(refusal) => {
+        (Err(refusal), _) => {
             set_ready(
                 &mut status.conditions,
                 false,
@@ -338,6 +364,10 @@ async fn release_from(
 /// Deletion: release the address (wherever the load balancer holds one: its status may predate a
 /// crash), then let the object go.
 async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &Shared) -> Result<(), LbError> {
+    // The Service goes first, so kube-vip stops announcing the address before it is free again.
+    if lb.workload_type() == WorkloadType::Vm {
+        vm::cleanup(lb, key, ctx).await?;
+    }
     let recorded = lb
         .status
         .as_ref()

@@ -15,6 +15,7 @@ pub mod ippool;
 pub mod loadbalancer;
 pub mod objects;
 pub mod pools;
+pub mod vm;
 pub mod webhook;
 
 use std::{
@@ -23,6 +24,7 @@ use std::{
 };
 
 use futures::StreamExt;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::runtime::{
     Controller, PredicateConfig, WatchStreamExt,
     controller::{Action, Config},
@@ -35,7 +37,10 @@ use tracing::{Instrument, debug, info_span, warn};
 use self::pools::{Pools, Wake};
 use crate::{
     controller::{
-        Backoff, default_identity, events::Recorder, kinds::VirtualMachine, leader,
+        Backoff, default_identity,
+        events::Recorder,
+        kinds::{VirtualMachine, VirtualMachineInstance, vmi_kind},
+        leader,
         leader::LeaderElector,
     },
     crd::{IPPool, LoadBalancer, lb_api, lb_kind, pool_api, pool_kind},
@@ -51,6 +56,9 @@ pub struct Settings {
     pub concurrency: u16,
     /// This replica's name in Events and the Lease.
     pub identity: String,
+    /// Write the ingress of VM load balancers' Services (`status.loadBalancer.ingress`) as kube-vip
+    /// would: where no kube-vip runs (the embedded backend). Off on Kubernetes, where kube-vip does.
+    pub fill_service_ingress: bool,
 }
 
 impl Default for Settings {
@@ -58,6 +66,7 @@ impl Default for Settings {
         Settings {
             concurrency: 1024,
             identity: default_identity(),
+            fill_service_ingress: false,
         }
     }
 }
@@ -70,6 +79,8 @@ pub struct Shared {
     pub pool_cache: Store<IPPool>,
     pub pools: Pools,
     pub events: Recorder,
+    /// The VM load balancers' Services, EndpointSlices, backends and prober.
+    pub vm: vm::VmContext,
     wake: Wake,
     /// Load balancers that found no usable pool; any pool change wakes them.
     unmatched: Mutex<HashSet<ObjectRef<LoadBalancer>>>,
@@ -175,12 +186,20 @@ pub async fn run_controllers(
     let (pool_reader, pool_writer) = reflector::store::<IPPool>();
     let (lb_reader, lb_writer) = reflector::store::<LoadBalancer>();
     let (vm_reader, vm_writer) = reflector::store::<VirtualMachine>();
+    let (vmi_reader, vmi_writer) = reflector::store::<VirtualMachineInstance>();
+    let prober = vm::prober::Prober::start(wake_tx.clone(), stop.clone());
     let ctx = Arc::new(Shared {
         lbs: lb_api(store.clone()),
         pools_api: pool_api(store.clone()),
         pool_cache: pool_reader.clone(),
         pools: Pools::new(store.clone(), wake_tx.clone(), stop.clone()),
         events: Recorder::start(store.clone(), &settings.identity, stop.clone()),
+        vm: vm::VmContext::new(
+            store.clone(),
+            vmi_reader,
+            prober,
+            settings.fill_service_ingress,
+        ),
         wake: wake_tx,
         unmatched: Mutex::new(HashSet::new()),
         pool_generation: std::sync::atomic::AtomicU64::new(0),
@@ -223,11 +242,32 @@ pub async fn run_controllers(
     )
     .applied_objects()
     .predicate_filter(lb_fingerprint, PredicateConfig::default());
+    // VM load balancers: a VMI wakes those that select it and those it was a backend of; their own
+    // Services and EndpointSlices wake their owner.
+    let vmis = reflector::reflector(
+        vmi_writer,
+        watcher::<VirtualMachineInstance>(store.clone(), vmi_kind(), None),
+    )
+    .touched_objects();
+    let services = watcher::<Service>(store.clone(), kind_of::<Service>(), None).touched_objects();
+    let slices =
+        watcher::<EndpointSlice>(store.clone(), kind_of::<EndpointSlice>(), None).touched_objects();
+    let vmi_owners = {
+        let (ctx, lbs) = (ctx.clone(), lb_reader.clone());
+        move |vmi: VirtualMachineInstance| ctx.vm.load_balancers_of(&vmi, &lbs)
+    };
     let controller = Controller::for_stream(lb_stream, lb_reader)
         .with_config(Config::default().concurrency(settings.concurrency))
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
             wake_rx,
         ))
+        .watches_stream(vmis, vmi_owners)
+        .watches_stream(services, |svc: Service| {
+            vm::service::owner_of(&svc.metadata)
+        })
+        .watches_stream(slices, |slice: EndpointSlice| {
+            vm::service::owner_of(&slice.metadata)
+        })
         .graceful_shutdown_on(shutdown())
         .run(
             |lb, ctx| timed("loadbalancer", loadbalancer::reconcile(lb, ctx)),

@@ -15,7 +15,7 @@ use serde_json::Value;
 use super::admission::{Admission, AdmitError, AdmittedStore, store::admission_error};
 use crate::{
     crd::{IPPool, LoadBalancer, lb_api, pool_api},
-    store::{Api, Deleted, LabelSelector, ObjectStore, Preconditions, StoreError},
+    store::{Api, Deleted, LabelSelector, ObjectList, ObjectStore, Preconditions, StoreError},
 };
 
 /// A request about an IPPool or LoadBalancer that could not be served.
@@ -123,6 +123,42 @@ fn decode<T: serde::de::DeserializeOwned>(expect: &Expect, body: &[u8]) -> Resul
     serde_json::from_value(value).map_err(|e| invalid(e.to_string()))
 }
 
+/// A listed collection's items as `K`s (those that decode: one broken object is logged and left
+/// out, see [`crate::store::decode_listed`]), with the revision to watch from.
+pub(crate) fn decode_list<K: serde::de::DeserializeOwned>(
+    list: ObjectList,
+    kind: &crate::store::Kind,
+) -> Result<(Vec<K>, String), ObjectError> {
+    let items = crate::store::decode_listed(kind, list.items);
+    Ok((items, list.resource_version))
+}
+
+/// A namespaced body's namespace and name, as the URL says: filled in when missing, refused when
+/// they differ.
+pub(crate) fn key_from_url(
+    meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    namespace: &str,
+    name: &str,
+) -> Result<(), ObjectError> {
+    for (field, slot, url) in [
+        ("namespace", &mut meta.namespace, namespace),
+        ("name", &mut meta.name, name),
+    ] {
+        match slot.as_deref() {
+            None | Some("") => *slot = Some(url.into()),
+            Some(v) if v != url => {
+                return Err(ObjectError::Mismatch {
+                    field,
+                    body: v.into(),
+                    url: url.into(),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
 /// IPPools and LoadBalancers through the admitted store.
 #[derive(Clone)]
 pub struct Objects {
@@ -174,8 +210,7 @@ impl Objects {
             .list(self.pools.kind(), None, &LabelSelector::everything())
             .await
             .map_err(Self::store_err("list", POOL, ""))?;
-        let items = crate::store::decode_listed(self.pools.kind(), list.items);
-        Ok((items, list.resource_version))
+        decode_list(list, self.pools.kind())
     }
 
     pub async fn get_pool(&self, name: &str) -> Result<IPPool, ObjectError> {
@@ -239,8 +274,7 @@ impl Objects {
             .list(self.lbs.kind(), namespace, &LabelSelector::everything())
             .await
             .map_err(Self::store_err("list", LB, namespace.unwrap_or_default()))?;
-        let items = crate::store::decode_listed(self.lbs.kind(), list.items);
-        Ok((items, list.resource_version))
+        decode_list(list, self.lbs.kind())
     }
 
     pub async fn get_lb(&self, namespace: &str, name: &str) -> Result<LoadBalancer, ObjectError> {
@@ -295,22 +329,7 @@ impl Objects {
         body: &[u8],
     ) -> Result<LoadBalancer, ObjectError> {
         let mut lb: LoadBalancer = decode(&LB_BODY, body)?;
-        for (field, slot, url) in [
-            ("namespace", &mut lb.metadata.namespace, namespace),
-            ("name", &mut lb.metadata.name, name),
-        ] {
-            match slot.as_deref() {
-                None | Some("") => *slot = Some(url.into()),
-                Some(v) if v != url => {
-                    return Err(ObjectError::Mismatch {
-                        field,
-                        body: v.into(),
-                        url: url.into(),
-                    });
-                }
-                Some(_) => {}
-            }
-        }
+        key_from_url(&mut lb.metadata, namespace, name)?;
         self.lbs
             .replace(&lb)
             .await

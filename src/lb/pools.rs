@@ -534,13 +534,30 @@ pub fn now_rfc3339() -> String {
 /// Sets the `Ready` condition; times move only when something about it changes (as wrangler does),
 /// so that an unchanged condition does not cause a write.
 pub fn set_ready(conditions: &mut Vec<Condition>, ok: bool, reason: &str, message: &str) {
-    let status = if ok { "True" } else { "False" };
-    let at = conditions.iter().position(|c| c.r#type == "Ready");
+    set_condition(
+        conditions,
+        "Ready",
+        if ok { "True" } else { "False" },
+        reason,
+        message,
+    );
+}
+
+/// Sets the condition of type `kind` (`status` one of `True`, `False`, `Unknown`), moving its times
+/// only when something about it changes.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    kind: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+) {
+    let at = conditions.iter().position(|c| c.r#type == kind);
     let condition = match at {
         Some(i) => &mut conditions[i],
         None => {
             conditions.push(Condition {
-                r#type: "Ready".into(),
+                r#type: kind.into(),
                 ..Condition::default()
             });
             let last = conditions.len() - 1;

@@ -26,6 +26,8 @@
 //! | `tunnel_failures_total` | none | [`tunnel_failed`] (failed dials and sessions that ended in an error) |
 //! | `tunnel_connections_total` | none | [`tunnel_connection`] (connections Rancher opened through the tunnel) |
 //! | `http_connections_refused_total` | `reason` (`at_capacity`, `handshake_timeout`, `no_request`) | [`http_connection_refused`] (listeners) |
+//! | `lb_probes_total` | `result` (`success`, `failure`) | [`probe_done`] (VM load balancers' prober) |
+//! | `lb_probe_targets` | none | [`set_probe_targets`] (backends the prober probes) |
 //! | `build_info` | `version` | always 1 |
 
 pub mod server;
@@ -93,6 +95,11 @@ struct ControllerErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabels {
     version: &'static str,
 }
@@ -119,6 +126,8 @@ struct Metrics {
     tunnel_failures: Counter,
     tunnel_connections: Counter,
     connections_refused: Family<ReasonLabels, Counter>,
+    probes: Family<ResultLabels, Counter>,
+    probe_targets: Gauge,
 }
 
 impl Metrics {
@@ -142,6 +151,8 @@ impl Metrics {
             tunnel_failures: Counter::default(),
             tunnel_connections: Counter::default(),
             connections_refused: Family::default(),
+            probes: Family::default(),
+            probe_targets: Gauge::default(),
         };
         registry.register(
             "http_requests",
@@ -224,6 +235,16 @@ impl Metrics {
             "http_connections_refused",
             "Connections a listener limited: paused at the connection limit, TLS handshakes that timed out, connections closed without a request",
             m.connections_refused.clone(),
+        );
+        registry.register(
+            "lb_probes",
+            "Health probes of VM load balancers' backends, by result",
+            m.probes.clone(),
+        );
+        registry.register(
+            "lb_probe_targets",
+            "Backends of VM load balancers the prober probes",
+            m.probe_targets.clone(),
         );
         let build_info = Family::<VersionLabels, Gauge>::default();
         build_info
@@ -369,6 +390,23 @@ pub fn tunnel_failed() {
 }
 
 /// Rancher opened a connection through the tunnel.
+/// One health probe of a VM load balancer's backend finished.
+pub fn probe_done(ok: bool) {
+    METRICS
+        .probes
+        .get_or_create(&ResultLabels {
+            result: if ok { "success" } else { "failure" },
+        })
+        .inc();
+}
+
+/// How many backends the prober probes.
+pub fn set_probe_targets(count: usize) {
+    METRICS
+        .probe_targets
+        .set(i64::try_from(count).unwrap_or(i64::MAX));
+}
+
 pub fn tunnel_connection() {
     METRICS.tunnel_connections.inc();
 }

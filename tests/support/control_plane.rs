@@ -66,6 +66,16 @@ fn dirs() -> Vec<PathBuf> {
         .collect()
 }
 
+/// The file whose lock is the lease of the control plane in `dir`.
+fn lease_file(dir: &Path) -> File {
+    File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lease.lock"))
+        .unwrap_or_else(|e| panic!("cannot open {}/lease.lock: {e}", dir.display()))
+}
+
 /// Takes `n` control planes that no other test holds, waiting for them to be free.
 async fn take(n: usize) -> Vec<(PathBuf, File)> {
     let all = dirs();
@@ -78,12 +88,7 @@ async fn take(n: usize) -> Vec<(PathBuf, File)> {
     loop {
         let mut held = Vec::new();
         for dir in &all {
-            let file = File::options()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(dir.join("lease.lock"))
-                .unwrap_or_else(|e| panic!("cannot open {}/lease.lock: {e}", dir.display()));
+            let file = lease_file(dir);
             if file.try_lock().is_ok() {
                 held.push((dir.clone(), file));
                 if held.len() == n {
@@ -116,6 +121,15 @@ impl ControlPlane {
         let a = Self::prepare(d1, f1).await;
         let b = Self::prepare(d2, f2).await;
         (a, b)
+    }
+
+    /// The control plane in `dir` (one a test started for itself, outside
+    /// `HARVESTER_CLOUD_CONTROL_PLANES`), leased and in its seeded state.
+    pub async fn lease_at(dir: &Path) -> ControlPlane {
+        let file = lease_file(dir);
+        file.lock()
+            .unwrap_or_else(|e| panic!("cannot lock {}/lease.lock: {e}", dir.display()));
+        Self::prepare(dir.to_path_buf(), file).await
     }
 
     async fn prepare(dir: PathBuf, lease: File) -> ControlPlane {

@@ -49,6 +49,11 @@ impl Reply {
         assert_eq!(self.content_type(), "application/json");
         serde_json::from_slice::<String>(&self.body).expect("body is a JSON string")
     }
+    /// Asserts the status and returns the JSON body.
+    pub fn expect(self, status: StatusCode) -> Value {
+        assert_eq!(self.status, status, "{}", self.text());
+        self.json()
+    }
     /// Asserts Rancher's error shape with this status and code, and returns the message.
     #[track_caller]
     pub fn error(&self, status: StatusCode, code: &str) -> String {
@@ -79,6 +84,31 @@ pub async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// Creates a VirtualMachineInstance as KubeVirt does: the object, then its `status` through the
+/// status subresource (which the create ignores). Returns it as stored.
+pub async fn create_vmi(
+    store: std::sync::Arc<dyn harvester_cloud::store::ObjectStore>,
+    vmi: &harvester_cloud::controller::kinds::VirtualMachineInstance,
+) -> harvester_cloud::controller::kinds::VirtualMachineInstance {
+    let api = vmi_api(store);
+    let mut created = api.create(vmi).await.expect("creates the VMI");
+    if let Some(status) = vmi.rest.get("status") {
+        created.rest.insert("status".into(), status.clone());
+        created = api
+            .replace_status(&created)
+            .await
+            .expect("writes the VMI's status");
+    }
+    created
+}
+
+/// Typed store access to VirtualMachineInstances, with their status subresource.
+pub fn vmi_api(
+    store: std::sync::Arc<dyn harvester_cloud::store::ObjectStore>,
+) -> harvester_cloud::store::Api<harvester_cloud::controller::kinds::VirtualMachineInstance> {
+    harvester_cloud::store::Api::with_kind(store, harvester_cloud::controller::kinds::vmi_kind())
 }
 
 /// A service under test, reached through its router.
@@ -120,6 +150,13 @@ pub trait Backend: Sized {
             headers: parts.headers,
             body: body.collect().await.expect("body").to_bytes().to_vec(),
         }
+    }
+
+    /// A request with the admin token and a JSON body, if any.
+    async fn admin(&self, method: Method, uri: &str, body: Option<Value>) -> Reply {
+        let t = self.admin_token();
+        let body = body.map_or_else(Body::empty, |v| Body::from(v.to_string()));
+        self.call(method, uri, Some(&t), body).await
     }
 
     async fn post(&self, body: &str) -> Reply {
@@ -265,6 +302,7 @@ pub fn account_yaml(ns: &str, sa: &str) -> String {
 
 pub mod control_plane;
 pub mod kube_env;
+pub mod netns;
 pub mod rancher_peer;
 
 use control_plane::ControlPlane;
@@ -393,10 +431,41 @@ impl Refusals for KubeBackend {
 /// KubeBackend::start()], [case_a, case_b])` makes `embedded::case_a`, `kube::case_a`, … calling
 /// `cases::case_a(<backend>)`, and then checks that the API servers refused the service nothing
 /// ([`Refusals`]). (Test files declare `#[macro_use] mod support;`.)
+///
+/// `suite!(netns, [...], [...])` runs each case again by itself inside a private network namespace
+/// ([`netns`]) and starts its environment there.
 #[allow(unused_macros)]
 macro_rules! suite {
     ([$($backend:ident => $start:expr),+ $(,)?], $cases:tt) => {
         $( suite!(@one $backend, $start, $cases); )+
+    };
+    (netns, [$($backend:ident => $start:expr),+ $(,)?], $cases:tt) => {
+        $( suite!(@netns $backend, $start, $cases); )+
+    };
+    (@netns $backend:ident, $start:expr, [$($case:ident),* $(,)?]) => {
+        mod $backend {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    if !support::netns::inside() {
+                        support::netns::rerun(concat!(
+                            stringify!($backend),
+                            "::",
+                            stringify!($case)
+                        ))
+                        .await;
+                        return;
+                    }
+                    let env = $start.await;
+                    let probes = support::Refusals::refusal_probes(&env);
+                    cases::$case(env).await;
+                    for probe in probes {
+                        probe.assert_none_refused();
+                    }
+                }
+            )*
+        }
     };
     (@one $backend:ident, $start:expr, [$($case:ident),* $(,)?]) => {
         mod $backend {

@@ -123,7 +123,12 @@ export function mkLb(namespace, name, spec = {}) {
     apiVersion: 'loadbalancer.harvesterhci.io/v1beta1',
     kind: 'LoadBalancer',
     metadata: { name, namespace },
-    spec: { ipam: 'pool', listeners: [{ name: 'http', port: 80, protocol: 'TCP', backendPort: 8080 }], ...spec },
+    // `cluster`: an address and nothing else, Ready once allocated. A `vm` load balancer (the
+    // default) is Ready only with backends, and on Kubernetes once kube-vip announces it
+    // (tests/vm_lb.rs covers those).
+    spec: {
+      ipam: 'pool', workloadType: 'cluster', listeners: [{ name: 'http', port: 80, protocol: 'TCP', backendPort: 8080 }], ...spec,
+    },
   };
 }
 

@@ -65,6 +65,9 @@ pub enum LbRejection {
     HealthCheckNotTcp { port: u64 },
     #[error("healthcheck port {port} is not in listener backend port list")]
     HealthCheckPortUnknown { port: u64 },
+    /// Ours: the HTTP(S) health-check annotations cannot be run.
+    #[error("{reason}")]
+    HealthCheckHttp { reason: String },
     #[error("can't change the IPAM from {old} to {new}")]
     IpamChange { old: String, new: String },
     #[error("can't change the WorkloadType from {old} to {new}")]
@@ -222,7 +225,11 @@ pub fn check_health_check(lb: &LoadBalancer) -> Result<(), LbRejection> {
                 _ if hc.failure_threshold == 0 => Err(LbRejection::FailureThreshold),
                 _ if hc.period_seconds == 0 => Err(LbRejection::PeriodSeconds),
                 _ if hc.timeout_seconds == 0 => Err(LbRejection::TimeoutSeconds),
-                _ => Ok(()),
+                _ => crate::lb::vm::health::check_of(lb.metadata.annotations.as_ref())
+                    .map(|_| ())
+                    .map_err(|e| LbRejection::HealthCheckHttp {
+                        reason: e.to_string(),
+                    }),
             };
         }
         wrong_protocol = true;
@@ -573,6 +580,21 @@ mod tests {
         }
         lb.spec.health_check = Some(hc);
         assert!(validate_lb_create(&lb, &[]).is_ok());
+        // Ours: HTTP(S) health-check annotations the prober cannot run.
+        lb.metadata.annotations = Some(
+            [(
+                crate::crd::keys::ANNOTATION_HEALTH_CHECK_HTTP_PATH.to_string(),
+                "healthz".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            create(&lb),
+            format!(
+                "{prefix}annotation loadbalancer.harvesterhci.io/healthCheckHTTPPath: \"healthz\" is not an absolute path (it must start with \"/\")"
+            )
+        );
+        lb.metadata.annotations = None;
         // The mutator fills zero thresholds, so a mutated object passes.
         let mut lb = mk_lb("vm", vec![mk_listener("a", 80, "TCP", 8080)]);
         lb.spec.health_check = Some(HealthCheck {
