@@ -1037,7 +1037,11 @@ mod cases {
                 let vmi: VirtualMachineInstance = serde_json::from_value(json!({
                     "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                     "metadata": {"name": name, "namespace": NS, "labels": labels},
-                    "spec": {"networks": [{"name": "default", "pod": {}}, {"name": "nic", "multus": {"networkName": network}}]}
+                    // A Multus network with an empty name is skipped
+                    // (pkg/webhook/loadbalancer/mutator.go, getFirstMultusNetworkNameFromVMI).
+                    "spec": {"networks": [{"name": "default", "pod": {}},
+                        {"name": "nic0", "multus": {"networkName": ""}},
+                        {"name": "nic", "multus": {"networkName": network}}]}
                 }))
                 .expect("vmi");
                 vmis.create(&vmi).await.expect("creates");

@@ -117,7 +117,11 @@ impl VirtualMachineInstance {
         self.pointer("/spec/networks")?
             .as_array()?
             .iter()
-            .find_map(|n| n.pointer("/multus/networkName").and_then(Value::as_str))
+            .find_map(|n| {
+                n.pointer("/multus/networkName")
+                    .and_then(Value::as_str)
+                    .filter(|name| !name.is_empty())
+            })
     }
 }
 

@@ -697,6 +697,23 @@ mod tests {
         // 4 before 5.
         assert_eq!(find_network(&lb, &vmis), "default/labelled");
         assert_eq!(find_network(&lb, &vmis[..1]), "default/legacy");
+        // pkg/webhook/loadbalancer/mutator.go (getFirstMultusNetworkNameFromVMI): a Multus network
+        // with an empty name is skipped, for the next network or the next VMI.
+        let mut empty_first = mk_vmi("y", &[(LABEL_GUEST_CLUSTER_NAME, "gc1")], "");
+        empty_first.rest["spec"]["networks"]
+            .as_array_mut()
+            .expect("networks")
+            .push(serde_json::json!({"name": "nic2", "multus": {"networkName": "default/second"}}));
+        assert_eq!(
+            find_network(&lb, std::slice::from_ref(&empty_first)),
+            "default/second"
+        );
+        let empty_only = mk_vmi("z", &[(LABEL_GUEST_CLUSTER_NAME, "gc1")], "");
+        assert_eq!(
+            find_network(&lb, &[empty_only.clone(), vmis[1].clone()]),
+            "default/labelled"
+        );
+        assert_eq!(find_network(&lb, &[empty_only]), "");
         // 2, then 1.
         set(&mut lb, ANNOTATION_MANAGEMENT_NETWORK, "default/mgmt");
         assert_eq!(find_network(&lb, &vmis), "default/mgmt");
