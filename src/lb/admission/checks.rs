@@ -1,7 +1,7 @@
 //! The checks of upstream's LoadBalancer and IPPool webhooks as pure functions of the object and
 //! what they read, with upstream's messages: listener and health-check rules, the guest-cluster
-//! check, IPAM and workload-type changes, findNetwork and the mutators. (An IPPool's ranges and
-//! scope are checked by [`crate::ipam::admission`].)
+//! check, IPAM and workload-type changes, findNetwork and the LoadBalancer mutator. (An IPPool's
+//! ranges and scope are checked by [`crate::ipam::admission`], its network by [`super::network`].)
 
 use std::collections::HashMap;
 
@@ -10,11 +10,11 @@ use k8s_openapi::api::core::v1::Namespace;
 use crate::{
     controller::kinds::{VirtualMachine, VirtualMachineInstance},
     crd::{
-        IPPool, LoadBalancer,
+        LoadBalancer,
         keys::{
             ANNOTATION_CLUSTER, ANNOTATION_MANAGEMENT_NETWORK, ANNOTATION_NAMESPACE,
-            ANNOTATION_NETWORK, ANNOTATION_PROJECT, LABEL_CREATOR, LABEL_GLOBAL_POOL,
-            LABEL_GUEST_CLUSTER, LABEL_GUEST_CLUSTER_NAME, LABEL_VID, NODE_DRIVER,
+            ANNOTATION_NETWORK, ANNOTATION_PROJECT, LABEL_CREATOR, LABEL_GUEST_CLUSTER,
+            LABEL_GUEST_CLUSTER_NAME, NODE_DRIVER,
         },
     },
 };
@@ -110,19 +110,6 @@ pub enum LbAdmissionError {
         name: String,
         source: Box<LbRejection>,
     },
-}
-
-/// Why an IPPool's VM network is refused (upstream's mutator).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NetworkError {
-    #[error(
-        "can't create IP pool {pool} because network-attachment-definitions.k8s.cni.cncf.io \"{network}\" not found"
-    )]
-    CreateNotFound { pool: String, network: String },
-    #[error(
-        "can't update IP pool {pool} because network-attachment-definitions.k8s.cni.cncf.io \"{network}\" not found"
-    )]
-    UpdateNotFound { pool: String, network: String },
 }
 
 fn ids(lb: &LoadBalancer) -> (String, String) {
@@ -401,17 +388,6 @@ pub fn mutate_lb(
             }
         }
     }
-}
-
-/// Upstream's IPPool mutator: the VLAN ID and global labels.
-pub fn mutate_pool(pool: &mut IPPool, vid: u32) {
-    if pool.metadata.deletion_timestamp.is_some() {
-        return;
-    }
-    let global = pool.spec.selector.is_global();
-    let labels = pool.metadata.labels.get_or_insert_default();
-    labels.insert(LABEL_VID.into(), vid.to_string());
-    labels.insert(LABEL_GLOBAL_POOL.into(), global.to_string());
 }
 
 #[cfg(test)]
