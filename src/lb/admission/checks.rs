@@ -189,8 +189,11 @@ pub fn check_listeners(lb: &LoadBalancer) -> Result<(), LbRejection> {
     Ok(())
 }
 
-/// Health-check rules (VM type, port set): the first listener on that backend port must be TCP, and
-/// then every threshold must be positive.
+/// Health-check rules (VM type, port set), as upstream's checkHealthyCheck: the listeners are walked
+/// in order and the first TCP one whose backend port is the health-check port decides (its
+/// thresholds must be positive), so a UDP listener on that port before it does not matter. Only
+/// when no TCP listener has that backend port is the port refused: as not TCP if some other
+/// listener has it, else as unknown.
 pub fn check_health_check(lb: &LoadBalancer) -> Result<(), LbRejection> {
     if is_cluster(lb) {
         return Ok(());
@@ -547,8 +550,32 @@ mod tests {
                 _ => hc.timeout_seconds = 1,
             }
         }
-        lb.spec.health_check = Some(hc);
+        lb.spec.health_check = Some(hc.clone());
         assert!(validate_lb_create(&lb, &[]).is_ok());
+        // pkg/webhook/loadbalancer/validator.go (checkHealthyCheck): not the first listener on the
+        // port, any TCP one passes; a UDP listener before it is skipped.
+        let mut lb = mk_lb(
+            "vm",
+            vec![
+                mk_listener("dns-udp", 53, "UDP", 8053),
+                mk_listener("dns-tcp", 53, "TCP", 8053),
+            ],
+        );
+        lb.spec.health_check = Some(HealthCheck {
+            port: 8053,
+            ..hc.clone()
+        });
+        assert!(validate_lb_create(&lb, &[]).is_ok());
+        // Its thresholds are the ones checked.
+        lb.spec.health_check = Some(HealthCheck {
+            port: 8053,
+            period_seconds: 0,
+            ..hc
+        });
+        assert_eq!(
+            create(&lb),
+            format!("{prefix}healthcheck PeriodSeconds should > 0")
+        );
         // The mutator fills zero thresholds, so a mutated object passes.
         let mut lb = mk_lb("vm", vec![mk_listener("a", 80, "TCP", 8080)]);
         lb.spec.health_check = Some(HealthCheck {
