@@ -1127,6 +1127,17 @@ pub mod cases {
             lb["spec"]["healthCheck"],
             json!({"port": 53, "successThreshold": 2, "failureThreshold": 2, "periodSeconds": 1, "timeoutSeconds": 1})
         );
+        // pkg/webhook/loadbalancer/validator.go (checkHealthyCheck): any TCP listener on the
+        // health-check port passes, even after a UDP one on the same backend port.
+        create_lb(
+            &b,
+            mk_lb(
+                "default",
+                "hc-udp-first",
+                json!({"listeners": [listener("u", 53, "UDP", 53), listener("t", 53, "TCP", 53)], "healthCheck": {"port": 53}}),
+            ),
+        )
+        .await;
         // LoadBalancer update.
         let created = create_lb(&b, mk_lb("default", "upd", json!({"ipam": "pool"}))).await;
         let path = format!("{LBS}/default/upd");
@@ -1403,6 +1414,9 @@ pub mod cases {
         .await;
         let p = pool(&b, "mixed").await;
         assert_eq!(p["status"]["allocated"]["10.80.0.10"], "default/lb1");
+        // Upstream's pool controller would write total - len(allocated) = -1
+        // (pkg/controller/ippool/controller.go); ours counts only addresses it could hand out.
+        assert_eq!(p["status"]["available"], 0);
         assert_eq!(ip_of(&allocated(&b, "default", "lb1").await), "10.80.0.10");
         // Shrinking past it is still refused.
         let mut shrunk = pool(&b, "mixed").await;
