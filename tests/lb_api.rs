@@ -1591,6 +1591,88 @@ pub mod cases {
         .await
         .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
     }
+
+    /// `GET …/loadbalancers/{namespace}/{name}/events` lists what the reconciler said about that
+    /// load balancer alone, and only about this incarnation of it (a deleted namesake's Events
+    /// stay in the store but not in the list), oldest first; 404 for one that does not exist.
+    pub async fn load_balancer_events_are_listed<B: Backend>(b: B) {
+        let _r = Reconcilers::start(b.service_store());
+        create_pool(
+            &b,
+            mk_pool(
+                "one",
+                range("10.0.0.0/24", "10.0.0.10", "10.0.0.10"),
+                global(),
+            ),
+        )
+        .await;
+        let events = async |name: &str, reason: &str| {
+            let path = format!("{LBS}/default/{name}/events");
+            eventually(&format!("a {reason} event listed for {name}"), async || {
+                let list = ok(get(&b, &path).await, StatusCode::OK);
+                let items = list["items"].as_array().expect("items").clone();
+                items
+                    .iter()
+                    .any(|e| e["reason"] == reason)
+                    .then_some((list, items))
+            })
+            .await
+        };
+        create_lb(&b, mk_lb("default", "e1", json!({}))).await;
+        let old = allocated(&b, "default", "e1").await;
+        create_lb(&b, mk_lb("default", "e2", json!({}))).await;
+        refused(&b, "default", "e2").await;
+
+        let (list, items) = events("e2", "PoolExhausted").await;
+        assert_eq!(list["apiVersion"], "v1");
+        assert_eq!(list["kind"], "EventList");
+        assert!(list["metadata"]["resourceVersion"].is_string(), "{list}");
+        for e in &items {
+            assert_eq!(e["kind"], "Event");
+            assert_eq!(e["involvedObject"]["kind"], "LoadBalancer");
+            assert_eq!(e["involvedObject"]["name"], "e2", "{e}");
+            assert_eq!(e["type"], "Warning", "{e}");
+        }
+        let (_, items) = events("e1", "Allocated").await;
+        assert!(items.iter().all(|e| e["involvedObject"]["name"] == "e1"));
+
+        // Deleted and created again: the new e1 (which waits behind e2 for the one address) lists
+        // its own Events only, while the old e1's are still stored.
+        ok(
+            call(&b, Method::DELETE, &format!("{LBS}/default/e1"), None).await,
+            StatusCode::OK,
+        );
+        gone(&b, &format!("{LBS}/default/e1")).await;
+        allocated(&b, "default", "e2").await;
+        events_about(&b, "e1", "Released").await;
+        let new = create_lb(&b, mk_lb("default", "e1", json!({}))).await;
+        assert_ne!(new["metadata"]["uid"], old["metadata"]["uid"]);
+        let (_, items) = events("e1", "PoolExhausted").await;
+        for e in &items {
+            assert_eq!(e["involvedObject"]["uid"], new["metadata"]["uid"], "{e}");
+        }
+        assert!(
+            !items
+                .iter()
+                .any(|e| e["reason"] == "Allocated" || e["reason"] == "Released"),
+            "the old e1's Events are not the new one's: {items:?}"
+        );
+        let stored = events_about(&b, "e1", "Allocated").await;
+        assert_eq!(
+            stored[0].involved_object.uid.as_deref(),
+            old["metadata"]["uid"].as_str()
+        );
+        // Oldest first.
+        let (_, items) = events("e2", "Allocated").await;
+        let reasons: Vec<&str> = items.iter().filter_map(|e| e["reason"].as_str()).collect();
+        let exhausted = reasons.iter().position(|r| *r == "PoolExhausted");
+        let allocated_at = reasons.iter().position(|r| *r == "Allocated");
+        assert!(exhausted < allocated_at, "{reasons:?}");
+
+        get(&b, &format!("{LBS}/default/nobody/events"))
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
+    }
 }
 
 suite!(
@@ -1613,6 +1695,7 @@ suite!(
         authentication_is_required,
         restart_resyncs_without_double_assignment,
         only_the_leader_reconciles_and_the_other_takes_over,
+        load_balancer_events_are_listed,
     ]
 );
 

@@ -149,7 +149,16 @@ fn every_operation_documents_its_errors_in_the_error_shape() {
                     "{method} {path} must document {code}"
                 );
             }
+            // A POST or PUT reads a body, unless all it does is redirect.
+            let redirects = responses.keys().any(|c| c.starts_with('3'));
+            let reads_body = op.get("requestBody").is_some();
             if method == "post" || method == "put" {
+                assert!(
+                    reads_body || redirects,
+                    "{method} {path} must declare its requestBody"
+                );
+            }
+            if reads_body {
                 for code in ["400", "408"] {
                     assert!(
                         responses.contains_key(code),
@@ -157,7 +166,7 @@ fn every_operation_documents_its_errors_in_the_error_shape() {
                     );
                 }
             }
-            if method == "post" {
+            if method == "post" && reads_body {
                 for code in ["413", "422"] {
                     assert!(
                         responses.contains_key(code),
@@ -195,13 +204,43 @@ async fn get_parameters_match_what_the_handler_reads() {
         .map(String::as_str)
         .collect();
     assert_eq!(params, body, "GET takes the same fields as the POST body");
-    // And the handler reads each of them: a bad value of each optional role field is rejected.
+    // And the handler reads each of them: a bad value of each required one is rejected by name,
+    // `outputFormat` selects the output, and the role names are ignored as the contract says.
     let b = EmbeddedBackend::start().await;
-    for p in ["clusterRoleName", "csiClusterRoleName"] {
-        let r = b
-            .get(&format!("namespace=a&serviceAccountName=b&{p}=x"))
-            .await;
-        let m = r.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+    for (p, query) in [
+        ("namespace", "namespace=Not_Valid&serviceAccountName=b"),
+        (
+            "serviceAccountName",
+            "namespace=a&serviceAccountName=Not_Valid",
+        ),
+    ] {
+        let m = b
+            .get(query)
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
         assert!(m.contains(p), "{m}");
+    }
+    b.post(r#"{"namespace":"a","serviceAccountName":"b"}"#)
+        .await
+        .kubeconfig();
+    let yaml = b
+        .get("namespace=a&serviceAccountName=b&outputFormat=yaml")
+        .await;
+    assert_eq!(yaml.content_type(), "application/x-yaml; charset=utf-8");
+    let get = &spec["paths"]["/v1/harvester/kubeconfig"]["get"]["parameters"];
+    for p in ["clusterRoleName", "csiClusterRoleName"] {
+        let doc = get
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == p)
+            .unwrap();
+        assert!(
+            doc["description"].as_str().unwrap().contains("ignored"),
+            "{p}"
+        );
+        b.get(&format!("namespace=a&serviceAccountName=b&{p}=x"))
+            .await
+            .kubeconfig();
     }
 }

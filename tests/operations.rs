@@ -1099,7 +1099,9 @@ async fn the_connection_limit_holds_new_clients_until_a_slot_frees() {
 }
 
 /// A client's `X-Request-Id` reaches the logs and the response only when it is a short token of
-/// safe characters: text that imitates a log line, or 60 KB of it, is replaced by a generated id.
+/// safe characters: text that imitates a log line, or 16 KB of it, is replaced by a generated id.
+/// (16 KB stays under every header limit: past hyper's read buffer the request is refused before
+/// any middleware runs, and whether it is depends on how the bytes arrive, which made 60 KB flaky.)
 /// A malformed chunked body is a 400 in the error shape.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_ids_cannot_forge_log_lines_and_bad_bodies_are_json() {
@@ -1108,7 +1110,7 @@ async fn request_ids_cannot_forge_log_lines_and_bad_bodies_are_json() {
     let server = Server::start(&data, "debug", &["--http"]);
     let http = reqwest::Client::new();
     let forged = "x\"},{\"level\":\"ERROR\",\"message\":\"FORGED-LINE\"}";
-    let huge = "FORGED-HUGE".repeat(6000);
+    let huge = "FORGED-HUGE".repeat(1500);
     for id in [forged, huge.as_str(), "ok-id_1.2:3"] {
         let r = http
             .get(format!("{}/healthz", server.url))

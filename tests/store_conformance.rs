@@ -398,6 +398,72 @@ pub mod cases {
         );
     }
 
+    /// A write whose caller goes away (a client hanging up, a timeout) is done whole or not at
+    /// all: what the store shows afterwards is what it has stored, and it goes on writing.
+    pub async fn abandoned_writes_are_whole_or_absent<H: Harness>(h: H) {
+        let k = cm_kind();
+        let s = h.store();
+        let base = s.create(&k, mk_cm("base", "0")).await.unwrap();
+        for i in 0..60u64 {
+            let name = format!("w{i}");
+            // Dropped at every stage: before the first poll, after a few polls, after a delay.
+            let mut create = Box::pin(s.create(&k, mk_cm(&name, "1")));
+            for _ in 0..(i % 4) {
+                if futures::poll!(create.as_mut()).is_ready() {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            drop(create);
+            let _ = tokio::time::timeout(
+                Duration::from_micros(i * 97 % 3000),
+                s.replace(&k, {
+                    let mut b = mk_cm("base", &i.to_string());
+                    b["metadata"]["resourceVersion"] = Value::Null;
+                    b
+                }),
+            )
+            .await;
+        }
+        // Writes go on, with versions above every earlier one.
+        let after = s.create(&k, mk_cm("after", "1")).await.unwrap();
+        assert!(rv(&after) > rv(&base));
+        // Let requests a backend still had in flight land before comparing.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let everything = LabelSelector::everything();
+        let names_and_versions = |items: Vec<Value>| {
+            let mut v: Vec<(String, String)> = items
+                .iter()
+                .map(|o| {
+                    (
+                        o["metadata"]["name"].as_str().unwrap().to_string(),
+                        o["metadata"]["resourceVersion"]
+                            .as_str()
+                            .unwrap()
+                            .to_string(),
+                    )
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let before = names_and_versions(s.list(&k, Some("ns1"), &everything).await.unwrap().items);
+        let versions: std::collections::BTreeSet<&String> =
+            before.iter().map(|(_, rv)| rv).collect();
+        assert_eq!(
+            versions.len(),
+            before.len(),
+            "no version is used twice: {before:?}"
+        );
+        drop(s);
+        let h = h.reopen().await;
+        let s = h.store();
+        let reopened =
+            names_and_versions(s.list(&k, Some("ns1"), &everything).await.unwrap().items);
+        assert_eq!(reopened, before, "what was shown is what was stored");
+        s.create(&k, mk_cm("after-reopen", "1")).await.unwrap();
+    }
+
     pub async fn restart_keeps_objects_and_versions<H: Harness>(h: H) {
         let k = cm_kind();
         let a = h.store().create(&k, mk_cm("a", "1")).await.unwrap();
@@ -437,5 +503,6 @@ suite!(
         label_selectors_and_namespaces,
         watch_replays_and_follows,
         restart_keeps_objects_and_versions,
+        abandoned_writes_are_whole_or_absent,
     ]
 );

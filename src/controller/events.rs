@@ -242,6 +242,59 @@ async fn prune_old(api: &Api<Event>) {
     }
 }
 
+/// Sorts Events oldest first: by their last time, then by store order (timestamps have whole
+/// seconds, so the resourceVersion breaks ties), then by name.
+pub fn oldest_first(events: &mut [Event]) {
+    events.sort_by(|a, b| {
+        let last = |e: &Event| {
+            e.last_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .or(e.event_time.as_ref().map(|t| t.0))
+        };
+        let version = |e: &Event| {
+            e.metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        last(a)
+            .cmp(&last(b))
+            .then_with(|| version(a).cmp(&version(b)))
+            .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+    });
+}
+
+/// The Events this service wrote about `object` (this incarnation of it: a namesake deleted
+/// before shares the name but not the UID), oldest first, and the list's resourceVersion.
+pub async fn about<K: kube::Resource<DynamicType = ()>>(
+    store: &dyn ObjectStore,
+    object: &K,
+) -> Result<(Vec<Event>, String), crate::store::StoreError> {
+    let meta = object.meta();
+    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+    let ours = LabelSelector::from_labels([(MANAGED_BY_LABEL, MANAGED_BY)]);
+    let list = store
+        .list(&crate::store::Kind::of::<Event>(), Some(&namespace), &ours)
+        .await?;
+    let kind = K::kind(&());
+    let api_version = K::api_version(&());
+    let mut events: Vec<Event> = list
+        .items
+        .into_iter()
+        .filter_map(|v| serde_json::from_value::<Event>(v).ok())
+        .filter(|e| {
+            let o = &e.involved_object;
+            o.kind.as_deref() == Some(kind.as_ref())
+                && o.api_version.as_deref() == Some(api_version.as_ref())
+                && o.name == meta.name
+                && (o.uid.is_none() || meta.uid.is_none() || o.uid == meta.uid)
+        })
+        .collect();
+    oldest_first(&mut events);
+    Ok((events, list.resource_version))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -271,25 +271,7 @@ impl GuestClusters {
         cluster: &str,
     ) -> Result<(Vec<Event>, String), GuestApiError> {
         let (mut events, revision) = self.list::<Event>(namespace, cluster).await?;
-        events.sort_by(|a, b| {
-            let last = |e: &Event| {
-                e.last_timestamp
-                    .as_ref()
-                    .map(|t| t.0)
-                    .or(e.event_time.as_ref().map(|t| t.0))
-            };
-            // Timestamps have whole seconds: the store's order (resourceVersion) breaks ties.
-            let version = |e: &Event| {
-                e.metadata
-                    .resource_version
-                    .as_deref()
-                    .and_then(|v| v.parse::<u64>().ok())
-            };
-            last(a)
-                .cmp(&last(b))
-                .then_with(|| version(a).cmp(&version(b)))
-                .then_with(|| a.metadata.name.cmp(&b.metadata.name))
-        });
+        crate::controller::events::oldest_first(&mut events);
         Ok((events, revision))
     }
 

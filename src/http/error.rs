@@ -44,6 +44,8 @@ pub enum ApiError {
     },
     #[error("no route for {path}")]
     NotFound { path: String },
+    #[error("the console has no file {path}")]
+    NoAsset { path: String },
     #[error("this backend does not issue service-account tokens; ask the cluster's own issuer")]
     NoIssuer,
     #[error("{what} is not available: {reason}")]
@@ -161,7 +163,9 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => {
                 (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed")
             }
-            ApiError::NotFound { .. } | ApiError::NoIssuer => (StatusCode::NOT_FOUND, "NotFound"),
+            ApiError::NotFound { .. } | ApiError::NoAsset { .. } | ApiError::NoIssuer => {
+                (StatusCode::NOT_FOUND, "NotFound")
+            }
             ApiError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable"),
             ApiError::Objects(e) => match e.as_ref() {
                 ObjectError::Decode { .. }

@@ -45,7 +45,7 @@ fn service(svc: &Service) -> Result<Value, ApiError> {
 }
 
 /// A core/v1 list (`ServiceList`, `EventList`).
-fn core_v1_list<K: serde::Serialize>(
+pub(super) fn core_v1_list<K: serde::Serialize>(
     items: &[K],
     kind: &'static str,
     revision: String,

@@ -25,6 +25,8 @@ pub const LBS_NAMESPACE_PATH: &str =
     "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers/{namespace}";
 pub const LB_PATH: &str =
     "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers/{namespace}/{name}";
+pub const LB_EVENTS_PATH: &str =
+    "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers/{namespace}/{name}/events";
 pub const VALIDATION_PATH: &str = "/v1/webhook/validation";
 pub const MUTATION_PATH: &str = "/v1/webhook/mutation";
 
@@ -185,6 +187,16 @@ pub async fn delete_lb(
 ) -> Result<Json<Value>, ApiError> {
     let deleted = state.objects.delete_lb(&namespace, &name).await?;
     Ok(Json(resource_value(LB_TYPE, deleted)))
+}
+
+/// What the reconciler reported about one LoadBalancer, oldest first (a core/v1 EventList).
+pub async fn list_lb_events(
+    State(state): State<AppState>,
+    _admin: Admin,
+    ApiPath((namespace, name)): ApiPath<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let (events, revision) = state.objects.lb_events(&namespace, &name).await?;
+    super::guest::core_v1_list(&events, "Event", revision)
 }
 
 /// An AdmissionReview: a body that is not one (not JSON, another kind or version, a `request` that

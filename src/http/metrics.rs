@@ -72,6 +72,7 @@ fn failure_reason(e: &ApiError) -> &'static str {
         ApiError::Unauthorized(_) => "unauthorized",
         ApiError::MethodNotAllowed { .. }
         | ApiError::NotFound { .. }
+        | ApiError::NoAsset { .. }
         | ApiError::NoIssuer
         | ApiError::Unavailable { .. }
         | ApiError::Objects(_)

@@ -14,6 +14,7 @@ pub mod path;
 pub mod server;
 pub mod tls;
 pub mod tunnel;
+pub mod ui;
 
 use std::sync::Arc;
 
@@ -46,6 +47,9 @@ use crate::{
 /// Largest request body of the cloud-config routes (Harvester's clients send a few hundred bytes).
 pub const BODY_LIMIT: usize = limits::KUBECONFIG_BODY;
 pub const KUBECONFIG_PATH: &str = "/v1/harvester/kubeconfig";
+/// The same path with a trailing slash, which Harvester's router (gorilla/mux with StrictSlash)
+/// answers with a 301 to the path without it.
+pub const KUBECONFIG_SLASH_PATH: &str = "/v1/harvester/kubeconfig/";
 
 #[derive(Clone)]
 pub struct AppState {
@@ -133,6 +137,13 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
             .post(post_kubeconfig)
             .delete(delete_kubeconfig),
     )
+    .add(
+        KUBECONFIG_SLASH_PATH,
+        &["GET", "POST", "DELETE"],
+        get(kubeconfig_slash)
+            .post(kubeconfig_slash)
+            .delete(kubeconfig_slash),
+    )
     .add("/healthz", &["GET"], get(healthz))
     .add("/readyz", &["GET"], get(readyz))
     .add(
@@ -166,6 +177,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         &["GET", "PUT", "DELETE"],
         objects(get(lb::get_lb).put(lb::update_lb).delete(lb::delete_lb)),
     )
+    .add(lb::LB_EVENTS_PATH, &["GET"], get(lb::list_lb_events))
     .add(guest::SERVICES_PATH, &["GET"], get(guest::list_services))
     .add(guest::EVENTS_PATH, &["GET"], get(guest::list_events))
     .add(
@@ -193,6 +205,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         post(lb::mutation).layer(DefaultBodyLimit::max(limits::REVIEW_BODY)),
     )
     .add(openapi::OPENAPI_PATH, &["GET"], get(openapi::openapi_json));
+    let routes = ui::routes(routes);
 
     let router = routes
         .router
@@ -349,7 +362,8 @@ fn object_permission(parts: &Parts) -> Option<(&'static str, &'static str, Optio
         (false, [_]) => (None, true),
         (true, []) => (None, false),
         (true, [ns]) => (Some(ns.to_string()), false),
-        (true, [ns, _]) => (Some(ns.to_string()), true),
+        // A LoadBalancer's Events are read as the LoadBalancer is: `get` on it.
+        (true, [ns, _]) | (true, [ns, _, "events"]) => (Some(ns.to_string()), true),
         _ => return None,
     };
     let verb = match (&parts.method, named) {
@@ -495,6 +509,26 @@ async fn to_completion<T: Send + 'static>(
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         // Cancelled: only when the runtime itself shuts down, and with it this request.
         Err(_) => std::future::pending().await,
+    }
+}
+
+/// A 301 to the kubeconfig path, the query kept, as Harvester's StrictSlash does (it answers
+/// before authenticating, so neither do we: the redirect tells nothing). The location is relative
+/// so that it resolves right behind a proxy that mounts us under a prefix (Rancher's).
+async fn kubeconfig_slash(OriginalUri(uri): OriginalUri) -> Response {
+    let location = match uri.query() {
+        Some(query) => format!("../kubeconfig?{query}"),
+        None => "../kubeconfig".to_string(),
+    };
+    match HeaderValue::from_str(&location) {
+        Ok(value) => (StatusCode::MOVED_PERMANENTLY, [(header::LOCATION, value)]).into_response(),
+        // A query the URI parser accepted is a valid header value; should it not be, the path
+        // without it still is.
+        Err(_) => (
+            StatusCode::MOVED_PERMANENTLY,
+            [(header::LOCATION, HeaderValue::from_static("../kubeconfig"))],
+        )
+            .into_response(),
     }
 }
 

@@ -22,6 +22,8 @@ pub const MANAGED_BY: &str = "harvester-cloud";
 pub const SA_TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
 pub const SA_NAME_ANNOTATION: &str = "kubernetes.io/service-account.name";
 pub const SA_UID_ANNOTATION: &str = "kubernetes.io/service-account.uid";
+/// On our ClusterRoleBinding, which has no owner reference: the UID of the ServiceAccount it is for.
+pub const BINDING_SA_UID_ANNOTATION: &str = "harvester-cloud.io/serviceaccount-uid";
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 
 fn managed_labels() -> Option<BTreeMap<String, String>> {
@@ -106,12 +108,17 @@ pub fn role_binding(names: &AccountNames, sa_uid: &str) -> RoleBinding {
 }
 
 /// No ownerReference: a namespaced owner of a cluster-scoped object is never resolved by the garbage
-/// collector. The label (and the subject) identify it instead.
-pub fn cluster_role_binding(names: &AccountNames) -> ClusterRoleBinding {
+/// collector. The label, the ServiceAccount's UID in an annotation and the subject identify it
+/// instead.
+pub fn cluster_role_binding(names: &AccountNames, sa_uid: &str) -> ClusterRoleBinding {
     ClusterRoleBinding {
         metadata: ObjectMeta {
             name: Some(names.binding.clone()),
             labels: managed_labels(),
+            annotations: Some(BTreeMap::from([(
+                BINDING_SA_UID_ANNOTATION.to_string(),
+                sa_uid.to_string(),
+            )])),
             ..Default::default()
         },
         role_ref: role_ref(CSI_DRIVER_ROLE),
@@ -232,6 +239,63 @@ pub fn check_cluster_role_binding(
     ))
 }
 
+/// Upstream's ownership rule for a binding GET serves (harvester
+/// `pkg/api/kubeconfig/generate_handler.go` `validateOwner`): exactly one owner reference, the
+/// ServiceAccount by name and UID. Our ClusterRoleBinding (cluster-scoped: no namespace) carries no
+/// owner reference: our label and the UID annotation stand for it (one made before the annotation
+/// existed, by the label alone). A namespaced binding has no such stand-in.
+pub fn owned_by(meta: &ObjectMeta, names: &AccountNames, sa_uid: &str) -> bool {
+    if let Some([o]) = meta.owner_references.as_deref() {
+        return o.kind == "ServiceAccount" && o.name == names.service_account && o.uid == sa_uid;
+    }
+    if meta.namespace.is_some() {
+        return false;
+    }
+    let ours = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .is_some_and(|v| v == MANAGED_BY);
+    let uid = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(BINDING_SA_UID_ANNOTATION));
+    meta.owner_references
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+        && ours
+        && uid.is_none_or(|u| u == sa_uid)
+}
+
+/// What GET says of a binding that is not the account's: upstream's words when it is not owned by
+/// the ServiceAccount, ours when it is but binds something else.
+pub fn check_served_binding(
+    what: &str,
+    meta: &ObjectMeta,
+    role_ref: &RoleRef,
+    subjects: &Option<Vec<Subject>>,
+    role: &str,
+    names: &AccountNames,
+    sa_uid: &str,
+) -> Result<(), String> {
+    if !owned_by(meta, names, sa_uid) {
+        return Err(format!(
+            "{what} is not owned by serviceAccount {}, try to delete and recreate",
+            owner_text(names, Some(sa_uid))
+        ));
+    }
+    if !binding_matches(role_ref, subjects, role, names) {
+        return Err(format!(
+            "{what} does not bind ClusterRole {role} to serviceAccount {}/{} alone, try to delete and recreate ({})",
+            names.namespace,
+            names.service_account,
+            describe(role_ref, subjects)
+        ));
+    }
+    Ok(())
+}
+
 /// Reads `key` of a Secret's data as text.
 pub fn secret_data(secret: &Secret, key: &str) -> Option<Vec<u8>> {
     secret
@@ -258,8 +322,36 @@ mod tests {
         assert_eq!(check_secret(&s, &n, Some("uid-2")), SecretCheck::Stale);
         assert_eq!(check_secret(&s, &n, None), SecretCheck::Stale);
         assert!(check_role_binding(&role_binding(&n, "uid-1"), &n, Some("uid-1")).is_ok());
-        assert!(check_cluster_role_binding(&cluster_role_binding(&n), &n, None).is_ok());
-        assert!(cluster_role_binding(&n).metadata.owner_references.is_none());
+        assert!(check_cluster_role_binding(&cluster_role_binding(&n, "uid-1"), &n, None).is_ok());
+        assert!(
+            cluster_role_binding(&n, "uid-1")
+                .metadata
+                .owner_references
+                .is_none()
+        );
+        assert!(owned_by(&role_binding(&n, "uid-1").metadata, &n, "uid-1"));
+        assert!(owned_by(
+            &cluster_role_binding(&n, "uid-1").metadata,
+            &n,
+            "uid-1"
+        ));
+        assert!(!owned_by(
+            &cluster_role_binding(&n, "uid-1").metadata,
+            &n,
+            "uid-2"
+        ));
+        assert!(!owned_by(&role_binding(&n, "uid-1").metadata, &n, "uid-2"));
+        // A RoleBinding without its owner reference is not ours, label or not.
+        let mut rb = role_binding(&n, "uid-1");
+        rb.metadata.owner_references = None;
+        assert!(!owned_by(&rb.metadata, &n, "uid-1"));
+        // A ClusterRoleBinding Harvester made carries the ServiceAccount as its owner.
+        let mut crb = cluster_role_binding(&n, "uid-1");
+        crb.metadata.labels = None;
+        crb.metadata.annotations = None;
+        crb.metadata.owner_references = role_binding(&n, "uid-1").metadata.owner_references;
+        assert!(owned_by(&crb.metadata, &n, "uid-1"));
+        assert!(!owned_by(&crb.metadata, &n, "uid-2"));
     }
 
     #[test]
@@ -267,7 +359,7 @@ mod tests {
         // ns=a-b, sa=c and ns=a, sa=b-c both name their ClusterRoleBinding a-b-c.
         let (mine, theirs) = (AccountNames::new("a", "b-c"), mk_names());
         assert_eq!(mine.binding, theirs.binding);
-        let err = check_cluster_role_binding(&cluster_role_binding(&theirs), &mine, Some("u"))
+        let err = check_cluster_role_binding(&cluster_role_binding(&theirs, "t"), &mine, Some("u"))
             .unwrap_err();
         assert_eq!(
             err,

@@ -134,7 +134,13 @@ impl<'de> Deserialize<'de> for Decoded {
                         // Go leaves a string field untouched for a JSON null.
                         Value::Null => {}
                         other => {
-                            type_error.get_or_insert((name, go_type(&other)));
+                            // Go names the field by its tag, upstream's is `csiclusterRoleName`.
+                            let tag = if field == Field::CsiClusterRoleName {
+                                "csiclusterRoleName"
+                            } else {
+                                name
+                            };
+                            type_error.get_or_insert((tag, go_type(&other)));
                         }
                     }
                 }
@@ -199,7 +205,7 @@ pub fn from_json(body: &[u8]) -> Result<AccountRequest, RequestError> {
         }
         Some(Ok(Decoded::NotAnObject(found))) => {
             return Err(err(format!(
-                "json: cannot unmarshal {found} into Go value of type req"
+                "json: cannot unmarshal {found} into Go value of type kubeconfig.req"
             )));
         }
         Some(Err(e)) if e.is_eof() => {
@@ -213,22 +219,29 @@ pub fn from_json(body: &[u8]) -> Result<AccountRequest, RequestError> {
     validate(fields)
 }
 
-/// Parses a GET query string (everything after `?`).
+/// Parses a GET query string (everything after `?`) as upstream reads it (Go's `URL.Query()`,
+/// harvester `pkg/api/kubeconfig/generate_handler.go` `decodeGetRequest`): a pair Go cannot parse
+/// (a `;` in it, a bad `%` escape) is dropped rather than failing the request, the first value of a
+/// repeated name wins, and `clusterRoleName`/`csiClusterRoleName` are ignored (upstream forces the
+/// cloud-provider role on GET). Unlike upstream (`Query().Get` is exact), names also match
+/// case-insensitively when no exact one is given.
 pub fn from_query(query: Option<&str>) -> Result<AccountRequest, RequestError> {
     let mut exact: Vec<Option<String>> = vec![None; Field::ALL.len()];
     let mut folded: Vec<Option<String>> = vec![None; Field::ALL.len()];
     for pair in query.unwrap_or_default().split('&') {
-        if pair.is_empty() {
+        if pair.is_empty() || pair.contains(';') {
             continue;
         }
-        if pair.contains(';') {
-            return Err(err("invalid semicolon separator in query"));
-        }
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let (k, v) = (unescape(k)?, unescape(v)?);
+        let (Some(k), Some(v)) = (unescape(k), unescape(v)) else {
+            continue;
+        };
         let Some((field, name)) = Field::lookup(&k) else {
             continue;
         };
+        if matches!(field, Field::ClusterRoleName | Field::CsiClusterRoleName) {
+            continue;
+        }
         let idx = Field::ALL
             .iter()
             .position(|(f, _)| *f == field)
@@ -250,8 +263,9 @@ pub fn from_query(query: Option<&str>) -> Result<AccountRequest, RequestError> {
     validate(fields)
 }
 
-/// `url.QueryUnescape`: `+` is a space, `%XX` a byte; the result must be UTF-8.
-fn unescape(s: &str) -> Result<String, RequestError> {
+/// `url.QueryUnescape`: `+` is a space, `%XX` a byte; `None` for a malformed escape. Bytes that are
+/// not UTF-8 are kept as replacement characters (a name made of them fails validation).
+fn unescape(s: &str) -> Option<String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -261,22 +275,15 @@ fn unescape(s: &str) -> Result<String, RequestError> {
             b'%' => {
                 let hex = b
                     .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok());
-                let byte = hex
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| {
-                        let bad: String = s[i..].chars().take(3).collect();
-                        err(format!("invalid URL escape {bad:?}"))
-                    })?;
-                out.push(byte);
+                    .and_then(|h| std::str::from_utf8(h).ok())?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
                 i += 2;
             }
             c => out.push(c),
         }
         i += 1;
     }
-    String::from_utf8(out)
-        .map_err(|_| err("the query string is not valid UTF-8 after percent-decoding"))
+    Some(String::from_utf8_lossy(&out).into_owned())
 }
 
 fn shown(v: &str) -> String {
@@ -396,11 +403,11 @@ mod tests {
             ),
             (
                 br#"[1,2]"#,
-                "fail to decode request: json: cannot unmarshal array into Go value of type req",
+                "fail to decode request: json: cannot unmarshal array into Go value of type kubeconfig.req",
             ),
             (
                 br#""x""#,
-                "fail to decode request: json: cannot unmarshal string into Go value of type req",
+                "fail to decode request: json: cannot unmarshal string into Go value of type kubeconfig.req",
             ),
             (
                 br#"{"namespace":"a","#,
@@ -467,15 +474,33 @@ mod tests {
         assert!(
             reason(from_query(None)).ends_with("namespace and serviceAccountName cannot be empty")
         );
-        assert!(reason(from_query(Some("namespace=%zz"))).contains("invalid URL escape \"%zz\""));
+        // Go's URL.Query() drops what it cannot parse: a bad escape or a `;` loses that pair only.
+        assert!(
+            reason(from_query(Some("namespace=%zz&serviceAccountName=b")))
+                .ends_with("namespace and serviceAccountName cannot be empty")
+        );
+        assert_eq!(
+            from_query(Some("namespace=a&serviceAccountName=b&foo=%zz&x=1;2")),
+            mk_ok("a", "b", Kubeconfig)
+        );
+        // GET ignores the role names, as upstream forces them.
+        assert_eq!(
+            from_query(Some(
+                "namespace=a&serviceAccountName=b&clusterRoleName=x&csiClusterRoleName=y"
+            )),
+            mk_ok("a", "b", Kubeconfig)
+        );
         assert!(
             reason(from_query(Some("namespace=%ff&serviceAccountName=b")))
-                .contains("not valid UTF-8")
+                .contains("is not a valid namespace name")
         );
         assert!(
             reason(from_query(Some("namespace=a+b&serviceAccountName=b")))
                 .contains("namespace \"a b\"")
         );
-        assert!(reason(from_query(Some("namespace=a;serviceAccountName=b"))).contains("semicolon"));
+        assert!(
+            reason(from_query(Some("namespace=a;serviceAccountName=b")))
+                .ends_with("namespace and serviceAccountName cannot be empty")
+        );
     }
 }

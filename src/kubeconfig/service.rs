@@ -43,7 +43,10 @@ pub struct Settings {
 /// except `Store` whose source is for the log.
 #[derive(Debug, thiserror::Error)]
 pub enum CloudConfigError {
-    #[error("clusterRole {name} is not found")]
+    /// Upstream wraps the cache's NotFound: `clusterRole X is not found: clusterrole.rbac… "X" not found`.
+    #[error(
+        "clusterRole {name} is not found: clusterrole.rbac.authorization.k8s.io \"{name}\" not found"
+    )]
     ClusterRoleNotFound { name: String },
     #[error("failed to get server url: {reason}")]
     ServerUrl { reason: String },
@@ -211,12 +214,24 @@ impl CloudConfig {
             .get(ns, "vip")
             .await
             .map_err(|e| reason(format!("cannot read configmap {ns}/vip: {e}")))?
-            .ok_or_else(|| reason(format!("configmap \"vip\" not found in namespace {ns}")))?;
-        let vip = cm
-            .data
-            .as_ref()
-            .and_then(|d| d.get("ip"))
-            .ok_or_else(|| reason(format!("configmap {ns}/vip has no key \"ip\"")))?;
+            // Upstream's words (a cache's NotFound), harvester pkg/api/kubeconfig getServerURL.
+            .ok_or_else(|| reason("configmap \"vip\" not found".into()))?;
+        // Upstream decodes the data with mapstructure, which matches the key `ip` whatever its
+        // case; an exact `ip` wins.
+        let data = cm.data.unwrap_or_default();
+        let vip = data
+            .get("ip")
+            .or_else(|| {
+                data.iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case("ip"))
+                    .map(|(_, v)| v)
+            })
+            // A missing key is an empty VIP to upstream, so the same "invalid vip".
+            .ok_or_else(|| {
+                reason(format!(
+                    "invalid vip  (configmap {ns}/vip has no key \"ip\")"
+                ))
+            })?;
         let url = vip_url(vip).map_err(reason)?;
         *lock(&self.vip_url) = Some((Instant::now(), url.clone()));
         Ok(url)
@@ -300,6 +315,14 @@ impl CloudConfig {
                 .map_err(store_err(CREATE_SA))?,
         };
         let sa_uid = uid_of(&sa)?;
+        // The Secret was judged before the ServiceAccount was known when there was none yet: a
+        // concurrent request may have made both since, and its Secret is then ours, not stale.
+        let secret_check = match (&secret, secret_check) {
+            (Some(s), Some(SecretCheck::Stale)) => {
+                Some(objects::check_secret(s, names, Some(&sa_uid)))
+            }
+            (_, check) => check,
+        };
 
         match secret_check {
             Some(SecretCheck::Ours) => {}
@@ -343,7 +366,11 @@ impl CloudConfig {
         }
         if crb.is_none() {
             let crb = self
-                .create_or_get(&crbs, &objects::cluster_role_binding(names), created)
+                .create_or_get(
+                    &crbs,
+                    &objects::cluster_role_binding(names, &sa_uid),
+                    created,
+                )
                 .await
                 .map_err(store_err(CREATE_CRB))?;
             objects::check_cluster_role_binding(&crb, names, Some(&sa_uid)).map_err(|message| {
@@ -622,14 +649,24 @@ impl CloudConfig {
             .ok_or_else(|| {
                 not_found(
                     GET_RB,
-                    format!("rolebinding \"{}\" not found", names.binding),
+                    format!(
+                        "rolebinding.rbac.authorization.k8s.io \"{}\" not found",
+                        names.binding
+                    ),
                 )
             })?;
-        objects::check_role_binding(&rb, &names, Some(&sa_uid)).map_err(|message| {
-            CloudConfigError::Foreign {
-                step: GET_RB,
-                message,
-            }
+        objects::check_served_binding(
+            &format!("rolebinding {ns}/{}", names.binding),
+            &rb.metadata,
+            &rb.role_ref,
+            &rb.subjects,
+            CLOUDPROVIDER_ROLE,
+            &names,
+            &sa_uid,
+        )
+        .map_err(|message| CloudConfigError::Foreign {
+            step: GET_RB,
+            message,
         })?;
         let crb = self
             .api::<ClusterRoleBinding>()
@@ -639,14 +676,24 @@ impl CloudConfig {
             .ok_or_else(|| {
                 not_found(
                     GET_CRB,
-                    format!("clusterrolebinding \"{}\" not found", names.binding),
+                    format!(
+                        "clusterrolebinding.rbac.authorization.k8s.io \"{}\" not found",
+                        names.binding
+                    ),
                 )
             })?;
-        objects::check_cluster_role_binding(&crb, &names, Some(&sa_uid)).map_err(|message| {
-            CloudConfigError::Foreign {
-                step: GET_CRB,
-                message,
-            }
+        objects::check_served_binding(
+            &format!("clusterrolebinding {}", names.binding),
+            &crb.metadata,
+            &crb.role_ref,
+            &crb.subjects,
+            CSI_DRIVER_ROLE,
+            &names,
+            &sa_uid,
+        )
+        .map_err(|message| CloudConfigError::Foreign {
+            step: GET_CRB,
+            message,
         })?;
         let kubeconfig = self.build(&names, &server, &secret)?;
         // Debug, not info: reads are frequent and change nothing (creations are logged at info).

@@ -254,6 +254,19 @@ impl Objects {
             })
     }
 
+    /// What this service reported about a LoadBalancer (`Allocated`, `PoolExhausted`, …), oldest
+    /// first, and the list's resourceVersion; `NotFound` when the LoadBalancer does not exist.
+    pub async fn lb_events(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(Vec<k8s_openapi::api::core::v1::Event>, String), ObjectError> {
+        let lb = self.get_lb(namespace, name).await?;
+        crate::controller::events::about(self.store.as_ref(), &lb)
+            .await
+            .map_err(Self::store_err("list the events of", LB, name))
+    }
+
     pub async fn create_lb(&self, body: &[u8]) -> Result<LoadBalancer, ObjectError> {
         let lb: LoadBalancer = decode(&LB_BODY, body)?;
         if lb

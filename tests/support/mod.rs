@@ -43,12 +43,14 @@ impl Reply {
             .unwrap_or_default()
     }
     /// The raw kubeconfig of a 200 JSON-string body.
+    #[track_caller]
     pub fn kubeconfig(&self) -> String {
         assert_eq!(self.status, StatusCode::OK, "{}", self.text());
         assert_eq!(self.content_type(), "application/json");
         serde_json::from_slice::<String>(&self.body).expect("body is a JSON string")
     }
     /// Asserts Rancher's error shape with this status and code, and returns the message.
+    #[track_caller]
     pub fn error(&self, status: StatusCode, code: &str) -> String {
         assert_eq!(self.status, status, "{}", self.text());
         assert_eq!(self.content_type(), "application/json", "{}", self.text());

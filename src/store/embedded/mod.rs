@@ -92,6 +92,10 @@ pub enum OpenError {
     LostDatabase { path: PathBuf, problem: String },
 }
 
+fn closed() -> StoreError {
+    StoreError::backend(std::io::Error::other("the store is closed"))
+}
+
 /// The service-account token controller of the embedded backend: it fills token Secrets on creation.
 pub struct TokenController {
     pub issuer: Arc<Issuer>,
@@ -102,8 +106,11 @@ pub struct TokenController {
 pub struct EmbeddedStore {
     path: PathBuf,
     pool: SqlitePool,
-    /// The only connection that writes; `None` once closed.
-    writer: Mutex<Option<SqliteConnection>>,
+    /// The only connection that writes; `None` once closed. Shared with the task that commits
+    /// ([`Self::write`]), so a caller that goes away cannot interrupt a commit.
+    writer: Arc<Mutex<Option<SqliteConnection>>>,
+    /// This store, for the commit task ([`Self::write`]).
+    me: std::sync::Weak<EmbeddedStore>,
     state: RwLock<State>,
     changes: broadcast::Sender<Change>,
     durability: Durability,
@@ -177,10 +184,11 @@ impl EmbeddedStore {
         let (changes, _) = broadcast::channel(4096);
         let (durable, _) = watch::channel(state.rv);
         let wal_path = data_dir.join("harvester-cloud.db-wal");
-        let store = Arc::new(EmbeddedStore {
+        let store = Arc::new_cyclic(|me| EmbeddedStore {
+            me: me.clone(),
             path,
             pool,
-            writer: Mutex::new(Some(writer)),
+            writer: Arc::new(Mutex::new(Some(writer))),
             state: RwLock::new(state),
             changes,
             durability,
@@ -282,9 +290,7 @@ impl EmbeddedStore {
             }
             self.sync_wanted.notify_one();
             if rx.changed().await.is_err() {
-                return Err(StoreError::backend(std::io::Error::other(
-                    "the store is closed",
-                )));
+                return Err(closed());
             }
         }
     }
@@ -371,10 +377,10 @@ impl EmbeddedStore {
                 "the write-ahead log could not be synced to disk; restart the service",
             )));
         }
-        let mut guard = self.writer.lock().await;
-        let conn = guard
-            .as_mut()
-            .ok_or_else(|| StoreError::backend(std::io::Error::other("the store is closed")))?;
+        let mut guard = self.writer.clone().lock_owned().await;
+        if guard.is_none() {
+            return Err(closed());
+        }
         let (rows, out) = {
             let state = self.read();
             plan(&state)?
@@ -388,21 +394,32 @@ impl EmbeddedStore {
                 "database or disk is full (injected)",
             )));
         }
-        commit(conn, &rows, last_rv).await?;
-
-        {
-            let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
-            for row in rows {
-                state.apply(row);
+        // The commit and its application to memory run in their own task, holding the writer:
+        // were they run in the caller's future, a caller that goes away (a client hanging up, a
+        // timeout) could stop them between the two, leaving the database ahead of memory or the
+        // connection inside a transaction, and the next writer on top of that.
+        let this = self.me.upgrade().ok_or_else(closed)?;
+        let committed = tokio::spawn(async move {
+            let conn = guard.as_mut().ok_or_else(closed)?;
+            commit(conn, &rows, last_rv).await?;
+            {
+                let mut state = this.state.write().unwrap_or_else(|e| e.into_inner());
+                for row in rows {
+                    state.apply(row);
+                }
             }
-        }
+            if this.durability == Durability::Normal {
+                // Published in commit order: the writer lock is still held.
+                this.publish(last_rv);
+            }
+            // Let the next writer commit while this one waits for the shared fsync.
+            drop(guard);
+            Ok::<(), StoreError>(())
+        });
+        committed.await.map_err(StoreError::backend)??;
         if self.durability == Durability::Normal {
-            // Published in commit order: the writer lock is still held.
-            self.publish(last_rv);
             return Ok(out);
         }
-        // Let the next writer commit while this one waits for the shared fsync.
-        drop(guard);
         self.sync_wanted.notify_one();
         self.await_durable(last_rv).await?;
         Ok(out)

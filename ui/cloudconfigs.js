@@ -1,0 +1,210 @@
+// The Cloud-configs page: issue a guest cluster's cloud-config (POST /v1/harvester/kubeconfig:
+// the raw kubeconfig, or cloud-init user data), shown exactly as the service wrote it, with a copy
+// button and a download; and revoke one (DELETE). The text is kept in this page only: it is
+// never stored.
+
+import { code, facts, h, replace } from './dom.js';
+
+const OUTPUTS = {
+  kubeconfig: {
+    label: 'Raw kubeconfig',
+    hint: 'for /etc/kubernetes/cloud-config, or the cloud provider’s and the ccm’s --cloud-config',
+    type: 'application/yaml',
+    file: (sa) => `${sa}.kubeconfig`,
+  },
+  'cloud-init': {
+    label: 'Cloud-init user data',
+    hint: 'writes the kubeconfig to /etc/kubernetes/cloud-config and the RKE2 path',
+    type: 'application/x-yaml',
+    file: (sa) => `${sa}-cloud-init.yaml`,
+  },
+};
+
+function field(id, label, hint, input) {
+  if (hint) input.setAttribute('aria-describedby', `${id}-hint`);
+  return h('div', { class: 'field' },
+    h('label', { for: id }, label),
+    input,
+    hint ? h('p', { class: 'hint', id: `${id}-hint` }, hint) : null);
+}
+
+function textInput(id, name) {
+  return h('input', { id, name, required: true, autocomplete: 'off', spellcheck: 'false', maxlength: '253' });
+}
+
+export function cloudConfigsPage({ api }) {
+  const status = h('p', { class: 'form-status', role: 'status' });
+  const result = h('div', { class: 'result', id: 'cloud-config-result' });
+  // Accounts issued from this tab, so they can be revoked without typing their names again.
+  const issued = new Map();
+  const issuedList = h('div', { id: 'issued-here' });
+
+  const namespace = textInput('cc-namespace', 'namespace');
+  const account = textInput('cc-account', 'serviceAccountName');
+  const output = h('fieldset', null,
+    h('legend', null, 'Output'),
+    Object.entries(OUTPUTS).map(([value, o], i) => h('div', { class: 'choice' },
+      h('input', { type: 'radio', name: 'output', id: `cc-output-${value}`, value, checked: i === 0 }),
+      h('label', { for: `cc-output-${value}` }, o.label, h('span', { class: 'hint' }, ` (${o.hint})`)))));
+  const issueButton = h('button', { type: 'submit' }, 'Issue cloud-config');
+  const form = h('form', { class: 'stack', id: 'issue-form', 'aria-labelledby': 'issue-title', onsubmit: issue, novalidate: true },
+    field('cc-namespace', 'Namespace', 'The guest cluster’s VM namespace (an RFC 1123 label, e.g. default).', namespace),
+    field('cc-account', 'Service account', 'Usually the guest cluster’s name (an RFC 1123 subdomain).', account),
+    output,
+    h('div', { class: 'actions' }, issueButton),
+    status);
+
+  const revokeStatus = h('div', { class: 'form-status', role: 'status' });
+  const revokeNamespace = textInput('rv-namespace', 'namespace');
+  const revokeAccount = textInput('rv-account', 'serviceAccountName');
+  const confirm = h('div', { class: 'confirm', hidden: true });
+  const revokeForm = h('form', { class: 'stack', id: 'revoke-form', 'aria-labelledby': 'revoke-title', onsubmit: askRevoke, novalidate: true },
+    field('rv-namespace', 'Namespace', null, revokeNamespace),
+    field('rv-account', 'Service account', null, revokeAccount),
+    h('div', { class: 'actions' }, h('button', { type: 'submit', class: 'danger' }, 'Revoke…')),
+    confirm,
+    revokeStatus);
+
+  const el = h('div', { class: 'page cloudconfigs' },
+    h('h1', { tabindex: '-1' }, 'Cloud-configs'),
+    h('p', { class: 'lead' }, 'A cloud-config gives a guest cluster’s cloud provider its own service account on this cluster. '
+      + 'Issuing one again returns the same account’s cloud-config.'),
+    h('div', { class: 'columns' },
+      h('section', { class: 'card', 'aria-labelledby': 'issue-title' }, h('h2', { id: 'issue-title' }, 'Issue'), form),
+      h('section', { class: 'card', 'aria-labelledby': 'revoke-title' },
+        h('h2', { id: 'revoke-title' }, 'Revoke'),
+        h('p', null, 'Deletes the account’s bindings, token Secret and ServiceAccount: the guest cluster’s cloud provider loses its access.'),
+        revokeForm)),
+    result,
+    h('section', { class: 'card', 'aria-labelledby': 'issued-title', id: 'issued-cloud-configs' },
+      h('h2', { id: 'issued-title' }, 'Issued cloud-configs'),
+      // ISSUE 20: the list of every issued cloud-config goes here, from
+      // GET /v1/harvester/kubeconfigs once that route exists (with revoke, and rotate when
+      // issue 20 adds it). No route lists them today, so none is invented here.
+      h('p', { class: 'hint', id: 'issued-placeholder' },
+        'Listing every issued cloud-config needs ', code('GET /v1/harvester/kubeconfigs'),
+        ', which the service does not have yet (issue 20). Until then, revoke one by its namespace and service account above.'),
+      h('h3', null, 'Issued from this tab'),
+      issuedList));
+
+  function renderIssued() {
+    if (issued.size === 0) {
+      replace(issuedList, h('p', { class: 'hint' }, 'None yet.'));
+      return;
+    }
+    replace(issuedList, h('ul', { class: 'plain' }, [...issued.values()].map((a) => h('li', null,
+      `${a.namespace}/${a.serviceAccountName} `,
+      h('button', {
+        type: 'button', class: 'secondary', 'data-key': `revoke:${a.namespace}/${a.serviceAccountName}`,
+        onclick: () => {
+          revokeNamespace.value = a.namespace;
+          revokeAccount.value = a.serviceAccountName;
+          askRevoke();
+        },
+      }, `Revoke ${a.namespace}/${a.serviceAccountName}…`)))));
+  }
+
+  function showResult(ns, sa, kind, text) {
+    const o = OUTPUTS[kind];
+    const copyStatus = h('span', { class: 'copy-status', role: 'status' });
+    const pre = h('pre', { id: 'cloud-config-text', tabindex: '0', 'aria-label': `${o.label} of ${ns}/${sa}` }, text);
+    const copy = async () => {
+      try {
+        await navigator.clipboard.writeText(text);
+        copyStatus.textContent = 'Copied.';
+      } catch {
+        // No clipboard (an insecure origin, or refused): select the text for the reader to copy.
+        const range = document.createRange();
+        range.selectNodeContents(pre);
+        getSelection().removeAllRanges();
+        getSelection().addRange(range);
+        pre.focus();
+        copyStatus.textContent = 'Copying was refused: the text is selected, press Ctrl+C (⌘C) to copy it.';
+      }
+    };
+    const download = () => {
+      const url = URL.createObjectURL(new Blob([text], { type: o.type }));
+      const a = h('a', { href: url, download: o.file(sa), hidden: true });
+      document.body.append(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60_000);
+    };
+    replace(result, h('section', { class: 'card', 'aria-labelledby': 'result-title' },
+      h('h2', { id: 'result-title', tabindex: '-1' }, `Cloud-config of ${ns}/${sa}`),
+      facts([['Output', `${o.label} (${o.hint})`], ['Size', `${new TextEncoder().encode(text).length} bytes`]]),
+      h('div', { class: 'actions' },
+        h('button', { type: 'button', id: 'copy-cloud-config', onclick: copy }, 'Copy'),
+        h('button', { type: 'button', id: 'download-cloud-config', class: 'secondary', onclick: download }, `Download ${o.file(sa)}`),
+        copyStatus),
+      pre));
+  }
+
+  async function issue(event) {
+    event.preventDefault();
+    const ns = namespace.value.trim();
+    const sa = account.value.trim();
+    const kind = form.querySelector('input[name=output]:checked')?.value ?? 'kubeconfig';
+    if (!ns || !sa) {
+      status.className = 'form-status error';
+      status.textContent = 'Enter a namespace and a service account.';
+      (ns ? account : namespace).focus();
+      return;
+    }
+    issueButton.disabled = true;
+    status.className = 'form-status';
+    status.textContent = `Issuing the cloud-config of ${ns}/${sa}…`;
+    try {
+      const text = await api.issueCloudConfig(ns, sa, kind === 'cloud-init');
+      status.textContent = `Issued the cloud-config of ${ns}/${sa}.`;
+      issued.set(`${ns}/${sa}`, { namespace: ns, serviceAccountName: sa });
+      renderIssued();
+      showResult(ns, sa, kind, text);
+      result.querySelector('h2')?.focus();
+    } catch (e) {
+      status.className = 'form-status error';
+      status.textContent = `Not issued: ${e.describe ? e.describe() : e}`;
+    } finally {
+      issueButton.disabled = false;
+    }
+  }
+
+  function askRevoke(event) {
+    event?.preventDefault();
+    const ns = revokeNamespace.value.trim();
+    const sa = revokeAccount.value.trim();
+    if (!ns || !sa) {
+      revokeStatus.className = 'form-status error';
+      revokeStatus.textContent = 'Enter the namespace and service account to revoke.';
+      return;
+    }
+    revokeStatus.textContent = '';
+    const yes = h('button', { type: 'button', class: 'danger', id: 'confirm-revoke', onclick: () => revoke(ns, sa) }, `Revoke ${ns}/${sa}`);
+    const no = h('button', { type: 'button', class: 'secondary', onclick: () => { confirm.hidden = true; } }, 'Cancel');
+    replace(confirm, h('p', null, `Revoke the cloud-config of ${ns}/${sa}? Its guest cluster loses access to this cluster.`), h('div', { class: 'actions' }, yes, no));
+    confirm.hidden = false;
+    yes.focus();
+  }
+
+  async function revoke(ns, sa) {
+    confirm.hidden = true;
+    revokeStatus.className = 'form-status';
+    revokeStatus.textContent = `Revoking ${ns}/${sa}…`;
+    try {
+      const r = await api.revokeCloudConfig(ns, sa);
+      issued.delete(`${ns}/${sa}`);
+      renderIssued();
+      replace(revokeStatus,
+        h('p', null, r.deleted.length ? `Revoked ${ns}/${sa}.` : `${ns}/${sa} had nothing to revoke.`),
+        r.deleted.length ? h('p', null, 'Deleted: ', r.deleted.join(', ')) : null,
+        r.kept.length ? h('p', null, 'Kept (not the account’s): ', r.kept.map((k) => `${k.object} (${k.reason})`).join(', ')) : null);
+    } catch (e) {
+      revokeStatus.className = 'form-status error';
+      revokeStatus.textContent = `Not revoked: ${e.describe ? e.describe() : e}`;
+    }
+  }
+
+  renderIssued();
+  // Nothing here changes by itself: no `refresh`, so the page is not polled.
+  return { el };
+}
