@@ -7,7 +7,10 @@
 //! - kube: two real control planes, a guest cluster and a Harvester cluster; the `ccm` command's
 //!   code path runs with a cloud-config kubeconfig issued by the cloud-config API (POST
 //!   /v1/harvester/kubeconfig against the Harvester cluster), so it has exactly the rights of
-//!   Harvester's `harvesterhci.io:cloudprovider` role.
+//!   Harvester's `harvesterhci.io:cloudprovider` role, and in the guest cluster it runs as the
+//!   ServiceAccount of `deploy/ccm/harvester-cloud-ccm.yaml` with exactly that manifest's RBAC (the
+//!   guest's audit log must show no refusal of it). Two guest clusters sharing a name and a
+//!   Harvester namespace take three control planes (`kube_only`).
 //!
 //! Where the two differ by design the cases say so: the HTTP API refuses synchronously what the
 //! reconciler would refuse, where a Kubernetes user learns it from an Event; and the kube
@@ -41,7 +44,7 @@ use harvester_cloud::{
     lb,
     store::{Api, LabelSelector, ObjectStore, Preconditions},
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Service};
 use serde_json::{Value, json};
 use support::{Backend, EmbeddedBackend, KubeBackend, Reply, eventually};
 use tokio_util::sync::CancellationToken;
@@ -129,6 +132,8 @@ trait GuestEnv {
     async fn delete_cluster(&mut self);
     /// Whether Harvester's LoadBalancer webhook (findNetwork) sees the guest's LoadBalancers.
     fn harvester_admission(&self) -> bool;
+    /// The guest cluster's identity, as its LoadBalancers record it.
+    async fn identity(&self) -> String;
 }
 
 // --- Embedded: guest Services over HTTP ------------------------------------------------------------
@@ -294,6 +299,11 @@ impl GuestEnv for EmbeddedEnv {
     fn harvester_admission(&self) -> bool {
         true
     }
+
+    /// The cluster's key names it alone on the embedded store.
+    async fn identity(&self) -> String {
+        ClusterKey::new(NS, CLUSTER).expect("valid").identity()
+    }
 }
 
 // --- Kube: the ccm between two real control planes ---------------------------------------------------
@@ -330,18 +340,75 @@ fn ccm_args(dir: &std::path::Path) -> harvester_cloud::config::CcmArgs {
     }
 }
 
+/// Applies the ServiceAccount and RBAC objects of `deploy/ccm/harvester-cloud-ccm.yaml` to a guest
+/// cluster, exactly as written, and returns a kubeconfig of that ServiceAccount.
+async fn ccm_guest_kubeconfig(guest: &support::control_plane::ControlPlane) -> String {
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/ccm/harvester-cloud-ccm.yaml"
+    ))
+    .expect("reads the ccm manifest");
+    let rbac_kinds = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ];
+    let mut applied = 0;
+    for doc in yaml_serde::Deserializer::from_str(&manifest) {
+        let obj: ::kube::api::DynamicObject =
+            serde::Deserialize::deserialize(doc).expect("a Kubernetes object");
+        let types = obj.types.clone().expect("apiVersion and kind");
+        if !rbac_kinds.contains(&types.kind.as_str()) {
+            continue;
+        }
+        let (group, version) = types
+            .api_version
+            .split_once('/')
+            .unwrap_or(("", types.api_version.as_str()));
+        let gvk = ::kube::api::GroupVersionKind::gvk(group, version, &types.kind);
+        let resource = ::kube::api::ApiResource::from_gvk(&gvk);
+        let api: ::kube::Api<::kube::api::DynamicObject> = match &obj.metadata.namespace {
+            Some(ns) => ::kube::Api::namespaced_with(guest.admin.clone(), ns, &resource),
+            None => ::kube::Api::all_with(guest.admin.clone(), &resource),
+        };
+        api.create(&PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("creates {} from the manifest: {e}", types.kind));
+        applied += 1;
+    }
+    assert_eq!(applied, 5, "the manifest's ServiceAccount and RBAC objects");
+    let token = guest
+        .service_account_token("kube-system", "harvester-cloud-ccm")
+        .await;
+    guest.kubeconfig_for_token(&token, "kube-system")
+}
+
 impl KubeEnv {
+    /// The ccm as `deploy/ccm/harvester-cloud-ccm.yaml` runs it in a guest cluster: as its
+    /// ServiceAccount, with exactly the manifest's RBAC objects applied to the guest.
     async fn start() -> Self {
         let mut env = Self::without_ccm().await;
+        let kubeconfig = ccm_guest_kubeconfig(&env.guest).await;
+        std::fs::write(env.dir.path().join("guest.kubeconfig"), kubeconfig).expect("writes");
         env.start_ccm();
         env
     }
 
-    /// Both clusters and the cloud-config, without a ccm yet.
+    /// Both clusters and the cloud-config, without a ccm yet (the guest kubeconfig is the
+    /// guest's admin).
     async fn without_ccm() -> Self {
-        init_logging();
         // Two real control planes: the Harvester cluster, and the guest cluster.
         let (harvester, guest) = support::control_plane::ControlPlane::lease_two().await;
+        Self::on(harvester, guest).await
+    }
+
+    async fn on(
+        harvester: support::control_plane::ControlPlane,
+        guest: support::control_plane::ControlPlane,
+    ) -> Self {
+        init_logging();
         // Kubeconfigs issued here point at the Harvester cluster's API server.
         let url = harvester.server.clone();
         let b = KubeBackend::start_on(harvester, &["--server-url", &url]).await;
@@ -366,59 +433,6 @@ impl KubeEnv {
             ccm: None,
             dir,
         }
-    }
-
-    /// The ccm as `deploy/ccm/harvester-cloud-ccm.yaml` runs it in a guest cluster: as its
-    /// ServiceAccount, with exactly the manifest's RBAC objects applied to the guest.
-    async fn with_manifest_rbac() -> Self {
-        let mut env = Self::without_ccm().await;
-        let manifest = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/deploy/ccm/harvester-cloud-ccm.yaml"
-        ))
-        .expect("reads the ccm manifest");
-        let rbac_kinds = [
-            "ServiceAccount",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "Role",
-            "RoleBinding",
-        ];
-        let mut applied = 0;
-        for doc in yaml_serde::Deserializer::from_str(&manifest) {
-            let obj: ::kube::api::DynamicObject =
-                serde::Deserialize::deserialize(doc).expect("a Kubernetes object");
-            let types = obj.types.clone().expect("apiVersion and kind");
-            if !rbac_kinds.contains(&types.kind.as_str()) {
-                continue;
-            }
-            let (group, version) = types
-                .api_version
-                .split_once('/')
-                .unwrap_or(("", types.api_version.as_str()));
-            let gvk = ::kube::api::GroupVersionKind::gvk(group, version, &types.kind);
-            let resource = ::kube::api::ApiResource::from_gvk(&gvk);
-            let api: ::kube::Api<::kube::api::DynamicObject> = match &obj.metadata.namespace {
-                Some(ns) => ::kube::Api::namespaced_with(env.guest_client.clone(), ns, &resource),
-                None => ::kube::Api::all_with(env.guest_client.clone(), &resource),
-            };
-            api.create(&PostParams::default(), &obj)
-                .await
-                .unwrap_or_else(|e| panic!("creates {} from the manifest: {e}", types.kind));
-            applied += 1;
-        }
-        assert_eq!(applied, 5, "the manifest's ServiceAccount and RBAC objects");
-        let token = env
-            .guest
-            .service_account_token("kube-system", "harvester-cloud-ccm")
-            .await;
-        std::fs::write(
-            env.dir.path().join("guest.kubeconfig"),
-            env.guest.kubeconfig_for_token(&token, "kube-system"),
-        )
-        .expect("writes");
-        env.start_ccm();
-        env
     }
 
     fn start_ccm(&mut self) {
@@ -583,6 +597,22 @@ impl GuestEnv for KubeEnv {
     fn harvester_admission(&self) -> bool {
         false
     }
+
+    /// The UID of the guest's `kube-system` Namespace.
+    async fn identity(&self) -> String {
+        namespace_uid(&self.guest_client).await
+    }
+}
+
+/// The UID of a cluster's `kube-system` Namespace.
+async fn namespace_uid(client: &::kube::Client) -> String {
+    let api: ::kube::Api<Namespace> = ::kube::Api::all(client.clone());
+    api.get("kube-system")
+        .await
+        .expect("reads kube-system")
+        .metadata
+        .uid
+        .expect("a uid")
 }
 
 // --- Helpers -----------------------------------------------------------------------------------
@@ -660,7 +690,11 @@ async fn address<E: GuestEnv>(env: &E, ns: &str, name: &str) -> (Value, String) 
 
 /// The LoadBalancer of a Service (by the upstream name of its current UID), if it exists.
 async fn lb_of<E: GuestEnv>(env: &E, svc: &Value) -> Option<Value> {
-    let name = lb_name(svc);
+    lb_of_name(env, &lb_name(svc)).await
+}
+
+/// A LoadBalancer by name, if it exists.
+async fn lb_of_name<E: GuestEnv>(env: &E, name: &str) -> Option<Value> {
     let r = call(
         env.harvester(),
         Method::GET,
@@ -682,16 +716,52 @@ fn lb_name(svc: &Value) -> String {
 
 async fn lb_gone<E: GuestEnv>(env: &E, name: &str) {
     eventually(&format!("load balancer {name} to be gone"), async || {
-        let r = call(
-            env.harvester(),
-            Method::GET,
-            &format!("{LBS}/{NS}/{name}"),
-            None,
-        )
-        .await;
-        (r.status == StatusCode::NOT_FOUND).then_some(())
+        lb_of_name(env, name).await.is_none().then_some(())
     })
     .await
+}
+
+/// A `workloadType: cluster` LoadBalancer made by hand for Service `default/<service>` of this
+/// guest cluster's name, recording `maker` (none: as upstream's cloud provider makes it).
+async fn hand_made_lb<E: GuestEnv>(
+    env: &E,
+    name: &str,
+    service: &str,
+    maker: Option<&str>,
+) -> String {
+    let mut annotations = json!({"loadbalancer.harvesterhci.io/cluster": CLUSTER});
+    if let Some(m) = maker {
+        annotations["cloudprovider.harvesterhci.io/clusterID"] = json!(m);
+    }
+    let lb = json!({
+        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+        "metadata": {"name": name, "namespace": NS, "annotations": annotations,
+            "labels": {"cloudprovider.harvesterhci.io/cluster": CLUSTER,
+                       "cloudprovider.harvesterhci.io/serviceNamespace": "default",
+                       "cloudprovider.harvesterhci.io/serviceName": service}},
+        "spec": {"workloadType": "cluster", "ipam": "dhcp"}
+    });
+    let made = ok(
+        call(env.harvester(), Method::POST, LBS, Some(lb)).await,
+        StatusCode::CREATED,
+    );
+    made["metadata"]["uid"].as_str().expect("a uid").to_string()
+}
+
+/// The UID of a LoadBalancer that must exist.
+async fn lb_uid<E: GuestEnv>(env: &E, name: &str) -> String {
+    let lb = lb_of_name(env, name)
+        .await
+        .unwrap_or_else(|| panic!("load balancer {name} exists"));
+    lb["metadata"]["uid"].as_str().expect("a uid").to_string()
+}
+
+/// Waits until the guest cluster's garbage collector has looked at every LoadBalancer change made
+/// so far: it looks at them in order, so once a left-over made now (recording `maker`) is
+/// collected, everything before it was judged too.
+async fn collector_caught_up<E: GuestEnv>(env: &E, maker: &str, ghost: &str) {
+    hand_made_lb(env, ghost, ghost, Some(maker)).await;
+    lb_gone(env, ghost).await;
 }
 
 async fn service_gone<E: GuestEnv>(env: &E, ns: &str, name: &str) {
@@ -968,7 +1038,11 @@ mod cases {
                 let vmi: VirtualMachineInstance = serde_json::from_value(json!({
                     "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                     "metadata": {"name": name, "namespace": NS, "labels": labels},
-                    "spec": {"networks": [{"name": "default", "pod": {}}, {"name": "nic", "multus": {"networkName": network}}]}
+                    // A Multus network with an empty name is skipped
+                    // (pkg/webhook/loadbalancer/mutator.go, getFirstMultusNetworkNameFromVMI).
+                    "spec": {"networks": [{"name": "default", "pod": {}},
+                        {"name": "nic0", "multus": {"networkName": ""}},
+                        {"name": "nic", "multus": {"networkName": network}}]}
                 }))
                 .expect("vmi");
                 vmis.create(&vmi).await.expect("creates");
@@ -1081,6 +1155,31 @@ mod cases {
         ] {
             support::create_vmi(env.harvester().store(), &vmi).await;
         }
+        // Not counted either (pkg/utils/vmi.go, GetCommonVMINADs; pkg/controller/
+        // virtualmachineinstance/controller.go lists by the cluster label alone): a node migrating,
+        // and a node-driver VMI named like the cluster's nodes but not labelled.
+        let mut migrating = mk_vmi(
+            "node-d",
+            CLUSTER,
+            "Running",
+            &[("nic-1", "default/vlan10", "enp8s0")],
+        );
+        migrating.rest["status"]["migrationState"] = json!({"completed": false});
+        vmis.create(&migrating).await.expect("creates");
+        let mut unlabelled = mk_vmi(
+            &format!("{CLUSTER}-pool1-legacy"),
+            CLUSTER,
+            "Running",
+            &[("nic-1", "default/vlan10", "enp7s0")],
+        );
+        unlabelled.metadata.labels = Some(
+            [(
+                "harvesterhci.io/creator".to_string(),
+                "docker-machine-driver-harvester".to_string(),
+            )]
+            .into(),
+        );
+        vmis.create(&unlabelled).await.expect("creates");
         let value = async || -> Option<String> {
             env.nad_mapping()
                 .await?
@@ -1181,25 +1280,27 @@ mod cases {
         })
         .await;
 
-        // All nodes down (an upgrade, a power cut): the mapping stays as it was.
+        // No node counts any more (all stopped, or migrating): the value is emptied, as upstream
+        // empties it (pkg/controller/virtualmachineinstance/controller.go, syncNADMappingConfigMap),
+        // and a Service naming a network is refused for it.
         for name in ["node-a", "node-b"] {
             let mut v = vmis.get(NS, name).await.expect("reads").expect("exists");
             v.rest["status"]["phase"] = json!("Succeeded");
-            vmis.replace(&v).await.expect("updates");
+            vmis.replace_status(&v).await.expect("updates");
         }
-        let other = mk_vmi(
-            "other-node-2",
-            "gc2",
-            "Running",
-            &[("nic-1", "default/vlan20", "enp9s0")],
-        );
-        vmis.create(&other).await.expect("creates");
-        // A write the sync would make shows within its settling time; give it many times that.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(
-            value().await.as_deref(),
-            Some(r#"{"default/vlan10":"enp2s0","default/vlan20":"enp3s0"}"#)
-        );
+        eventually("the NAD mapping to be emptied", async || {
+            (value().await.as_deref() == Some("")).then_some(())
+        })
+        .await;
+        let put = env.put(dhcp_on("v10-late", "default/vlan10")).await;
+        refused(
+            &env,
+            put,
+            "default",
+            "v10-late",
+            "there is no common NAD mapping: kube-system/harvester-nad-mapping is empty",
+        )
+        .await;
     }
 
     /// Share IP: by bare name; the same port on another protocol shares; a clash on protocol and
@@ -1217,9 +1318,11 @@ mod cases {
             .await
             .expect("accepted");
         let (dns, ip) = address(&env, "default", "dns").await;
+        // pkg/cloud-controller-manager/loadbalancer.go (updatePrimaryServiceLoadBalancerIP): the
+        // primary-service label is emptied when set, never added.
         assert_eq!(
             dns["metadata"]["labels"]["cloudprovider.harvesterhci.io/primary-service"],
-            ""
+            Value::Null
         );
 
         // Same port, other protocol, primary named without its namespace.
@@ -1241,15 +1344,29 @@ mod cases {
             .expect("accepted");
         assert_eq!(address(&env, "default", "web").await.1, ip);
 
-        // Clashes on protocol and port, with the primary or another secondary.
+        // Clashes on protocol and port, with the primary or another secondary; the message names
+        // the port number only (pkg/cloud-controller-manager/loadbalancer.go, checkPortOverlap).
         let put = env
             .put(secondary("dns-tcp", &[("TCP", 53)], "default/dns"))
             .await;
-        refused(&env, put, "default", "dns-tcp", "check port overlap failed, primary service: default/dns, secondary service: default/dns-tcp, error: port 53/TCP has been used in service default/dns").await;
+        refused(&env, put, "default", "dns-tcp", "check port overlap failed, primary service: default/dns, secondary service: default/dns-tcp, error: port 53 has been used in service default/dns").await;
         let put = env
             .put(secondary("web2", &[("TCP", 80)], "default/dns"))
             .await;
-        refused(&env, put, "default", "web2", "check port overlap failed, primary service: default/dns, secondary service: default/web2, error: port 80/TCP has been used in service default/web").await;
+        refused(&env, put, "default", "web2", "check port overlap failed, primary service: default/dns, secondary service: default/web2, error: port 80 has been used in service default/web").await;
+        // A primary that does not exist: upstream's Service cache error, wrapped
+        // (pkg/cloud-controller-manager/loadbalancer.go, getPrimaryService).
+        let put = env
+            .put(secondary("lost", &[("TCP", 90)], "default/nope"))
+            .await;
+        refused(
+            &env,
+            put,
+            "default",
+            "lost",
+            "get service default/nope failed: service \"nope\" not found",
+        )
+        .await;
         // No chaining.
         let put = env
             .put(secondary("chain", &[("TCP", 8080)], "default/web"))
@@ -1307,6 +1424,65 @@ mod cases {
             (!allocated(&env, "p1").await.contains_key(&ip)).then_some(())
         })
         .await;
+    }
+
+    /// A secondary is checked as upstream's EnsureLoadBalancer checks every Service: against the NAD
+    /// mapping first (before its primary is even looked at), then its network against the one its
+    /// primary's LoadBalancer was made on.
+    pub async fn secondaries_are_checked_like_primaries<E: GuestEnv>(env: E) {
+        create_pool(
+            &env,
+            "p1",
+            ("10.32.0.0/24", "10.32.0.10", "10.32.0.20"),
+            global(),
+        )
+        .await;
+        env.set_nad_mapping(r#"{"default/vlan10":"enp2s0","default/vlan20":"enp3s0"}"#)
+            .await;
+        env.put(mk_svc(
+            "default",
+            "p",
+            &[("TCP", 80)],
+            &[("cloudprovider.harvesterhci.io/network", "default/vlan10")],
+        ))
+        .await
+        .expect("accepted");
+        let (primary, ip) = address(&env, "default", "p").await;
+        let on = |name: &str, port: i32, network: &str| {
+            let mut s = secondary(name, &[("TCP", port)], "default/p");
+            s["metadata"]["annotations"]["cloudprovider.harvesterhci.io/network"] = json!(network);
+            s
+        };
+        // Not in the NAD mapping: refused for that, although its port clashes too
+        // (pkg/cloud-controller-manager/loadbalancer.go: resolveNetworkInterface comes first).
+        let put = env.put(on("s30", 80, "default/vlan30")).await;
+        refused(
+            &env,
+            put,
+            "default",
+            "s30",
+            "network default/vlan30 not found in NAD mapping for service default/s30",
+        )
+        .await;
+        // In the mapping, but not the network of the primary's load balancer
+        // (pkg/cloud-controller-manager/loadbalancer.go, checkNetworkChanged with secondary=true).
+        let put = env.put(on("s20", 81, "default/vlan20")).await;
+        let message = format!(
+            "network annotation of service default/s20 is not same as the load balancer {NS}/{}, service: 'default/vlan20', lb: 'default/vlan10'",
+            lb_name(&primary)
+        );
+        refused(&env, put, "default", "s20", &message).await;
+        // Naming none, it gets the primary's (and no interface of its own).
+        env.put(secondary("s", &[("TCP", 82)], "default/p"))
+            .await
+            .expect("accepted");
+        let (s, shared) = address(&env, "default", "s").await;
+        assert_eq!(shared, ip);
+        assert_eq!(
+            annotation(&s, "cloudprovider.harvesterhci.io/network"),
+            Some("default/vlan10")
+        );
+        assert_eq!(annotation(&s, "kube-vip.io/serviceInterface"), None);
     }
 
     /// A secondary made together with its primary gets the address as soon as the primary has it
@@ -1533,6 +1709,79 @@ mod cases {
         )
         .await;
         assert_eq!(r.status, StatusCode::OK);
+    }
+
+    /// LoadBalancers of this cluster's name that it did not make are left alone: one another guest
+    /// cluster of the same name made in the same namespace (it records another identity), and one
+    /// upstream's cloud provider made for a Service this cluster lacks; one upstream's cloud
+    /// provider made for a Service this cluster has (the name made from its UID proves it) is
+    /// adopted. Only what this cluster made is collected.
+    pub async fn foreign_load_balancers_are_left_alone<E: GuestEnv>(env: E) {
+        create_pool(
+            &env,
+            "p1",
+            ("10.75.0.0/24", "10.75.0.10", "10.75.0.30"),
+            global(),
+        )
+        .await;
+        let me = env.identity().await;
+        env.put(mk_svc("default", "web", &[("TCP", 80)], &[]))
+            .await
+            .expect("accepted");
+        let (web, _) = address(&env, "default", "web").await;
+        let web_lb = lb_of(&env, &web).await.expect("exists");
+        assert_eq!(
+            web_lb["metadata"]["annotations"]["cloudprovider.harvesterhci.io/clusterID"],
+            json!(me),
+            "the cluster records itself"
+        );
+        let web_uid = lb_uid(&env, &lb_name(&web)).await;
+        // A Service not yet of type LoadBalancer, whose load balancer upstream's cloud provider
+        // made (under the name its UID gives, recording no maker).
+        let mut legacy = mk_svc("default", "legacy", &[("TCP", 81)], &[]);
+        legacy["spec"]["type"] = json!("ClusterIP");
+        let legacy = env.put(legacy).await.expect("accepted");
+        let legacy_lb = lb_name(&legacy);
+        let adoptee = hand_made_lb(&env, &legacy_lb, "legacy", None).await;
+        // Another guest cluster's, named for this cluster's web Service; and upstream's for a
+        // Service this cluster does not have.
+        let foreign = hand_made_lb(
+            &env,
+            "gc1-default-web-0badf00d",
+            "web",
+            Some("another-cluster"),
+        )
+        .await;
+        let orphan = hand_made_lb(&env, "gc1-default-gone-0badf00d", "gone", None).await;
+        collector_caught_up(&env, &me, "gc1-default-ghost-0badf00d").await;
+        assert_eq!(lb_uid(&env, "gc1-default-web-0badf00d").await, foreign);
+        assert_eq!(lb_uid(&env, "gc1-default-gone-0badf00d").await, orphan);
+        assert_eq!(lb_uid(&env, &lb_name(&web)).await, web_uid);
+        assert_eq!(lb_uid(&env, &legacy_lb).await, adoptee);
+
+        // The Service becomes a load balancer: it takes the one upstream made as its own.
+        let mut legacy = mk_svc("default", "legacy", &[("TCP", 81)], &[]);
+        legacy["metadata"]["annotations"] = json!({"cloudprovider.harvesterhci.io/ipam": "dhcp"});
+        env.put(legacy).await.expect("accepted");
+        let (legacy, ip) = address(&env, "default", "legacy").await;
+        assert_eq!(ip, "0.0.0.0");
+        assert_eq!(lb_name(&legacy), legacy_lb);
+        let adopted = lb_of(&env, &legacy).await.expect("exists");
+        assert_eq!(
+            adopted["metadata"]["uid"],
+            json!(adoptee),
+            "adopted, not made again"
+        );
+        assert_eq!(
+            adopted["metadata"]["annotations"]["cloudprovider.harvesterhci.io/clusterID"],
+            json!(me)
+        );
+        // Its own now: collected once its Service goes behind the reconciler's back.
+        env.force_delete("default", "legacy").await;
+        lb_gone(&env, &legacy_lb).await;
+        collector_caught_up(&env, &me, "gc1-default-ghost2-0badf00d").await;
+        assert_eq!(lb_uid(&env, "gc1-default-web-0badf00d").await, foreign);
+        assert_eq!(lb_uid(&env, "gc1-default-gone-0badf00d").await, orphan);
     }
 }
 
@@ -1909,6 +2158,129 @@ mod kube_only {
         );
     }
 
+    /// Two guest clusters with the same `--cluster-name`, whose cloud-configs put their
+    /// LoadBalancers in the same Harvester namespace (two guest control planes, two ccms): each
+    /// records its own identity and collects only what it made, so neither deletes the other's,
+    /// even for a Service the other lacks or has under the same name with another UID.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_guest_clusters_share_a_name_and_a_namespace() {
+        let mut planes = support::control_plane::ControlPlane::lease_many(3).await;
+        let guest_b = planes.pop().expect("three");
+        let guest_a = planes.pop().expect("three");
+        let harvester = planes.pop().expect("three");
+        let mut env = KubeEnv::on(harvester, guest_a).await;
+        let kubeconfig = ccm_guest_kubeconfig(&env.guest).await;
+        std::fs::write(env.dir.path().join("guest.kubeconfig"), kubeconfig).expect("writes");
+        env.start_ccm();
+        // The second guest cluster: the same cloud-config and cluster name, its own ccm.
+        let dir_b = tempfile::tempdir().expect("tempdir");
+        std::fs::copy(
+            env.dir.path().join("cloud-config"),
+            dir_b.path().join("cloud-config"),
+        )
+        .expect("copies");
+        std::fs::write(
+            dir_b.path().join("guest.kubeconfig"),
+            ccm_guest_kubeconfig(&guest_b).await,
+        )
+        .expect("writes");
+        let args_b = ccm_args(dir_b.path());
+        let ccm_b = Task::spawn(|stop| async move {
+            guest::ccm::run(&args_b, stop).await.expect("the ccm runs");
+        });
+        let mut probes = support::Refusals::refusal_probes(&env);
+        probes.push(guest_b.refusal_probe(&[CCM_USER]));
+        let (id_a, id_b) = (
+            namespace_uid(&env.guest_client).await,
+            namespace_uid(&guest_b.admin).await,
+        );
+        assert_ne!(id_a, id_b);
+        create_pool(
+            &env,
+            "p1",
+            ("10.76.0.0/24", "10.76.0.10", "10.76.0.30"),
+            global(),
+        )
+        .await;
+        let services_b: ::kube::Api<Service> =
+            ::kube::Api::namespaced(guest_b.admin.clone(), "default");
+        let put_b = async |name: &str| {
+            let svc: Service = serde_json::from_value(mk_svc("default", name, &[("TCP", 80)], &[]))
+                .expect("a Service");
+            services_b
+                .create(&PostParams::default(), &svc)
+                .await
+                .expect("creates");
+        };
+        let address_b = async |name: &str| -> Value {
+            eventually(
+                &format!("B's service {name} to get its address"),
+                async || {
+                    let svc = services_b.get_opt(name).await.expect("reads")?;
+                    let svc = serde_json::to_value(svc).expect("encodes");
+                    let ip = annotation(&svc, "kube-vip.io/loadbalancerIPs")?;
+                    (ingress(&svc) == Some(ip)).then_some(svc.clone())
+                },
+            )
+            .await
+        };
+        // A and B both have default/web (other UIDs, so other LoadBalancer names); each also has a
+        // Service the other lacks.
+        for name in ["web", "only-a"] {
+            env.put(mk_svc("default", name, &[("TCP", 80)], &[]))
+                .await
+                .expect("accepted");
+        }
+        put_b("web").await;
+        put_b("only-b").await;
+        let mut lbs = BTreeMap::new();
+        for name in ["web", "only-a"] {
+            let (svc, _) = address(&env, "default", name).await;
+            lbs.insert(format!("a/{name}"), (lb_name(&svc), id_a.clone()));
+        }
+        for name in ["web", "only-b"] {
+            let svc = address_b(name).await;
+            lbs.insert(format!("b/{name}"), (lb_name(&svc), id_b.clone()));
+        }
+        let mut uids = BTreeMap::new();
+        for (key, (lb, maker)) in &lbs {
+            let found = lb_of_name(&env, lb).await.expect("exists");
+            assert_eq!(
+                found["metadata"]["annotations"]["cloudprovider.harvesterhci.io/clusterID"],
+                json!(maker),
+                "{key} records its maker"
+            );
+            uids.insert(key.clone(), lb_uid(&env, lb).await);
+        }
+        // Both collectors have judged every LoadBalancer of the other's.
+        collector_caught_up(&env, &id_a, "gc1-default-ghost-a-0badf00d").await;
+        collector_caught_up(&env, &id_b, "gc1-default-ghost-b-0badf00d").await;
+        for (key, (lb, _)) in &lbs {
+            assert_eq!(lb_uid(&env, lb).await, uids[key], "{key} is left alone");
+        }
+        // A's web goes: its LoadBalancer goes, B's web keeps its own.
+        env.delete("default", "web").await;
+        lb_gone(&env, &lbs["a/web"].0).await;
+        services_b
+            .delete("only-b", &DeleteParams::default())
+            .await
+            .expect("deletes");
+        lb_gone(&env, &lbs["b/only-b"].0).await;
+        collector_caught_up(&env, &id_a, "gc1-default-ghost-a2-0badf00d").await;
+        collector_caught_up(&env, &id_b, "gc1-default-ghost-b2-0badf00d").await;
+        for key in ["a/only-a", "b/web"] {
+            assert_eq!(
+                lb_uid(&env, &lbs[key].0).await,
+                uids[key],
+                "{key} is left alone"
+            );
+        }
+        ccm_b.stop().await;
+        for probe in probes {
+            probe.assert_none_refused();
+        }
+    }
+
     /// The `ccm` binary: warns about the default cluster name, serves (and its metrics say it
     /// leads and reconciles), and on SIGTERM stops cleanly and gives its Lease up.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2016,39 +2388,12 @@ suite!(
         network_resolution_order,
         nad_mapping_follows_the_vmis,
         share_ip,
+        secondaries_are_checked_like_primaries,
         secondary_made_with_its_primary,
         network_and_ipam_changes_are_refused,
         service_deletion_releases,
         uid_change_does_not_leak,
         guest_cluster_deletion,
+        foreign_load_balancers_are_left_alone,
     ]
 );
-
-// The ccm with only the guest-side rights its manifest grants: cases that touch every one of them
-// (Services and their status, Events, the NAD mapping ConfigMap and its watch, the Lease); and the
-// guest's API server refused none of its requests (a refusal that is only logged counts too).
-macro_rules! manifest_rbac_suite {
-    ([$($case:ident),* $(,)?]) => {
-        mod kube_manifest_rbac {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let env = KubeEnv::with_manifest_rbac().await;
-                    let guest = env.guest.clone();
-                    cases::$case(env).await;
-                    // The guest API server's audit log: every refusal, even one only logged.
-                    let refused = guest.refused(CCM_USER);
-                    assert!(refused.is_empty(), "the ccm was refused: {refused:?}");
-                }
-            )*
-        }
-    };
-}
-
-manifest_rbac_suite!([
-    pool_and_dhcp_services_get_addresses,
-    nad_mapping_follows_the_vmis,
-    share_ip,
-    service_deletion_releases,
-]);

@@ -271,6 +271,27 @@ async fn writes_through_the_api_server_are_admitted_by_the_service() {
     );
     assert!(pools.get_opt("second").await.expect("reads").is_none());
 
+    // pkg/utils/vid.go (GetVid, called by pkg/webhook/ippool/mutator.go): a network that is not
+    // `namespace/name` is refused by the mutator, before any lookup (no such NAD exists either).
+    let (code, message) = refusal(
+        pools
+            .create(
+                &PostParams::default(),
+                &pool(
+                    "netless",
+                    "10.52.0.0/24",
+                    json!({"network": "vlan10", "scope": [{"project": "*", "namespace": "n", "guestCluster": "*"}]}),
+                ),
+            )
+            .await,
+    );
+    assert_eq!(code, 400);
+    assert_eq!(
+        message,
+        "admission webhook \"mutator.loadbalancer.harvester-cloud.io\" denied the request: can't create IP pool netless because invalid network vlan10"
+    );
+    assert!(pools.get_opt("netless").await.expect("reads").is_none());
+
     // findNetwork on a LoadBalancer of a guest cluster without a network: a VMI of the cluster
     // gives it (step 4 of the reference).
     let vmis = api(

@@ -1152,6 +1152,17 @@ pub mod cases {
             lb["spec"]["healthCheck"],
             json!({"port": 53, "successThreshold": 2, "failureThreshold": 2, "periodSeconds": 1, "timeoutSeconds": 1})
         );
+        // pkg/webhook/loadbalancer/validator.go (checkHealthyCheck): any TCP listener on the
+        // health-check port passes, even after a UDP one on the same backend port.
+        create_lb(
+            &b,
+            mk_lb(
+                "default",
+                "hc-udp-first",
+                json!({"listeners": [listener("u", 53, "UDP", 53), listener("t", 53, "TCP", 53)], "healthCheck": {"port": 53}}),
+            ),
+        )
+        .await;
         // LoadBalancer update.
         let created = create_lb(&b, mk_lb("default", "upd", json!({"ipam": "pool"}))).await;
         let path = format!("{LBS}/default/upd");
@@ -1327,6 +1338,118 @@ pub mod cases {
         )
         .await
         .error(StatusCode::CONFLICT, "Conflict");
+    }
+
+    /// What upstream's IPPool webhooks and range rules accept and refuse, where we used to judge
+    /// otherwise: a pool may mix IPv4 and IPv6 ranges (allocated round robin across them, in spec
+    /// order); an update may make an allocated address the gateway; a bound naming a /32's only
+    /// address, or an IPv6 subnet's last address, is refused; so is a network that is not
+    /// `namespace/name`, before any lookup.
+    pub async fn upstream_range_and_network_rules<B: Backend>(b: B) {
+        let _r = Reconcilers::start(b.service_store());
+        let refuse = async |method: Method, path: &str, body: Value| {
+            call(&b, method, path, Some(body))
+                .await
+                .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
+        };
+        // pkg/ipam/allocator.go (MakeRange, parseIP): networkIP and broadcastIP of every subnet.
+        for (ranges, want) in [
+            (
+                range("10.81.0.9/32", "10.81.0.9", ""),
+                "invalid range start 10.81.0.9: IP 10.81.0.9 is the network address",
+            ),
+            (
+                range("10.81.0.9/32", "", "10.81.0.9"),
+                "invalid range end 10.81.0.9: IP 10.81.0.9 is the network address",
+            ),
+            (
+                range("fd00:81::/120", "fd00:81::10", "fd00:81::ff"),
+                "invalid range end fd00:81::ff: IP fd00:81::ff is the broadcast address",
+            ),
+        ] {
+            let m = refuse(Method::POST, POOLS, mk_pool("p", ranges, global())).await;
+            assert_eq!(m, format!("can't create IP pool p because {want}"));
+        }
+        // pkg/utils/vid.go (GetVid): "invalid network" when the network does not split in two.
+        for network in ["vlan10", "default/vlan10/x"] {
+            let m = refuse(
+                Method::POST,
+                POOLS,
+                mk_pool(
+                    "p",
+                    range("10.81.0.0/24", "", ""),
+                    json!({"network": network, "scope": [{"project": "*", "namespace": "n", "guestCluster": "*"}]}),
+                ),
+            )
+            .await;
+            assert_eq!(
+                m,
+                format!("can't create IP pool p because invalid network {network}")
+            );
+        }
+        // A /32 without bounds is its one address, with no gateway.
+        create_pool(
+            &b,
+            mk_pool(
+                "one",
+                range("10.81.1.9/32", "", ""),
+                json!({"scope": [{"project": "*", "namespace": "one", "guestCluster": "*"}]}),
+            ),
+        )
+        .await;
+
+        // pkg/ipam/rangeset.go: both families in one pool; the CNI range set walks them in order.
+        let mixed = json!([
+            {"subnet": "10.80.0.0/24", "rangeStart": "10.80.0.10", "rangeEnd": "10.80.0.11"},
+            {"subnet": "fd00:80::/120", "rangeStart": "fd00:80::10", "rangeEnd": "fd00:80::11"},
+        ]);
+        create_pool(&b, mk_pool("mixed", mixed, global())).await;
+        eventually("the mixed pool to be counted", async || {
+            (pool(&b, "mixed").await["status"]["total"] == 4).then_some(())
+        })
+        .await;
+        let mut got = Vec::new();
+        for name in ["lb1", "lb2", "lb3", "lb4"] {
+            create_lb(&b, mk_lb("default", name, json!({"ipam": "pool"}))).await;
+            got.push(ip_of(&allocated(&b, "default", name).await));
+        }
+        assert_eq!(
+            got,
+            ["10.80.0.10", "10.80.0.11", "fd00:80::10", "fd00:80::11"]
+        );
+        let lb3 = allocated(&b, "default", "lb3").await;
+        assert_eq!(
+            lb3["status"]["allocatedAddress"]["mask"],
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00"
+        );
+        assert_eq!(lb3["status"]["allocatedAddress"]["gateway"], "fd00:80::1");
+
+        // pkg/webhook/ippool/validator.go (checkAllocated): the gateway counts as inside the range,
+        // so lb1's address may become the gateway; it stays held, and no longer counts.
+        let mut current = pool(&b, "mixed").await;
+        current["spec"]["ranges"][0]["gateway"] = json!("10.80.0.10");
+        ok(
+            call(&b, Method::PUT, &format!("{POOLS}/mixed"), Some(current)).await,
+            StatusCode::OK,
+        );
+        eventually("the pool to be recounted", async || {
+            let p = pool(&b, "mixed").await;
+            (p["status"]["total"] == 3).then_some(())
+        })
+        .await;
+        let p = pool(&b, "mixed").await;
+        assert_eq!(p["status"]["allocated"]["10.80.0.10"], "default/lb1");
+        // Upstream's pool controller would write total - len(allocated) = -1
+        // (pkg/controller/ippool/controller.go); ours counts only addresses it could hand out.
+        assert_eq!(p["status"]["available"], 0);
+        assert_eq!(ip_of(&allocated(&b, "default", "lb1").await), "10.80.0.10");
+        // Shrinking past it is still refused.
+        let mut shrunk = pool(&b, "mixed").await;
+        shrunk["spec"]["ranges"][0]["rangeStart"] = json!("10.80.0.11");
+        assert_eq!(
+            refuse(Method::PUT, &format!("{POOLS}/mixed"), shrunk).await,
+            "can't update IP pool mixed because allocated IP 10.80.0.10 is excluded"
+        );
     }
 
     pub async fn authentication_is_required<B: Backend>(b: B) {
@@ -1591,6 +1714,7 @@ suite!(
         manual_release_annotation,
         guest_cluster_cleanup,
         validation_messages,
+        upstream_range_and_network_rules,
         a_claimed_deletion_does_not_skip_admission,
         contract_edges,
         authentication_is_required,
@@ -1816,5 +1940,87 @@ mod undecodable {
         get(&b, &format!("{LBS}/default/corrupted"))
             .await
             .error(StatusCode::NOT_FOUND, "NotFound");
+    }
+}
+
+/// A pool's VM network where VM networks exist (the Kubernetes backend): its VLAN ID is read as
+/// upstream's mutator reads it, or the pool is refused.
+mod kube_networks {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_vlan_id_must_read() {
+        let b = KubeBackend::start().await;
+        let probe = support::Refusals::refusal_probes(&b);
+        let nads = Api::<NetworkAttachmentDefinition>::new(b.store());
+        for (name, labels, config) in [
+            (
+                "label-ten",
+                json!({"network.harvesterhci.io/vlan-id": "ten"}),
+                "{}",
+            ),
+            (
+                "label-zeros",
+                json!({"network.harvesterhci.io/vlan-id": "007"}),
+                "{}",
+            ),
+            ("config-12", json!({}), r#"{"type":"bridge","vlan":12}"#),
+            ("config-text", json!({}), "not json"),
+            ("config-string", json!({}), r#"{"vlan":"5"}"#),
+        ] {
+            let nad: NetworkAttachmentDefinition = serde_json::from_value(json!({
+                "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                "metadata": {"name": name, "namespace": "default", "labels": labels},
+                "spec": {"config": config}
+            }))
+            .expect("nad");
+            nads.create(&nad).await.expect("creates");
+        }
+        let on = |pool: &str, network: &str, subnet: &str| {
+            mk_pool(
+                pool,
+                range(subnet, "", ""),
+                json!({"network": format!("default/{network}"), "scope": [{"project": "*", "namespace": pool, "guestCluster": "*"}]}),
+            )
+        };
+        // pkg/utils/vid.go (GetVid): the label through strconv.Atoi, else the config's vlan.
+        for (pool, network, subnet, vid) in [
+            ("a", "label-zeros", "10.82.1.0/24", "7"),
+            ("b", "config-12", "10.82.2.0/24", "12"),
+        ] {
+            let made = create_pool(&b, on(pool, network, subnet)).await;
+            assert_eq!(
+                made["metadata"]["labels"]["loadbalancer.harvesterhci.io/vid"],
+                vid
+            );
+        }
+        let refuse = async |body: Value| {
+            call(&b, Method::POST, POOLS, Some(body))
+                .await
+                .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
+        };
+        assert_eq!(
+            refuse(on("c", "label-ten", "10.82.3.0/24")).await,
+            "can't create IP pool c because invalid vlan ten"
+        );
+        for network in ["config-text", "config-string"] {
+            let m = refuse(on("c", network, "10.82.3.0/24")).await;
+            assert!(
+                m.starts_with(&format!(
+                    "can't create IP pool c because the config of network-attachment-definition default/{network} does not decode: "
+                )),
+                "{m}"
+            );
+        }
+        // An update is judged the same way.
+        let mut a = pool(&b, "a").await;
+        a["spec"]["selector"]["network"] = json!("default/label-ten");
+        let m = call(&b, Method::PUT, &format!("{POOLS}/a"), Some(a))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert_eq!(m, "can't update IP pool a because invalid vlan ten");
+        for p in probe {
+            p.assert_none_refused();
+        }
     }
 }

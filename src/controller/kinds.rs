@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::crd::keys::{
-    ANNOTATION_REMOVE_ALL_PVCS, LABEL_CREATOR, LABEL_GUEST_CLUSTER_NAME, LABEL_VLAN_ID, NODE_DRIVER,
+    ANNOTATION_REMOVE_ALL_PVCS, LABEL_CREATOR, LABEL_GUEST_CLUSTER_NAME, NODE_DRIVER,
 };
 
 macro_rules! foreign_kind {
@@ -123,22 +123,11 @@ impl VirtualMachineInstance {
         self.pointer("/spec/networks")?
             .as_array()?
             .iter()
-            .find_map(|n| n.pointer("/multus/networkName").and_then(Value::as_str))
-    }
-}
-
-impl NetworkAttachmentDefinition {
-    /// The VLAN ID: the label, else the `vlan` of the CNI config; `0` when neither says.
-    pub fn vlan_id(&self) -> u32 {
-        if let Some(id) = self.label(LABEL_VLAN_ID).and_then(|v| v.parse().ok()) {
-            return id;
-        }
-        self.pointer("/spec/config")
-            .and_then(Value::as_str)
-            .and_then(|c| serde_json::from_str::<Value>(c).ok())
-            .and_then(|c| c.get("vlan").and_then(Value::as_u64))
-            .and_then(|v| u32::try_from(v).ok())
-            .unwrap_or(0)
+            .find_map(|n| {
+                n.pointer("/multus/networkName")
+                    .and_then(Value::as_str)
+                    .filter(|name| !name.is_empty())
+            })
     }
 }
 
@@ -157,12 +146,5 @@ mod tests {
         let vmi: VirtualMachineInstance = serde_json::from_value(json.clone()).expect("decodes");
         assert_eq!(vmi.first_multus_network(), Some("default/vlan10"));
         assert_eq!(serde_json::to_value(&vmi).expect("encodes"), json);
-
-        let nad: NetworkAttachmentDefinition = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "vlan10", "namespace": "default"},
-            "spec": {"config": "{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\",\"vlan\":10}"}
-        }))
-        .expect("decodes");
-        assert_eq!(nad.vlan_id(), 10);
     }
 }

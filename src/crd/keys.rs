@@ -17,6 +17,10 @@ pub const ANNOTATION_SERVICE_NETWORK: &str = "cloudprovider.harvesterhci.io/lb-n
 /// Ours, not upstream's: the UID of the guest Service a LoadBalancer serves, so that one whose
 /// Service was recreated (a new UID) is garbage-collected instead of leaking.
 pub const ANNOTATION_SERVICE_UID: &str = "cloudprovider.harvesterhci.io/serviceUID";
+/// Ours, not upstream's: the identity of the guest cluster that made a LoadBalancer (the UID of
+/// its `kube-system` Namespace), so that two guest clusters sharing a name and a Harvester
+/// namespace never collect each other's.
+pub const ANNOTATION_GUEST_CLUSTER_ID: &str = "cloudprovider.harvesterhci.io/clusterID";
 
 /// Ours, not upstream's: the HTTP(S) health check of a VM load balancer, an annotation because
 /// Harvester's CRD (the one its chart installs, which Helm never upgrades) prunes any field of

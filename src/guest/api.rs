@@ -18,7 +18,9 @@ use serde_json::Value;
 use super::{
     GuestError,
     clusters::{self, ClusterDeletion, ClusterKey, ClusterNameError, ClusterStore},
-    decide::{is_load_balancer, judge_primary, judge_secondary, lb_name_of, primary_of},
+    decide::{
+        is_load_balancer, judge_network, judge_primary, judge_secondary, lb_name_of, primary_of,
+    },
     mapping::service_key,
     share,
 };
@@ -419,10 +421,40 @@ impl GuestClusters {
         }
         let svc_key = service_key(svc);
         let read = |what: &'static str| Self::store_err(what, key, &svc_key);
+        let network = svc
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(keys::SVC_NETWORK))
+            .filter(|n| !n.is_empty());
+        let nad = match network {
+            Some(_) => Api::<ConfigMap>::new(guest.clone())
+                .get(keys::NAD_MAPPING_NAMESPACE, keys::NAD_MAPPING_NAME)
+                .await
+                .map_err(read("get"))?
+                .map(|cm| cm.data.and_then(|mut d| d.remove(keys::NAD_MAPPING_KEY))),
+            None => None,
+        };
+        judge_network(svc, nad.as_ref().map(|m| m.as_deref()))?;
+        let ctx = key.context();
+        let lbs = lb_api(self.harvester.clone());
+        let lb_of = async |s: &Service| -> Result<Option<LoadBalancer>, GuestApiError> {
+            match lb_name_of(&ctx.cluster, s) {
+                Some(lb_name) => lbs
+                    .get(&ctx.lb_namespace, &lb_name)
+                    .await
+                    .map_err(read("get")),
+                None => Ok(None),
+            }
+        };
         match primary_of(svc)? {
             Some((pns, pname)) => {
                 let services = Api::<Service>::new(guest.clone());
                 let primary = services.get(&pns, &pname).await.map_err(read("get"))?;
+                let primary_lb = match &primary {
+                    Some(p) => lb_of(p).await?,
+                    None => None,
+                };
                 let label_value = share::primary_label_value(&pns, &pname);
                 let others: Vec<Service> = services
                     .list(
@@ -439,37 +471,17 @@ impl GuestClusters {
                     })
                     .collect();
                 let refs: Vec<&Service> = others.iter().collect();
-                judge_secondary(svc, (&pns, &pname), primary.as_ref(), &refs)?;
+                judge_secondary(
+                    svc,
+                    (&pns, &pname),
+                    primary.as_ref(),
+                    primary_lb.as_ref(),
+                    &refs,
+                )?;
             }
             None => {
-                let ctx = key.context();
-                let existing: Option<LoadBalancer> = match lb_name_of(&ctx.cluster, svc) {
-                    Some(lb_name) => lb_api(self.harvester.clone())
-                        .get(&ctx.lb_namespace, &lb_name)
-                        .await
-                        .map_err(read("get"))?,
-                    None => None,
-                };
-                let network = svc
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(keys::SVC_NETWORK))
-                    .filter(|n| !n.is_empty());
-                let nad = match network {
-                    Some(_) => Api::<ConfigMap>::new(guest.clone())
-                        .get(keys::NAD_MAPPING_NAMESPACE, keys::NAD_MAPPING_NAME)
-                        .await
-                        .map_err(read("get"))?
-                        .map(|cm| cm.data.and_then(|mut d| d.remove(keys::NAD_MAPPING_KEY))),
-                    None => None,
-                };
-                judge_primary(
-                    svc,
-                    &ctx,
-                    existing.as_ref(),
-                    nad.as_ref().map(|m| m.as_deref()),
-                )?;
+                let existing = lb_of(svc).await?;
+                judge_primary(svc, &ctx, existing.as_ref())?;
             }
         }
         Ok(())

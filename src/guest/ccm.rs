@@ -11,6 +11,7 @@
 
 use std::{path::Path, sync::Arc};
 
+use k8s_openapi::api::core::v1::Namespace;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
@@ -23,8 +24,11 @@ use super::{
 use crate::{
     config::{CcmArgs, KubeArgs, KubeConfigError},
     controller::leader::{AlwaysLeader, LeaderElector, LeaseElector, LeaseTiming, lead},
-    store::{ObjectStore, kubernetes::KubeStore},
+    store::{Api, ObjectStore, kubernetes::KubeStore},
 };
+
+/// The Namespace whose UID is the guest cluster's identity.
+const IDENTITY_NAMESPACE: &str = "kube-system";
 
 /// Upstream's warning for a cluster name that is not unique.
 pub const CLUSTER_NAME_WARNING: &str = "The --cluster-name is empty or default; please ensure a unique name is set to avoid resource conflicts.";
@@ -59,6 +63,12 @@ pub enum CcmError {
         what: &'static str,
         source: crate::store::StoreError,
     },
+    /// The guest cluster's identity is the UID of its `kube-system` Namespace; without it the ccm
+    /// could not tell its LoadBalancers from another guest cluster's of the same name.
+    #[error(
+        "cannot read the guest cluster's identity (the uid of namespace kube-system): {reason}"
+    )]
+    Identity { reason: String },
 }
 
 /// Whether upstream warns about this cluster name.
@@ -109,6 +119,27 @@ async fn store(config: kube::Config, what: &'static str) -> Result<Arc<KubeStore
     Ok(store)
 }
 
+/// The guest cluster's identity: the UID of its `kube-system` Namespace, which every cluster has
+/// from its first start to its end, and no other cluster shares.
+pub async fn guest_identity(guest: &Arc<dyn ObjectStore>) -> Result<String, CcmError> {
+    let namespace = Api::<Namespace>::new(guest.clone())
+        .get("", IDENTITY_NAMESPACE)
+        .await
+        .map_err(|e| CcmError::Identity {
+            reason: e.to_string(),
+        })?
+        .ok_or_else(|| CcmError::Identity {
+            reason: format!("namespace \"{IDENTITY_NAMESPACE}\" not found"),
+        })?;
+    namespace
+        .metadata
+        .uid
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| CcmError::Identity {
+            reason: "it has no metadata.uid".into(),
+        })
+}
+
 /// Runs until `shutdown`.
 pub async fn run(args: &CcmArgs, shutdown: CancellationToken) -> Result<(), CcmError> {
     if cluster_name_is_default(&args.cluster_name) {
@@ -125,12 +156,14 @@ pub async fn run(args: &CcmArgs, shutdown: CancellationToken) -> Result<(), CcmE
     let harvester: Arc<dyn ObjectStore> = store(harvester_config, "Harvester").await?;
     let guest: Arc<dyn ObjectStore> =
         store(guest_config(&args.kube).await?, "the guest cluster").await?;
+    let identity = guest_identity(&guest).await?;
     let context = GuestContext {
         cluster: args.cluster_name.clone(),
+        identity,
         lb_namespace,
         management_network: normalize_management_network(args.management_network.as_deref()),
     };
-    info!(cluster = %context.cluster, harvester = %harvester_url, lb_namespace = %context.lb_namespace, management_network = context.management_network.as_deref().unwrap_or_default(), "guest cluster load balancing");
+    info!(cluster = %context.cluster, identity = %context.identity, harvester = %harvester_url, lb_namespace = %context.lb_namespace, management_network = context.management_network.as_deref().unwrap_or_default(), "guest cluster load balancing");
     let settings = reconcile::Settings {
         concurrency: args.concurrency.max(1),
         // The guest's API server expires Events itself (and the ccm needs no right to delete them).

@@ -61,40 +61,87 @@ fn existing_view(lb: &LoadBalancer) -> ExistingLb {
     }
 }
 
-/// A primary: the plan of its LoadBalancer (refusing network and IPAM changes against `existing`)
-/// and the interface kube-vip announces on (from the NAD mapping ConfigMap's value; `None` when the
-/// ConfigMap does not exist).
+/// Every Service naming a network, primary or secondary, is checked against the guest's NAD mapping
+/// first (as upstream's EnsureLoadBalancer does before anything else): the interface kube-vip
+/// announces on (`nad_mapping` is the ConfigMap's value; `None` when the ConfigMap does not exist,
+/// and the Service passes through).
+pub fn judge_network(
+    svc: &Service,
+    nad_mapping: Option<Option<&str>>,
+) -> Result<Option<String>, GuestError> {
+    let network = annotation(svc, keys::SVC_NETWORK).unwrap_or_default();
+    network::service_interface(nad_mapping, network, &service_key(svc))
+}
+
+/// A primary: the plan of its LoadBalancer, refusing network and IPAM changes against `existing`.
 pub fn judge_primary(
     svc: &Service,
     ctx: &GuestContext,
     existing: Option<&LoadBalancer>,
-    nad_mapping: Option<Option<&str>>,
-) -> Result<(LbPlan, Option<String>), GuestError> {
-    let plan = mapping::plan(svc, ctx, existing.map(existing_view).as_ref())?;
-    let network = annotation(svc, keys::SVC_NETWORK).unwrap_or_default();
-    let interface = network::service_interface(nad_mapping, network, &service_key(svc))?;
-    Ok((plan, interface))
+) -> Result<LbPlan, GuestError> {
+    mapping::plan(svc, ctx, existing.map(existing_view).as_ref())
 }
 
 /// A secondary of `primary_ref`: the primary's address, if it may share it with `others` (the
-/// primary's other secondaries).
+/// primary's other secondaries) and its network is that of the primary's LoadBalancer
+/// (`primary_lb`, when it exists).
 pub fn judge_secondary(
     svc: &Service,
     primary_ref: (&str, &str),
     primary: Option<&Service>,
+    primary_lb: Option<&LoadBalancer>,
     others: &[&Service],
 ) -> Result<String, GuestError> {
-    let primary = primary.ok_or_else(|| {
-        GuestError::PrimaryNotFound(format!("{}/{}", primary_ref.0, primary_ref.1))
+    let primary = primary.ok_or_else(|| GuestError::PrimaryNotFound {
+        namespace: primary_ref.0.into(),
+        name: primary_ref.1.into(),
     })?;
     let ip = share::check(primary, svc, others)?;
-    share::check_network(primary, svc)?;
+    share::check_network(svc, primary_lb)?;
     Ok(ip)
 }
 
+/// The guest cluster that made a LoadBalancer, if it recorded itself (upstream's cloud provider,
+/// and versions of ours before the record, do not).
+pub fn maker_of(lb: &LoadBalancer) -> Option<&str> {
+    lb.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(keys::ANNOTATION_GUEST_CLUSTER_ID))
+        .map(String::as_str)
+        .filter(|m| !m.is_empty())
+}
+
+/// Whether guest cluster `ctx` looks at a LoadBalancer at all: labelled with its cluster name and a
+/// Service, and made by it or by no one it can tell (a LoadBalancer of upstream's cloud provider,
+/// which records no maker). Another guest cluster's, sharing the name and the namespace, is not.
+pub fn in_scope(ctx: &GuestContext, lb: &LoadBalancer) -> bool {
+    service_of(ctx, lb).is_some()
+}
+
+/// The Service a LoadBalancer was made for, when it is in `ctx`'s scope ([`in_scope`]).
+pub fn service_of(ctx: &GuestContext, lb: &LoadBalancer) -> Option<ObjectRef<Service>> {
+    if maker_of(lb).is_some_and(|m| m != ctx.identity) {
+        return None;
+    }
+    let labels = lb.metadata.labels.as_ref()?;
+    if labels.get(keys::LABEL_GUEST_CLUSTER) != Some(&ctx.cluster) {
+        return None;
+    }
+    let ns = labels.get(keys::LABEL_SERVICE_NAMESPACE)?;
+    let name = labels.get(keys::LABEL_SERVICE_NAME)?;
+    Some(ObjectRef::new(name).within(ns))
+}
+
 /// Whether a LoadBalancer made for Service `svc` (`None`: the Service does not exist) is left over:
-/// the Service is gone, or was recreated with a new UID.
-pub fn is_leftover(cluster: &str, lb: &LoadBalancer, svc: Option<&Service>) -> bool {
+/// this guest cluster made it (its record says so), and the Service is gone or was recreated with a
+/// new UID. One without the record is never left over: nothing proves it is this cluster's rather
+/// than another's of the same name; its own Service adopts it (the LoadBalancer's name is made from
+/// the Service's UID, and the next sync records the maker).
+pub fn is_leftover(ctx: &GuestContext, lb: &LoadBalancer, svc: Option<&Service>) -> bool {
+    if maker_of(lb) != Some(ctx.identity.as_str()) {
+        return false;
+    }
     let Some(svc) = svc else {
         return true;
     };
@@ -105,18 +152,7 @@ pub fn is_leftover(cluster: &str, lb: &LoadBalancer, svc: Option<&Service>) -> b
         .as_ref()
         .and_then(|a| a.get(keys::ANNOTATION_SERVICE_UID));
     recorded.is_some_and(|r| r != uid)
-        || lb_name_of(cluster, svc).as_deref() != lb.metadata.name.as_deref()
-}
-
-/// The Service a LoadBalancer was made for: its labels, when it is one of `cluster`'s.
-pub fn service_of(cluster: &str, lb: &LoadBalancer) -> Option<ObjectRef<Service>> {
-    let labels = lb.metadata.labels.as_ref()?;
-    if labels.get(keys::LABEL_GUEST_CLUSTER).map(String::as_str) != Some(cluster) {
-        return None;
-    }
-    let ns = labels.get(keys::LABEL_SERVICE_NAMESPACE)?;
-    let name = labels.get(keys::LABEL_SERVICE_NAME)?;
-    Some(ObjectRef::new(name).within(ns))
+        || lb_name_of(&ctx.cluster, svc).as_deref() != lb.metadata.name.as_deref()
 }
 
 /// The LoadBalancer the plan of a primary Service asks for.
@@ -196,6 +232,17 @@ pub fn set_label(svc: &mut Service, key: &str, value: &str) -> bool {
     true
 }
 
+/// Empties a label that is set to something; one that is absent stays absent.
+pub fn empty_label(svc: &mut Service, key: &str) -> bool {
+    match svc.metadata.labels.as_mut().and_then(|l| l.get_mut(key)) {
+        Some(v) if !v.is_empty() => {
+            v.clear();
+            true
+        }
+        _ => false,
+    }
+}
+
 /// Sets `status.loadBalancer.ingress` to the one address (none for `None`).
 pub fn set_ingress(svc: &mut Service, ip: Option<&str>) -> bool {
     let want: Vec<LoadBalancerIngress> = ip
@@ -272,19 +319,27 @@ mod tests {
     fn mk_ctx() -> GuestContext {
         GuestContext {
             cluster: "test".into(),
+            identity: "guest-a".into(),
             lb_namespace: "default".into(),
             management_network: None,
         }
     }
 
-    fn mk_lb_for(svc: &Service, uid_annotation: Option<&str>) -> LoadBalancer {
-        let (plan, _) = judge_primary(svc, &mk_ctx(), None, None).expect("plan");
+    /// The LoadBalancer `svc` gets, with the Service UID and maker records as given (`None`: not
+    /// recorded, as upstream's cloud provider makes it).
+    fn mk_lb_for(svc: &Service, uid: Option<&str>, maker: Option<&str>) -> LoadBalancer {
+        let plan = judge_primary(svc, &mk_ctx(), None).expect("plan");
         let mut lb = new_lb(&plan);
         let annotations = lb.metadata.annotations.get_or_insert_default();
-        match uid_annotation {
-            Some(u) => annotations.insert(keys::ANNOTATION_SERVICE_UID.into(), u.into()),
-            None => annotations.remove(keys::ANNOTATION_SERVICE_UID),
-        };
+        for (key, value) in [
+            (keys::ANNOTATION_SERVICE_UID, uid),
+            (keys::ANNOTATION_GUEST_CLUSTER_ID, maker),
+        ] {
+            match value {
+                Some(v) => annotations.insert(key.into(), v.into()),
+                None => annotations.remove(key),
+            };
+        }
         lb
     }
 
@@ -296,8 +351,12 @@ mod tests {
             UID,
             &[(keys::SVC_NETWORK, "default/vlan1")],
         );
-        let (plan, interface) = judge_primary(&svc, &mk_ctx(), None, None).expect("plan");
-        assert_eq!(interface, None);
+        let plan = judge_primary(&svc, &mk_ctx(), None).expect("plan");
+        assert_eq!(
+            judge_network(&svc, None),
+            Ok(None),
+            "no NAD mapping: passes"
+        );
         let lb = new_lb(&plan);
         assert_eq!(
             lb.metadata.name.as_deref(),
@@ -324,22 +383,40 @@ mod tests {
     }
 
     #[test]
-    fn leftovers() {
+    fn leftovers_are_only_this_cluster_s_own() {
+        let ctx = mk_ctx();
         let svc = mk_svc("default", "abcd", UID, &[]);
-        let lb = mk_lb_for(&svc, Some(UID));
-        assert!(!is_leftover("test", &lb, Some(&svc)));
-        assert!(is_leftover("test", &lb, None));
         let recreated = mk_svc("default", "abcd", "another-uid", &[]);
-        assert!(is_leftover("test", &lb, Some(&recreated)));
-        // An upstream LoadBalancer (no UID annotation) is judged by its name.
-        let upstream = mk_lb_for(&svc, None);
-        assert!(!is_leftover("test", &upstream, Some(&svc)));
-        assert!(is_leftover("test", &upstream, Some(&recreated)));
+        let mine = mk_lb_for(&svc, Some(UID), Some("guest-a"));
+        assert_eq!(maker_of(&mine), Some("guest-a"));
+        assert!(in_scope(&ctx, &mine));
+        assert!(!is_leftover(&ctx, &mine, Some(&svc)));
+        assert!(is_leftover(&ctx, &mine, None));
+        assert!(is_leftover(&ctx, &mine, Some(&recreated)));
+        // Another guest cluster of the same name, in the same namespace: out of scope, never
+        // collected, whatever this cluster's Services.
+        let theirs = mk_lb_for(&svc, Some(UID), Some("guest-b"));
+        assert!(!in_scope(&ctx, &theirs));
+        assert_eq!(service_of(&ctx, &theirs), None);
+        assert!(!is_leftover(&ctx, &theirs, None));
+        // Upstream's (no maker recorded): in scope, adopted by its Service, never collected.
+        let upstream = mk_lb_for(&svc, None, None);
+        assert!(in_scope(&ctx, &upstream));
+        assert!(!is_leftover(&ctx, &upstream, None));
+        assert!(!is_leftover(&ctx, &upstream, Some(&recreated)));
+        let mut adopted = upstream.clone();
+        let plan = judge_primary(&svc, &ctx, Some(&upstream)).expect("plan");
+        assert!(update_lb(&mut adopted, &plan), "the sync records the maker");
+        assert_eq!(maker_of(&adopted), Some("guest-a"));
         assert_eq!(
-            service_of("test", &lb),
+            service_of(&ctx, &mine),
             Some(ObjectRef::new("abcd").within("default"))
         );
-        assert_eq!(service_of("other", &lb), None);
+        let other_name = GuestContext {
+            cluster: "other".into(),
+            ..mk_ctx()
+        };
+        assert_eq!(service_of(&other_name, &mine), None);
     }
 
     #[test]
@@ -360,15 +437,17 @@ mod tests {
             Ok(Some(("default".into(), "p".into())))
         );
         assert_eq!(primary_of(&primary), Ok(None));
+        // pkg/cloud-controller-manager/loadbalancer.go (getPrimaryService): the Service cache's
+        // NotFound, wrapped.
         assert_eq!(
-            judge_secondary(&secondary, ("default", "p"), None, &[])
+            judge_secondary(&secondary, ("default", "p"), None, None, &[])
                 .expect_err("no primary")
                 .to_string(),
-            "primary service default/p not found"
+            "get service default/p failed: service \"p\" not found"
         );
         // Same port, same protocol as the primary.
         assert!(matches!(
-            judge_secondary(&secondary, ("default", "p"), Some(&primary), &[]),
+            judge_secondary(&secondary, ("default", "p"), Some(&primary), None, &[]),
             Err(GuestError::PortInUse { .. })
         ));
         let mut udp = secondary.clone();
@@ -377,8 +456,15 @@ mod tests {
             .and_then(|s| s.ports.as_mut())
             .expect("ports")[0]
             .protocol = Some("UDP".into());
+        let primary_lb = new_lb(&judge_primary(&primary, &mk_ctx(), None).expect("plan"));
         assert_eq!(
-            judge_secondary(&udp, ("default", "p"), Some(&primary), &[]),
+            judge_secondary(
+                &udp,
+                ("default", "p"),
+                Some(&primary),
+                Some(&primary_lb),
+                &[]
+            ),
             Ok("10.0.0.5".into())
         );
         let mut elsewhere = udp.clone();
@@ -388,10 +474,19 @@ mod tests {
             .get_or_insert_default()
             .insert(keys::SVC_NETWORK.into(), "default/vlan2".into());
         assert_eq!(
-            judge_secondary(&elsewhere, ("default", "p"), Some(&primary), &[])
-                .expect_err("network")
-                .to_string(),
-            "network annotation of service default/s is not same as the primary service default/p, service: 'default/vlan2', primary: 'default/vlan1'"
+            judge_secondary(
+                &elsewhere,
+                ("default", "p"),
+                Some(&primary),
+                Some(&primary_lb),
+                &[]
+            )
+            .expect_err("network")
+            .to_string(),
+            format!(
+                "network annotation of service default/s is not same as the load balancer default/{}, service: 'default/vlan2', lb: 'default/vlan1'",
+                lb_name_of("test", &primary).expect("a name")
+            )
         );
     }
 
@@ -407,5 +502,26 @@ mod tests {
         assert!(!set_annotation(&mut svc, keys::KUBE_VIP_IPS, "10.0.0.1"));
         assert!(remove_annotation(&mut svc, keys::KUBE_VIP_IPS));
         assert!(!remove_annotation(&mut svc, keys::KUBE_VIP_IPS));
+        // pkg/cloud-controller-manager/loadbalancer.go (updatePrimaryServiceLoadBalancerIP): the
+        // primary-service label is emptied only when present and not empty, never added.
+        assert!(!empty_label(&mut svc, keys::SVC_PRIMARY));
+        assert_eq!(
+            svc.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(keys::SVC_PRIMARY)),
+            None
+        );
+        assert!(set_label(&mut svc, keys::SVC_PRIMARY, "default.p"));
+        assert!(empty_label(&mut svc, keys::SVC_PRIMARY));
+        assert!(!empty_label(&mut svc, keys::SVC_PRIMARY));
+        assert_eq!(
+            svc.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(keys::SVC_PRIMARY))
+                .map(String::as_str),
+            Some("")
+        );
     }
 }

@@ -12,6 +12,12 @@ use crate::crd::keys;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GuestContext {
     pub cluster: String,
+    /// The guest cluster's own identity, recorded on every LoadBalancer it makes
+    /// (`cloudprovider.harvesterhci.io/clusterID`): the UID of its `kube-system` Namespace (the
+    /// ccm), or `embedded:<namespace>/<cluster>` for a guest cluster the embedded store keeps (whose
+    /// key already names it alone). Two guest clusters sharing a name and a Harvester namespace
+    /// tell their LoadBalancers apart by it.
+    pub identity: String,
     /// The Harvester namespace of the cloud-config.
     pub lb_namespace: String,
     /// `--management-network`, normalised (see [`normalize_management_network`]).
@@ -148,14 +154,19 @@ pub fn plan(
     let mut annotations = BTreeMap::from([
         (keys::ANNOTATION_CLUSTER.to_string(), ctx.cluster.clone()),
         (keys::ANNOTATION_SERVICE_UID.to_string(), uid),
+        (
+            keys::ANNOTATION_GUEST_CLUSTER_ID.to_string(),
+            ctx.identity.clone(),
+        ),
     ]);
+    // As upstream's constructLB: always written, empty when the Service has none (Harvester's
+    // mutator overwrites both anyway).
     for (from, to) in [
         (keys::SVC_PROJECT, keys::ANNOTATION_PROJECT),
         (keys::SVC_NAMESPACE, keys::ANNOTATION_NAMESPACE),
     ] {
-        if let Some(v) = annotation(svc, from) {
-            annotations.insert(to.to_string(), v.to_string());
-        }
+        let v = annotation(svc, from).unwrap_or_default();
+        annotations.insert(to.to_string(), v.to_string());
     }
     let mut remove_annotations = Vec::new();
     match &ctx.management_network {
@@ -212,6 +223,7 @@ mod tests {
     fn mk_ctx(mgmt: Option<&str>) -> GuestContext {
         GuestContext {
             cluster: "test".into(),
+            identity: "guest-uid".into(),
             lb_namespace: "gc-ns".into(),
             management_network: normalize_management_network(mgmt),
         }
@@ -240,6 +252,13 @@ mod tests {
             "default/vlan1"
         );
         assert_eq!(p.annotations[keys::ANNOTATION_PROJECT], "p1");
+        // pkg/cloud-controller-manager/loadbalancer.go (constructLB): the namespace annotation is
+        // written from the Service's, empty when it has none.
+        assert_eq!(p.annotations[keys::ANNOTATION_NAMESPACE], "");
+        assert_eq!(
+            p.annotations[keys::ANNOTATION_GUEST_CLUSTER_ID],
+            "guest-uid"
+        );
         assert_eq!(p.annotations[keys::ANNOTATION_CLUSTER], "test");
         assert_eq!(
             p.annotations[keys::ANNOTATION_MANAGEMENT_NETWORK],

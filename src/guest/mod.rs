@@ -55,17 +55,10 @@ pub enum GuestError {
     NotPrimary(String),
     #[error("primary service {0} has no ingress IP")]
     PrimaryWithoutIp(String),
-    #[error("primary service {0} not found")]
-    PrimaryNotFound(String),
-    #[error(
-        "network annotation of service {secondary} is not same as the primary service {primary}, service: '{secondary_network}', primary: '{primary_network}'"
-    )]
-    SharedNetworkMismatch {
-        secondary: String,
-        primary: String,
-        secondary_network: String,
-        primary_network: String,
-    },
+    /// Upstream's wording of its Service cache's NotFound: `get service <ns>/<name> failed:
+    /// service "<name>" not found`.
+    #[error("get service {namespace}/{name} failed: service \"{name}\" not found")]
+    PrimaryNotFound { namespace: String, name: String },
     #[error(
         "check port overlap failed, primary service: {primary}, secondary service: {secondary}, error: port {port} has been used in service {used_by}"
     )]

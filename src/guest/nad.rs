@@ -4,32 +4,30 @@
 //! Harvester Cloud Provider's VMI controller keeps it. The reconciler reads it to tell kube-vip which
 //! interface a Service's network is on (`kube-vip.io/serviceInterface`, [`super::network`]).
 //!
-//! The mapping is built from the guest cluster's VirtualMachineInstances on Harvester: each Running
-//! VMI joins `spec.networks` (NIC name → NAD) with `status.interfaces` (NIC name → the guest's
-//! interface name, which the guest agent reports); the mapping keeps the pairs that every such VMI
-//! has, on the same interface, so kube-vip finds the network where it is on whichever node holds the
-//! address. NICs on the pod network, and NICs the guest agent has not reported yet, are left out.
+//! The mapping is built as upstream's VMI controller builds it (`pkg/utils/vmi.go`,
+//! `syncNADMappingConfigMap`), from the VirtualMachineInstances of the cloud-config's namespace on
+//! Harvester labelled `guestcluster.harvesterhci.io/name=<cluster>`:
+//! - a VMI counts when it is Running, not migrating (no migration, or a completed one), and its
+//!   guest agent reports interfaces;
+//! - each such VMI joins `spec.networks` (NIC name → Multus network name, as written) with
+//!   `status.interfaces` (NIC name → the guest's interface name); the mapping keeps the pairs that
+//!   every one has, on the same interface, so kube-vip finds the network where it is on whichever
+//!   node holds the address;
+//! - with no VMI that counts, or nothing in common, the value is emptied (`""`);
+//! - nothing is synced for a cluster named `""` or `kubernetes` (the framework default, which
+//!   cannot tell clusters apart).
 //!
-//! Choices where upstream says nothing:
-//! - A VMI is one of the cluster's when it carries `guestcluster.harvesterhci.io/name=<cluster>`, or
-//!   (legacy) Rancher's node driver made it and its name starts with `<cluster>-` (as the node driver
-//!   names VMs). Harvester's findNetwork takes any name starting with the cluster name; here that
-//!   would let `gc10-…` shrink the mapping of `gc1`.
-//! - A Running VMI whose guest agent has not yet reported every Multus NIC (a node booting) is left
-//!   out until it has: counting it would empty the mapping, and refuse every Service naming a
-//!   network, on each boot or scale-up.
-//! - A bare `networkName` (no namespace) means the VMI's namespace, as KubeVirt reads it, so keys are
-//!   always `namespace/name`, as Services name networks.
-//! - With no Running VMI of the cluster (all stopped, or none yet), the ConfigMap is left as it is:
-//!   the interfaces of the VMs do not change while they are down, and an empty map would refuse every
-//!   Service that names a network.
+//! Where it differs from upstream (which syncs when one of the guest's node VMIs changes):
+//! - It syncs after every burst of changes of the cluster's VMIs (a deletion too) and every 30 s.
+//! - While the namespace has no VMI labelled for the cluster at all (a custom cluster, whose VMs
+//!   Rancher did not make), nothing is written: upstream never syncs such a cluster either.
 //! - The ConfigMap is written only when its value changes, and read and written only by name (no
-//!   right to list or watch `kube-system`'s ConfigMaps needed): after each burst of VMI changes and
-//!   every 30 s. A change of what it holds (written here, or by someone else) wakes the Services that
-//!   name a network; one changed or deleted by someone else is written again.
+//!   right to list or watch `kube-system`'s ConfigMaps needed). A change of what it holds (written
+//!   here, or by someone else) wakes the Services that name a network; one changed or deleted by
+//!   someone else is written again.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -61,94 +59,96 @@ const RETRY_MAX: Duration = Duration::from_secs(300);
 /// Attempts at a write that keeps meeting a newer version of the ConfigMap.
 const WRITE_ATTEMPTS: usize = 4;
 
-/// Whether `vmi` is a node of guest cluster `cluster`.
+/// Whether `vmi` is a node of guest cluster `cluster`: labelled with its name.
 pub fn is_node_of(vmi: &VirtualMachineInstance, cluster: &str) -> bool {
-    if cluster.is_empty() {
-        return false;
-    }
-    if vmi.label(keys::LABEL_GUEST_CLUSTER_NAME) == Some(cluster) {
-        return true;
-    }
-    vmi.label(keys::LABEL_CREATOR) == Some(keys::NODE_DRIVER)
-        && vmi
-            .metadata
-            .name
-            .as_deref()
-            .and_then(|n| n.strip_prefix(cluster))
-            .is_some_and(|rest| rest.starts_with('-'))
+    !cluster.is_empty() && vmi.label(keys::LABEL_GUEST_CLUSTER_NAME) == Some(cluster)
 }
 
-/// NAD (`namespace/name`) → guest interface of one VMI; `None` unless it is Running, not being
-/// deleted, and its guest agent has reported the interface of every Multus NIC.
+/// Whether the NAD mapping of cluster `cluster` is kept at all: not for an empty name or the
+/// framework default, which many clusters may share.
+pub fn syncs(cluster: &str) -> bool {
+    !super::ccm::cluster_name_is_default(cluster)
+}
+
+/// Multus network (as written) → guest interface of one VMI; `None` unless it counts: Running, not
+/// migrating, and reporting interfaces.
 pub fn interfaces(vmi: &VirtualMachineInstance) -> Option<BTreeMap<String, String>> {
-    if vmi.metadata.deletion_timestamp.is_some()
-        || vmi.pointer("/status/phase").and_then(Value::as_str) != Some("Running")
-    {
-        return None;
-    }
-    let namespace = vmi.metadata.namespace.as_deref().unwrap_or_default();
-    let reported: BTreeMap<&str, &str> = vmi
+    let running = vmi.pointer("/status/phase").and_then(Value::as_str) == Some("Running");
+    let migrated = match vmi.pointer("/status/migrationState") {
+        None | Some(Value::Null) => true,
+        Some(state) => state.get("completed").and_then(Value::as_bool) == Some(true),
+    };
+    let reported = vmi
         .pointer("/status/interfaces")
         .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|i| {
-            let nic = i.get("name").and_then(Value::as_str)?;
-            let guest = i.get("interfaceName").and_then(Value::as_str)?;
-            (!nic.is_empty() && !guest.is_empty()).then_some((nic, guest))
-        })
-        .collect();
-    let mut map = BTreeMap::new();
-    for n in vmi
+        .filter(|i| !i.is_empty())?;
+    if !running || !migrated {
+        return None;
+    }
+    let networks: HashMap<&str, &str> = vmi
         .pointer("/spec/networks")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-    {
-        let Some(nad) = n
-            .pointer("/multus/networkName")
+        .filter_map(|n| {
+            let nad = n.pointer("/multus/networkName").and_then(Value::as_str)?;
+            Some((
+                n.get("name").and_then(Value::as_str).unwrap_or_default(),
+                nad,
+            ))
+        })
+        .collect();
+    let mut map = BTreeMap::new();
+    for i in reported {
+        let nic = i.get("name").and_then(Value::as_str).unwrap_or_default();
+        let guest = i
+            .get("interfaceName")
             .and_then(Value::as_str)
-            .filter(|nad| !nad.is_empty())
-        else {
+            .unwrap_or_default();
+        if nic.is_empty() || guest.is_empty() {
             continue;
-        };
-        let nad = match nad.split_once('/') {
-            Some(_) => nad.to_string(),
-            None => format!("{namespace}/{nad}"),
-        };
-        let nic = n.get("name").and_then(Value::as_str).unwrap_or_default();
-        // Not reported yet: this VMI's mapping is not known.
-        let guest = reported.get(nic)?;
-        map.insert(nad, guest.to_string());
+        }
+        if let Some(nad) = networks.get(nic) {
+            map.insert(nad.to_string(), guest.to_string());
+        }
     }
     Some(map)
 }
 
-/// The pairs every map has (same NAD, same interface); `None` when there are no maps.
+/// The pairs every map has (same NAD, same interface); empty when there are no maps.
 pub fn common(
     maps: impl IntoIterator<Item = BTreeMap<String, String>>,
-) -> Option<BTreeMap<String, String>> {
-    maps.into_iter().reduce(|mut acc, next| {
-        acc.retain(|nad, iface| next.get(nad) == Some(iface));
-        acc
-    })
+) -> BTreeMap<String, String> {
+    maps.into_iter()
+        .reduce(|mut acc, next| {
+            acc.retain(|nad, iface| next.get(nad) == Some(iface));
+            acc
+        })
+        .unwrap_or_default()
 }
 
-/// The mapping of guest cluster `cluster` from the VMIs of its Harvester namespace; `None` when none
-/// of its VMIs is running.
+/// The mapping of guest cluster `cluster` from the VMIs of its Harvester namespace; `None` when
+/// none of them is labelled for it.
 pub fn cluster_mapping<'a>(
     vmis: impl IntoIterator<Item = &'a VirtualMachineInstance>,
     cluster: &str,
 ) -> Option<BTreeMap<String, String>> {
-    common(
-        vmis.into_iter()
-            .filter(|v| is_node_of(v, cluster))
-            .filter_map(interfaces),
-    )
+    let nodes: Vec<&VirtualMachineInstance> = vmis
+        .into_iter()
+        .filter(|v| is_node_of(v, cluster))
+        .collect();
+    if nodes.is_empty() {
+        return None;
+    }
+    Some(common(nodes.into_iter().filter_map(interfaces)))
 }
 
-/// The ConfigMap value: compact JSON, keys sorted, as Go's `encoding/json` writes a map.
+/// The ConfigMap value: compact JSON, keys sorted, as Go's `encoding/json` writes a map; `""` for
+/// an empty map, as upstream writes it.
 pub fn encode(mapping: &BTreeMap<String, String>) -> String {
+    if mapping.is_empty() {
+        return String::new();
+    }
     serde_json::to_string(mapping).expect("a map of strings encodes")
 }
 
@@ -212,6 +212,12 @@ pub async fn run(
     on_change: impl Fn() + Send + Sync + 'static,
     stop: CancellationToken,
 ) {
+    if !syncs(&cluster.cluster) {
+        // Upstream's refusal, logged once rather than on every VMI change.
+        warn!(cluster = %cluster.cluster, "failed to sync NAD mapping ConfigMap: guest cluster name configuration is empty/default, we cannot identify the cluster");
+        stop.cancelled().await;
+        return;
+    }
     let (cache, writer) = reflector::store::<VirtualMachineInstance>();
     let changed = Arc::new(Notify::new());
     let watch = {
@@ -304,7 +310,7 @@ async fn sync_once(
     let mut changed = seen.as_ref().is_some_and(|s| *s != held);
     *seen = Some(held.clone());
     let Some(mapping) = cluster_mapping(vmis.state().iter().map(|v| &**v), cluster) else {
-        debug!(%cluster, "no running VMI of the cluster; NAD mapping left as it is");
+        debug!(%cluster, "no VMI labelled for the cluster; NAD mapping left as it is");
         return Ok(changed);
     };
     let value = encode(&mapping);
@@ -357,8 +363,10 @@ mod tests {
             .collect()
     }
 
+    // What counts and how a VMI maps: pkg/utils/vmi.go (GetCommonVMINADs,
+    // getNADToInterfaceMapping, IsRunning, IsMigrationCompleted).
     #[test]
-    fn a_running_vmi_maps_its_multus_nics_to_the_reported_interfaces() {
+    fn a_vmi_counts_when_running_not_migrating_and_reporting_interfaces() {
         let v = vmi(
             "n1",
             json!({}),
@@ -367,29 +375,33 @@ mod tests {
                 ("default", None, Some("eth0")),
                 ("nic-1", Some("default/vlan10"), Some("enp2s0")),
                 ("nic-2", Some("vlan20"), Some("enp3s0")),
+                ("nic-3", Some("default/vlan30"), None),
                 ("nic-4", Some(""), Some("enp5s0")),
             ],
         );
         assert_eq!(
             interfaces(&v),
             Some(map(&[
+                ("", "enp5s0"),
                 ("default/vlan10", "enp2s0"),
-                ("gc-ns/vlan20", "enp3s0")
+                ("vlan20", "enp3s0")
             ])),
-            "pod network and empty names are left out; a bare name is the VMI's namespace"
+            "the pod network and NICs not reported are left out; names are used as written"
         );
-        let booting = vmi(
-            "n2",
+        let pod_only = vmi(
+            "n3",
             json!({}),
             "Running",
-            &[
-                ("nic-1", Some("default/vlan10"), Some("enp2s0")),
-                ("nic-3", Some("default/vlan30"), None),
-            ],
+            &[("default", None, Some("eth0"))],
         );
-        assert_eq!(interfaces(&booting), None, "a Multus NIC not reported yet");
-        let no_multus = vmi("n3", json!({}), "Running", &[("default", None, None)]);
-        assert_eq!(interfaces(&no_multus), Some(map(&[])));
+        assert_eq!(interfaces(&pod_only), Some(map(&[])));
+        let silent = vmi(
+            "n4",
+            json!({}),
+            "Running",
+            &[("nic-1", Some("default/vlan10"), None)],
+        );
+        assert_eq!(interfaces(&silent), None, "no interfaces reported");
         let stopped = vmi(
             "n1",
             json!({}),
@@ -397,22 +409,39 @@ mod tests {
             &[("nic-1", Some("default/vlan10"), Some("enp2s0"))],
         );
         assert_eq!(interfaces(&stopped), None);
-        let mut deleting = vmi(
+        let mut migrating = vmi(
             "n1",
             json!({}),
             "Running",
             &[("nic-1", Some("default/vlan10"), Some("enp2s0"))],
         );
+        migrating.rest["status"]["migrationState"] = json!({"completed": false});
+        assert_eq!(interfaces(&migrating), None);
+        migrating.rest["status"]["migrationState"] = json!({"completed": true});
+        assert_eq!(
+            interfaces(&migrating),
+            Some(map(&[("default/vlan10", "enp2s0")]))
+        );
+        // A VMI being deleted still counts while it runs.
+        let mut deleting = migrating.clone();
         deleting.metadata.deletion_timestamp =
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ));
-        assert_eq!(interfaces(&deleting), None);
+        assert!(interfaces(&deleting).is_some());
     }
 
     #[test]
     fn the_mapping_is_what_every_node_has_on_the_same_interface() {
-        assert_eq!(common(Vec::new()), None);
+        // The example of pkg/utils/vmi.go (GetCommonVMINADs): net123 on different interfaces.
+        assert_eq!(
+            common([
+                map(&[("default/mgmt", "enp1s0"), ("default/net123", "enp2s0")]),
+                map(&[("default/mgmt", "enp1s0"), ("default/net123", "enp3s0")]),
+            ]),
+            map(&[("default/mgmt", "enp1s0")])
+        );
+        assert_eq!(common(Vec::new()), map(&[]));
         assert_eq!(
             common([
                 map(&[
@@ -421,24 +450,14 @@ mod tests {
                     ("default/c", "enp3s0")
                 ]),
                 map(&[("default/a", "enp1s0"), ("default/b", "enp4s0")]),
-                map(&[
-                    ("default/a", "enp1s0"),
-                    ("default/b", "enp2s0"),
-                    ("default/c", "enp3s0")
-                ]),
             ]),
-            Some(map(&[("default/a", "enp1s0")])),
+            map(&[("default/a", "enp1s0")]),
             "b is elsewhere on one node, c missing on one"
-        );
-        assert_eq!(
-            common([map(&[("default/a", "enp1s0")]), map(&[])]),
-            Some(map(&[])),
-            "nothing in common is an empty map"
         );
     }
 
     #[test]
-    fn the_cluster_s_nodes_by_label_or_legacy_name() {
+    fn the_cluster_s_nodes_by_label_only() {
         let nic = [("nic-1", Some("default/vlan10"), Some("enp2s0"))];
         let labelled = vmi(
             "node-a",
@@ -450,7 +469,7 @@ mod tests {
             "gc1-pool1-xyz",
             json!({"harvesterhci.io/creator": "docker-machine-driver-harvester"}),
             "Running",
-            &nic,
+            &[("nic-1", Some("default/vlan10"), Some("enp9s0"))],
         );
         let other = vmi(
             "gc2-pool1-xyz",
@@ -458,22 +477,33 @@ mod tests {
             "Running",
             &[("nic-1", Some("default/vlan10"), Some("enp9s0"))],
         );
-        let unlabelled = vmi("gc1-by-hand", json!({}), "Running", &nic);
-        let longer_name = vmi(
-            "gc10-pool1-xyz",
-            json!({"harvesterhci.io/creator": "docker-machine-driver-harvester"}),
-            "Running",
+        let booting = vmi(
+            "node-b",
+            json!({"guestcluster.harvesterhci.io/name": "gc1"}),
+            "Scheduled",
             &nic,
         );
-        assert!(!is_node_of(&longer_name, "gc1"), "gc10's node is not gc1's");
-        assert!(is_node_of(&labelled, "gc1") && is_node_of(&legacy, "gc1"));
-        assert!(!is_node_of(&other, "gc1") && !is_node_of(&unlabelled, "gc1"));
+        // pkg/controller/virtualmachineinstance/controller.go (syncNADMappingConfigMap): listed by
+        // the cluster label alone.
+        assert!(is_node_of(&labelled, "gc1"));
+        assert!(!is_node_of(&legacy, "gc1") && !is_node_of(&other, "gc1"));
         assert!(!is_node_of(&labelled, ""));
         assert_eq!(
-            cluster_mapping([&labelled, &legacy, &other, &unlabelled], "gc1"),
+            cluster_mapping([&labelled, &legacy, &other, &booting], "gc1"),
             Some(map(&[("default/vlan10", "enp2s0")]))
         );
-        assert_eq!(cluster_mapping([&other], "gc1"), None);
+        assert_eq!(
+            cluster_mapping([&booting, &other], "gc1"),
+            Some(map(&[])),
+            "no VMI of the cluster counts: emptied"
+        );
+        assert_eq!(
+            cluster_mapping([&other, &legacy], "gc1"),
+            None,
+            "none labelled"
+        );
+        // Refused for the framework default and an empty name.
+        assert!(!syncs("kubernetes") && !syncs("") && syncs("gc1"));
     }
 
     #[test]
@@ -485,5 +515,7 @@ mod tests {
             ])),
             r#"{"default/mgmt-vlan1":"enp1s0","default/net123":"enp2s0"}"#
         );
+        // pkg/controller/virtualmachineinstance/controller.go: an empty mapping is written as "".
+        assert_eq!(encode(&map(&[])), "");
     }
 }

@@ -1,6 +1,7 @@
 //! Sharing a primary Service's address: naming the primary, refusing chains and port clashes
-//! (compared by protocol and port, so TCP/53 and UDP/53 can share), and refusing to delete a primary
-//! that secondaries still use.
+//! (compared by protocol and port, so TCP/53 and UDP/53 can share; the message names the port only,
+//! as upstream's), a network other than the primary's load balancer's, and refusing to delete a
+//! primary that secondaries still use.
 
 use k8s_openapi::api::core::v1::Service;
 
@@ -8,7 +9,7 @@ use super::{
     GuestError,
     mapping::{self, service_key},
 };
-use crate::crd::keys;
+use crate::crd::{LoadBalancer, keys};
 
 /// The primary named by a secondary's annotation: `<ns>/<name>`, or a bare name in the secondary's
 /// own namespace (as the documentation shows).
@@ -66,11 +67,11 @@ pub fn check(
         if service_key(other) == service_key(secondary) {
             continue;
         }
-        if let Some((proto, port)) = ports(other).into_iter().find(|used| mine.contains(used)) {
+        if let Some((_, port)) = ports(other).into_iter().find(|used| mine.contains(used)) {
             return Err(GuestError::PortInUse {
                 primary: p.clone(),
                 secondary: service_key(secondary),
-                port: format!("{port}/{proto}"),
+                port: port.to_string(),
                 used_by: service_key(other),
             });
         }
@@ -78,26 +79,36 @@ pub fn check(
     Ok(ip)
 }
 
-/// A secondary that names a network must name its primary's (the check is skipped while it names
-/// none: it gets the primary's).
-pub fn check_network(primary: &Service, secondary: &Service) -> Result<(), GuestError> {
-    let network = |s: &Service| {
-        s.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(keys::SVC_NETWORK))
-            .cloned()
-            .unwrap_or_default()
+/// A secondary's network must be the one its primary's load balancer (`primary_lb`, if it exists)
+/// was made on, as upstream's checkNetworkChanged has it: skipped while the secondary names none and
+/// the load balancer has one (the secondary gets the primary's).
+pub fn check_network(
+    secondary: &Service,
+    primary_lb: Option<&LoadBalancer>,
+) -> Result<(), GuestError> {
+    let Some(lb) = primary_lb else {
+        return Ok(());
     };
-    let (mine, theirs) = (network(secondary), network(primary));
-    if mine.is_empty() || mine == theirs {
+    let mine = mapping::annotation(secondary, keys::SVC_NETWORK).unwrap_or_default();
+    let theirs = lb
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(keys::ANNOTATION_SERVICE_NETWORK))
+        .map(String::as_str)
+        .unwrap_or_default();
+    if mine == theirs || (mine.is_empty() && !theirs.is_empty()) {
         return Ok(());
     }
-    Err(GuestError::SharedNetworkMismatch {
-        secondary: service_key(secondary),
-        primary: service_key(primary),
-        secondary_network: mine,
-        primary_network: theirs,
+    Err(GuestError::NetworkChanged {
+        service: service_key(secondary),
+        lb: format!(
+            "{}/{}",
+            lb.metadata.namespace.as_deref().unwrap_or_default(),
+            lb.metadata.name.as_deref().unwrap_or_default()
+        ),
+        service_network: mine.into(),
+        lb_network: theirs.into(),
     })
 }
 
@@ -169,9 +180,11 @@ mod tests {
             "same port, other protocol"
         );
         let tcp = mk_svc("d", "dns-tcp", &[("TCP", 53)], Some("d/dns"), None);
+        // pkg/cloud-controller-manager/loadbalancer.go (checkPortOverlap): "port %d has been used in
+        // service %s/%s", the number alone.
         assert_eq!(
             check(&primary, &tcp, &[]).unwrap_err().to_string(),
-            "check port overlap failed, primary service: d/dns, secondary service: d/dns-tcp, error: port 53/TCP has been used in service d/dns"
+            "check port overlap failed, primary service: d/dns, secondary service: d/dns-tcp, error: port 53 has been used in service d/dns"
         );
         let web = mk_svc("d", "web", &[("TCP", 80)], Some("d/dns"), None);
         let web2 = mk_svc("d", "web2", &[("TCP", 80)], Some("d/dns"), None);
@@ -189,15 +202,42 @@ mod tests {
             check(&no_ip, &web, &[]).unwrap_err().to_string(),
             "primary service d/p has no ingress IP"
         );
-        assert!(check_network(&primary, &web).is_ok(), "no network: skipped");
+        // pkg/cloud-controller-manager/loadbalancer.go (checkNetworkChanged, secondary): against the
+        // primary's load balancer's lb-network annotation, with the load balancer in the message.
+        let mk_lb = |network: &str| -> LoadBalancer {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "gc-ns", "name": "gc1-d-dns-12345678",
+                    "annotations": {keys::ANNOTATION_SERVICE_NETWORK: network}},
+                "spec": {},
+            }))
+            .unwrap()
+        };
+        assert!(
+            check_network(&web, None).is_ok(),
+            "no load balancer: skipped"
+        );
+        assert!(
+            check_network(&web, Some(&mk_lb("default/vlan1"))).is_ok(),
+            "none named: skipped"
+        );
+        assert!(check_network(&web, Some(&mk_lb(""))).is_ok());
         let mut vlan = web.clone();
         vlan.metadata
             .annotations
             .get_or_insert_default()
             .insert(keys::SVC_NETWORK.into(), "default/vlan1".into());
+        assert!(check_network(&vlan, Some(&mk_lb("default/vlan1"))).is_ok());
         assert_eq!(
-            check_network(&primary, &vlan).unwrap_err().to_string(),
-            "network annotation of service d/web is not same as the primary service d/dns, service: 'default/vlan1', primary: ''"
+            check_network(&vlan, Some(&mk_lb("")))
+                .unwrap_err()
+                .to_string(),
+            "network annotation of service d/web is not same as the load balancer gc-ns/gc1-d-dns-12345678, service: 'default/vlan1', lb: ''"
+        );
+        assert_eq!(
+            check_network(&vlan, Some(&mk_lb("default/vlan2")))
+                .unwrap_err()
+                .to_string(),
+            "network annotation of service d/web is not same as the load balancer gc-ns/gc1-d-dns-12345678, service: 'default/vlan1', lb: 'default/vlan2'"
         );
         assert!(check_primary_deletion(&primary, &[]).is_ok());
         assert_eq!(

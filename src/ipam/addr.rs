@@ -1,12 +1,14 @@
 //! Address arithmetic: IPv4 and IPv6 addresses as integers, and CIDR parsing.
 //!
-//! Every address is carried as a `u128` next to its [`Family`], so one code path serves both families
-//! and a `/64` costs no more than a `/24`.
+//! Every address is carried as a `u128` key in one space for both families, as Go's 16-byte
+//! `net.IP` carries it: an IPv6 address is its own value, an IPv4 address the value of its
+//! IPv4-mapped form (`::ffff:a.b.c.d`). One code path serves both families, a pool may mix them (as
+//! upstream's may), and a `/64` costs no more than a `/24`.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// The address family of a pool: every range of one pool has the same family.
+/// The address family of a subnet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
     V4,
@@ -27,14 +29,6 @@ impl Family {
             Family::V6 => 128,
         }
     }
-
-    /// The highest address of the family, as an integer.
-    pub(crate) fn max(self) -> u128 {
-        match self {
-            Family::V4 => u128::from(u32::MAX),
-            Family::V6 => u128::MAX,
-        }
-    }
 }
 
 impl fmt::Display for Family {
@@ -46,20 +40,29 @@ impl fmt::Display for Family {
     }
 }
 
-pub(crate) fn to_u128(ip: IpAddr) -> (Family, u128) {
-    match ip {
-        IpAddr::V4(v4) => (Family::V4, u128::from(u32::from(v4))),
-        IpAddr::V6(v6) => (Family::V6, u128::from(v6)),
+/// The keys of IPv4 addresses: the IPv4-mapped block `::ffff:0:0/96`.
+pub(crate) const IPV4_KEYS: (u128, u128) = (0xffff_0000_0000, 0xffff_ffff_ffff);
+
+/// The family of the address a key stands for.
+pub(crate) fn family_of(key: u128) -> Family {
+    if (IPV4_KEYS.0..=IPV4_KEYS.1).contains(&key) {
+        Family::V4
+    } else {
+        Family::V6
     }
 }
 
-/// Callers only pass values that came from an address of `family`, so an IPv4 value always fits in
-/// 32 bits; the mask keeps a broken caller from panicking.
-pub(crate) fn from_u128(family: Family, value: u128) -> IpAddr {
-    match family {
-        Family::V4 => IpAddr::V4(Ipv4Addr::from((value & 0xffff_ffff) as u32)),
-        Family::V6 => IpAddr::V6(Ipv6Addr::from(value)),
+/// An address's key.
+pub(crate) fn key(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(v4) => u128::from(v4.to_ipv6_mapped()),
+        IpAddr::V6(v6) => u128::from(v6),
     }
+}
+
+/// The address of a key: IPv4 for the IPv4-mapped block, as Go prints a 16-byte `net.IP`.
+pub(crate) fn from_key(key: u128) -> IpAddr {
+    Ipv6Addr::from(key).to_canonical()
 }
 
 /// Parses an address the way the status maps and specs write it. IPv4-mapped IPv6 text
@@ -73,6 +76,7 @@ pub(crate) fn parse_ip(text: &str) -> Option<IpAddr> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Cidr {
     family: Family,
+    /// The key of the network address.
     network: u128,
     prefix: u8,
 }
@@ -87,7 +91,7 @@ impl Cidr {
         // prefix, so only the plain forms are accepted.
         let ip: IpAddr = ip.parse().ok()?;
         let prefix: u8 = prefix.parse().ok()?;
-        let (family, value) = to_u128(ip);
+        let family = Family::of(ip);
         if prefix > family.bits() {
             return None;
         }
@@ -96,7 +100,7 @@ impl Cidr {
             network: 0,
             prefix,
         };
-        cidr.network = value & cidr.mask();
+        cidr.network = key(ip) & cidr.mask();
         Some(cidr)
     }
 
@@ -117,8 +121,10 @@ impl Cidr {
         }
     }
 
+    /// The mask over the key: for IPv4 it also covers the IPv4-mapped prefix, so that only keys of
+    /// the subnet's family can match.
     pub(crate) fn mask(&self) -> u128 {
-        self.family.max() & !self.host_mask()
+        !self.host_mask()
     }
 
     pub(crate) fn network(&self) -> u128 {
@@ -130,28 +136,32 @@ impl Cidr {
         self.network | self.host_mask()
     }
 
-    /// A `/32` or `/128`: a single address, usable as is.
+    /// A `/32` or `/128`: a single address.
     pub(crate) fn is_point(&self) -> bool {
         self.prefix == self.family.bits()
     }
 
-    pub(crate) fn contains(&self, family: Family, value: u128) -> bool {
-        family == self.family && value & self.mask() == self.network
+    pub(crate) fn contains(&self, key: u128) -> bool {
+        family_of(key) == self.family && key & self.mask() == self.network
     }
 
+    /// The netmask as an address (`255.255.255.0`, `ffff:ffff:ffff:ffff::`).
     pub fn netmask(&self) -> IpAddr {
-        from_u128(self.family, self.mask())
+        self.render(self.mask())
+    }
+
+    /// A key as an address of this subnet's family.
+    fn render(&self, value: u128) -> IpAddr {
+        match self.family {
+            Family::V4 => IpAddr::V4(Ipv4Addr::from((value & 0xffff_ffff) as u32)),
+            Family::V6 => IpAddr::V6(Ipv6Addr::from(value)),
+        }
     }
 }
 
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}/{}",
-            from_u128(self.family, self.network),
-            self.prefix
-        )
+        write!(f, "{}/{}", self.render(self.network), self.prefix)
     }
 }
 
@@ -164,9 +174,11 @@ mod tests {
         let cidr = Cidr::parse("192.168.0.5/24").expect("valid");
         assert_eq!(cidr.to_string(), "192.168.0.0/24");
         assert_eq!(cidr.netmask().to_string(), "255.255.255.0");
-        assert_eq!(
-            cidr.last(),
-            u128::from(u32::from(Ipv4Addr::new(192, 168, 0, 255)))
+        assert_eq!(cidr.last(), key("192.168.0.255".parse().expect("ip")));
+        assert_eq!(from_key(cidr.last()).to_string(), "192.168.0.255");
+        assert!(
+            !cidr.contains(key("::c0a8:1".parse().expect("ip"))),
+            "not IPv6"
         );
     }
 
@@ -191,7 +203,13 @@ mod tests {
         assert_eq!(v6.mask(), 0);
         assert_eq!(v6.last(), u128::MAX);
         let v4 = Cidr::parse("0.0.0.0/0").expect("valid");
-        assert_eq!(v4.last(), u128::from(u32::MAX));
+        assert_eq!(from_key(v4.last()).to_string(), "255.255.255.255");
+        assert_eq!(v4.netmask().to_string(), "0.0.0.0");
+        assert!(!v4.contains(key("2001:db8::1".parse().expect("ip"))));
+        assert!(
+            !v6.contains(key("10.0.0.1".parse().expect("ip"))),
+            "an IPv6 subnet holds no IPv4 address"
+        );
         assert_eq!(
             Cidr::parse("10.0.0.1/32")
                 .expect("valid")

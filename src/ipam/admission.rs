@@ -115,8 +115,9 @@ fn check(
             let Some(addr) = parse_ip(ip) else {
                 return Err(Rejection::InvalidAllocated { ip: ip.clone() });
             };
-            // The gateway is never handed out, so making an allocated address the gateway excludes it.
-            if !ranges.is_usable(addr) {
+            // As upstream's checkAllocated (the CNI range's Contains): the gateway counts as inside,
+            // so an update may make an allocated address the gateway; the address stays held.
+            if !ranges.contains(addr) {
                 return Err(Rejection::ExcludesAllocated { ip: ip.clone() });
             }
         }
@@ -464,14 +465,11 @@ mod tests {
                 "can't update IP pool input because allocated IP 192.168.100.30 is excluded".into()
             )
         );
+        // pkg/webhook/ippool/validator.go (checkAllocated, through allocator.RangeSet.Contains):
+        // an allocated address that becomes the gateway is still inside.
         input.ranges[0].range_end = String::new();
         input.ranges[0].gateway = "192.168.100.30".into();
-        assert_eq!(
-            entry(&input),
-            Err(
-                "can't update IP pool input because allocated IP 192.168.100.30 is excluded".into()
-            )
-        );
+        assert_eq!(entry(&input), Ok(()));
         let junk: BTreeMap<String, String> = [("nope".to_string(), "default/lb".to_string())]
             .into_iter()
             .collect();

@@ -2,12 +2,13 @@
 //!
 //! A range is built from a [`RangeSpec`] exactly as Harvester's `MakeRange` does (defaults from the
 //! subnet, each explicit address checked, reversed bounds swapped). A [`RangeSet`] is a pool's ranges in
-//! spec order, which is also the round-robin order; its ranges never overlap and share one family.
+//! spec order, which is also the round-robin order; its ranges never overlap, and may be of both
+//! families (as upstream's may).
 
 use std::fmt;
 use std::net::IpAddr;
 
-use super::addr::{Cidr, Family, from_u128, parse_ip, to_u128};
+use super::addr::{Cidr, Family, IPV4_KEYS, from_key, key, parse_ip};
 use super::spec::RangeSpec;
 
 /// Why a pool's ranges are not acceptable. The texts are the upstream ones.
@@ -25,9 +26,10 @@ pub enum RangeError {
     Gateway { value: String, source: BoundError },
     #[error("there are overlaps between range {first} and {second}")]
     Overlap { first: String, second: String },
-    /// Not an upstream message: upstream builds such a pool and then misbehaves.
-    #[error("ranges {first} and {second} mix address families")]
-    MixedFamilies { first: String, second: String },
+    /// Not an upstream check: Go reads these addresses as IPv4 (`net.IP.To4`), so upstream mixes
+    /// them up with the IPv4 addresses they map.
+    #[error("range {range} of subnet {subnet} holds IPv4-mapped addresses (::ffff:0:0/96)")]
+    Ipv4Mapped { range: String, subnet: String },
     /// Not an upstream check: upstream accepts such a range (an IPv6 /127, whose only host address
     /// is its gateway) and reports the pool Ready with nothing to give.
     #[error("range {subnet} has no address to allocate (its only one is the gateway)")]
@@ -114,6 +116,12 @@ impl IpRange {
             end,
             gateway,
         };
+        if subnet.family() == Family::V6 && start <= IPV4_KEYS.1 && IPV4_KEYS.0 <= end {
+            return Err(RangeError::Ipv4Mapped {
+                range: range.to_string(),
+                subnet: subnet.to_string(),
+            });
+        }
         if range.size() == 0 {
             return Err(RangeError::NoAddress {
                 subnet: spec.subnet.clone(),
@@ -131,15 +139,15 @@ impl IpRange {
     }
 
     pub fn start(&self) -> IpAddr {
-        from_u128(self.family(), self.start)
+        from_key(self.start)
     }
 
     pub fn end(&self) -> IpAddr {
-        from_u128(self.family(), self.end)
+        from_key(self.end)
     }
 
     pub fn gateway(&self) -> Option<IpAddr> {
-        self.gateway.map(|gw| from_u128(self.family(), gw))
+        self.gateway.map(from_key)
     }
 
     /// Addresses this range can hand out: its length, less the gateway when it lies inside.
@@ -150,12 +158,12 @@ impl IpRange {
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
-        let (family, value) = to_u128(ip);
-        family == self.family() && self.contains_value(value)
+        self.contains_value(key(ip))
     }
 
+    /// Ranges of two families never overlap: their keys lie apart.
     pub fn overlaps(&self, other: &IpRange) -> bool {
-        self.family() == other.family() && self.start <= other.end && other.start <= self.end
+        self.start <= other.end && other.start <= self.end
     }
 
     pub(crate) fn bounds(&self) -> (u128, u128) {
@@ -184,31 +192,28 @@ fn bound(text: &str, subnet: &Cidr) -> Result<Option<u128>, BoundError> {
         return Ok(None);
     }
     let ip = parse_ip(text).ok_or_else(|| BoundError::Invalid { ip: text.into() })?;
-    let (family, value) = to_u128(ip);
-    if !subnet.contains(family, value) {
+    let value = key(ip);
+    if !subnet.contains(value) {
         return Err(BoundError::OutOfSubnet {
             ip: text.into(),
             subnet: subnet.to_string(),
         });
     }
-    // The single address of a /32 or /128 is both "network" and "broadcast"; it is the usable one.
-    if subnet.is_point() {
-        return Ok(Some(value));
-    }
+    // As upstream's parseIP, for both families: the single address of a /32 is its network address
+    // (it is usable only as the default), and an IPv6 subnet's last address is refused as its
+    // "broadcast" address although it is the default range end.
     if value == subnet.network() {
         return Err(BoundError::Network { ip: text.into() });
     }
-    // IPv6 has no broadcast address: its last address is the default range end.
-    if family == Family::V4 && value == subnet.last() {
+    if value == subnet.last() {
         return Err(BoundError::Broadcast { ip: text.into() });
     }
     Ok(Some(value))
 }
 
-/// A pool's ranges in spec order (the round-robin order), non-overlapping, one family.
+/// A pool's ranges in spec order (the round-robin order), non-overlapping.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RangeSet {
-    family: Family,
     ranges: Vec<IpRange>,
     /// `(start, index into ranges)`, ascending, to find an address's range in O(log R).
     by_start: Vec<(u128, usize)>,
@@ -221,13 +226,8 @@ impl RangeSet {
             .iter()
             .map(IpRange::parse)
             .collect::<Result<Vec<_>, _>>()?;
-        let first = ranges.first().ok_or(RangeError::Empty)?;
-        let family = first.family();
-        if let Some(other) = ranges.iter().find(|r| r.family() != family) {
-            return Err(RangeError::MixedFamilies {
-                first: first.to_string(),
-                second: other.to_string(),
-            });
+        if ranges.is_empty() {
+            return Err(RangeError::Empty);
         }
         // Report the first pair in spec order, as upstream's nested loop does.
         for (i, a) in ranges.iter().enumerate() {
@@ -249,15 +249,10 @@ impl RangeSet {
             .map(IpRange::size)
             .fold(0u128, u128::saturating_add);
         Ok(RangeSet {
-            family,
             ranges,
             by_start,
             total,
         })
-    }
-
-    pub fn family(&self) -> Family {
-        self.family
     }
 
     pub fn ranges(&self) -> &[IpRange] {
@@ -270,21 +265,16 @@ impl RangeSet {
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
-        let (family, value) = to_u128(ip);
-        family == self.family && self.find(value).is_some()
+        self.find(key(ip)).is_some()
     }
 
     /// In a range and not that range's gateway.
     pub fn is_usable(&self, ip: IpAddr) -> bool {
-        let (family, value) = to_u128(ip);
-        family == self.family && self.usable_value(value)
+        self.usable_value(key(ip))
     }
 
     /// Whether any range of `self` overlaps any range of `other` (ranges of other families never do).
     pub fn overlaps(&self, other: &RangeSet) -> bool {
-        if self.family != other.family {
-            return false;
-        }
         // Both lists are sorted and internally disjoint, so a merge walk finds any intersection.
         let (mut i, mut j) = (0, 0);
         while let (Some(&(_, a)), Some(&(_, b))) = (self.by_start.get(i), other.by_start.get(j)) {
@@ -436,10 +426,24 @@ mod tests {
         assert_eq!(r.to_string(), "fd00::7-fd00::7");
         assert_eq!(r.size(), 1);
 
-        // Naming the one address explicitly is allowed (upstream calls it the network address).
-        let r = IpRange::parse(&mk_range("192.168.100.10/32", "192.168.100.10", "", ""))
-            .expect("valid");
-        assert_eq!(r.size(), 1);
+        // pkg/ipam/allocator.go (parseIP): naming the one address explicitly is refused as the
+        // network address, for every bound, as upstream refuses it.
+        assert_eq!(
+            err(mk_range("192.168.100.10/32", "192.168.100.10", "", "")),
+            "invalid range start 192.168.100.10: IP 192.168.100.10 is the network address"
+        );
+        assert_eq!(
+            err(mk_range("192.168.100.10/32", "", "192.168.100.10", "")),
+            "invalid range end 192.168.100.10: IP 192.168.100.10 is the network address"
+        );
+        assert_eq!(
+            err(mk_range("192.168.100.10/32", "", "", "192.168.100.10")),
+            "invalid gateway 192.168.100.10: IP 192.168.100.10 is the network address"
+        );
+        assert_eq!(
+            err(mk_range("fd00::7/128", "fd00::7", "", "")),
+            "invalid range start fd00::7: IP fd00::7 is the network address"
+        );
         assert_eq!(
             err(mk_range("192.168.100.10/32", "192.168.101.10", "", "")),
             "invalid range start 192.168.101.10: IP 192.168.101.10 is out of subnet 192.168.100.10/32"
@@ -530,6 +534,18 @@ mod tests {
             err(mk_range(net, "", "", "fd00::1")),
             "invalid gateway fd00::1: IP fd00::1 is out of subnet 192.168.0.0/24"
         );
+        // pkg/ipam/allocator.go (parseIP, broadcastIP): IPv6's last address is refused by name too,
+        // although it is the default range end.
+        assert_eq!(
+            err(mk_range("fd00::/120", "", "fd00::ff", "")),
+            "invalid range end fd00::ff: IP fd00::ff is the broadcast address"
+        );
+        assert_eq!(
+            IpRange::parse(&mk_subnet("fd00::/120"))
+                .expect("valid")
+                .to_string(),
+            "fd00::1-fd00::ff"
+        );
         // The start is checked before the end, and the end before the gateway.
         assert_eq!(
             err(mk_range(net, "a", "b", "c")),
@@ -556,9 +572,47 @@ mod tests {
             overlap.to_string(),
             "there are overlaps between range 192.168.100.1-192.168.100.254 and 192.168.100.10-192.168.100.20"
         );
-        let mixed = RangeSet::parse(&[mk_subnet("192.168.100.0/24"), mk_subnet("fd00::/120")])
-            .expect_err("mixed");
-        assert!(matches!(mixed, RangeError::MixedFamilies { .. }));
+    }
+
+    // pkg/ipam/rangeset.go (LBRangesToAllocatorRangeSet) builds a set of any ranges, and the CNI
+    // range set it makes walks them in order whatever their family.
+    #[test]
+    fn a_set_may_mix_families() {
+        let set = RangeSet::parse(&[
+            mk_range("192.168.100.0/24", "192.168.100.10", "192.168.100.11", ""),
+            mk_range("fd00::/120", "fd00::10", "fd00::11", ""),
+        ])
+        .expect("mixed families");
+        assert_eq!(
+            set.to_string(),
+            "192.168.100.10-192.168.100.11,fd00::10-fd00::11"
+        );
+        assert_eq!(set.total(), 4);
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        assert!(set.contains(ip("192.168.100.10")) && set.contains(ip("fd00::11")));
+        assert!(!set.contains(ip("fd00::12")) && !set.contains(ip("192.168.100.12")));
+        let v6 = RangeSet::parse(&[mk_subnet("fd00::/120")]).expect("valid");
+        let v4 = RangeSet::parse(&[mk_subnet("192.168.100.0/24")]).expect("valid");
+        assert!(set.overlaps(&v6) && set.overlaps(&v4) && !v4.overlaps(&v6));
+    }
+
+    #[test]
+    fn ipv6_ranges_over_ipv4_mapped_addresses_are_refused() {
+        assert!(matches!(
+            IpRange::parse(&mk_subnet("::ffff:0:0/96")),
+            Err(RangeError::Ipv4Mapped { .. })
+        ));
+        assert!(matches!(
+            IpRange::parse(&mk_subnet("::/64")),
+            Err(RangeError::Ipv4Mapped { .. })
+        ));
+        // The same subnet, with a range short of the block, is fine.
+        assert!(IpRange::parse(&mk_range("::/64", "::10", "::20", "")).is_ok());
+        // An IPv4 address never lies in an IPv6 subnet.
+        assert_eq!(
+            err(mk_range("::/64", "10.0.0.1", "", "")),
+            "invalid range start 10.0.0.1: IP 10.0.0.1 is out of subnet ::/64"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use super::addr::{parse_ip, to_u128};
+use super::addr::{key, parse_ip};
 use super::allocator::PoolAllocator;
 
 /// The annotation key.
@@ -71,13 +71,8 @@ impl PoolAllocator {
         request: &ManualRelease,
         load_balancer_exists: bool,
     ) -> ManualReleaseOutcome {
-        let (family, value) = to_u128(request.ip);
-        let holder = if family == self.family() {
-            self.holder(request.ip)
-        } else {
-            None
-        };
-        match holder {
+        let value = key(request.ip);
+        match self.holder(request.ip) {
             None => ManualReleaseOutcome::NotAllocated,
             Some(holder) if holder != request.id => ManualReleaseOutcome::HeldByOther {
                 holder: holder.into(),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::addr::{parse_ip, to_u128};
+use super::addr::{from_key, key, parse_ip};
 use super::allocator::{Addrs, PoolAllocator, PoolError};
 use super::range::RangeSet;
 use super::spec::{RangeSpec, null_as_default};
@@ -117,14 +117,13 @@ impl PoolAllocator {
             pool: name.into(),
             source,
         })?;
-        let family = ranges.family();
         let mut pool = PoolAllocator::empty(name, ranges);
 
         let mut held: Vec<(u128, &str, &str)> = Vec::with_capacity(status.allocated.len());
         for (ip, id) in &status.allocated {
-            match parse_ip(ip).map(to_u128) {
-                Some((f, value)) if f == family => held.push((value, ip, id)),
-                _ => {
+            match parse_ip(ip).map(key) {
+                Some(value) => held.push((value, ip, id)),
+                None => {
                     pool.foreign.insert(ip.clone(), id.clone());
                 }
             }
@@ -166,10 +165,10 @@ impl PoolAllocator {
         pool.runs = runs.into_iter().collect();
 
         for (ip, id) in &status.allocated_history {
-            let Some((f, value)) = parse_ip(ip).map(to_u128) else {
+            let Some(value) = parse_ip(ip).map(key) else {
                 continue;
             };
-            if f != family || !pool.ranges.usable_value(value) || pool.by_ip.contains_key(&value) {
+            if !pool.ranges.usable_value(value) || pool.by_ip.contains_key(&value) {
                 continue;
             }
             if pool.history.contains_key(&value) {
@@ -189,10 +188,7 @@ impl PoolAllocator {
             pool.history.insert(value, key);
         }
 
-        pool.last_allocated = parse_ip(&status.last_allocated)
-            .map(to_u128)
-            .filter(|(f, _)| *f == family)
-            .map(|(_, value)| value);
+        pool.last_allocated = parse_ip(&status.last_allocated).map(key);
         Ok(pool)
     }
 
@@ -205,8 +201,7 @@ impl PoolAllocator {
 
     /// Overwrites everything in `status` but the conditions.
     pub fn write_status(&self, status: &mut PoolStatus) {
-        let family = self.family();
-        let text = |value: u128| super::addr::from_u128(family, value).to_string();
+        let text = |value: u128| from_key(value).to_string();
         status.total = saturating_i64(self.total());
         status.available = saturating_i64(self.available());
         status.last_allocated = self.last_allocated.map(text).unwrap_or_default();

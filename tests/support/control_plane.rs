@@ -132,6 +132,15 @@ impl ControlPlane {
         Self::prepare(dir.to_path_buf(), file).await
     }
 
+    /// `n` control planes for this test alone (a Harvester cluster and guest clusters).
+    pub async fn lease_many(n: usize) -> Vec<ControlPlane> {
+        let mut out = Vec::with_capacity(n);
+        for (dir, file) in take(n).await {
+            out.push(Self::prepare(dir, file).await);
+        }
+        out
+    }
+
     async fn prepare(dir: PathBuf, lease: File) -> ControlPlane {
         let env = std::fs::read_to_string(dir.join("env"))
             .unwrap_or_else(|e| panic!("{} is not a running control plane: {e}", dir.display()));

@@ -31,7 +31,11 @@ mod store;
 pub use store::ClusterStore;
 
 use self::store::Owner;
-use super::{mapping::GuestContext, reconcile};
+use super::{
+    decide::{in_scope, maker_of},
+    mapping::GuestContext,
+    reconcile,
+};
 use crate::{
     crd::{LoadBalancer, keys, lb_api, lb_kind},
     store::{
@@ -103,10 +107,18 @@ impl ClusterKey {
         })
     }
 
+    /// The identity recorded on this cluster's LoadBalancers. The key names one guest cluster of
+    /// the embedded store alone (two cannot share both names), so it is the identity; it can never
+    /// be a ccm's (a UID).
+    pub fn identity(&self) -> String {
+        format!("embedded:{}/{}", self.namespace, self.cluster)
+    }
+
     /// The reconciler's view of this cluster. The embedded backend has no `--management-network`.
     pub fn context(&self) -> GuestContext {
         GuestContext {
             cluster: self.cluster.clone(),
+            identity: self.identity(),
             lb_namespace: self.namespace.clone(),
             management_network: None,
         }
@@ -227,9 +239,13 @@ pub async fn delete_cluster(
             kind: "loadbalancer".into(),
             source,
         })?;
+    // Those it made, and those that record no maker (made before makers were recorded); never
+    // one another maker recorded.
+    let context = key.context();
     for lb in listed
         .iter()
         .filter(|lb| lb.spec.workload_type == "cluster")
+        .filter(|lb| maker_of(lb).is_none_or(|m| m == context.identity))
     {
         let name = lb.metadata.name.clone().unwrap_or_default();
         // One already going (its Service's deletion got there first) is counted, not deleted again.
@@ -292,17 +308,16 @@ impl kube::Resource for ServiceRecord {
     }
 }
 
-/// The guest cluster a LoadBalancer was made for by a reconciler (its three labels), if any.
+/// The guest cluster a LoadBalancer was made for by a reconciler (its three labels, and no maker
+/// recorded but that cluster), if any.
 fn cluster_of_lb(lb: &LoadBalancer) -> Option<ClusterKey> {
-    let labels = lb.metadata.labels.as_ref()?;
-    let ours = labels.contains_key(keys::LABEL_SERVICE_NAMESPACE)
-        && labels.contains_key(keys::LABEL_SERVICE_NAME)
-        && lb.spec.workload_type == "cluster";
-    if !ours {
+    if lb.spec.workload_type != "cluster" {
         return None;
     }
+    let labels = lb.metadata.labels.as_ref()?;
     let cluster = labels.get(keys::LABEL_GUEST_CLUSTER)?;
-    ClusterKey::new(lb.metadata.namespace.as_deref()?, cluster).ok()
+    let key = ClusterKey::new(lb.metadata.namespace.as_deref()?, cluster).ok()?;
+    in_scope(&key.context(), lb).then_some(key)
 }
 
 /// What the watches say about a guest cluster.

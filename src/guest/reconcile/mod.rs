@@ -50,8 +50,9 @@ use tracing::{info, warn};
 
 use super::{
     decide::{
-        is_load_balancer, judge_primary, judge_secondary, lb_name_of, new_lb, not_ready_message,
-        primary_of, remove_annotation, set_annotation, set_ingress, set_label, update_lb,
+        empty_label, is_load_balancer, judge_network, judge_primary, judge_secondary, lb_name_of,
+        new_lb, not_ready_message, primary_of, remove_annotation, set_annotation, set_ingress,
+        set_label, update_lb,
     },
     index::{Accepted, ShareIndex},
     mapping::{GuestContext, LbPlan, annotation, label, service_key},
@@ -336,17 +337,36 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, SyncError
 /// A Service of type LoadBalancer with the finalizer: a primary gets its own LoadBalancer, a
 /// secondary its primary's address.
 async fn ensure(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncError> {
+    // The NAD mapping first, for a secondary too, as upstream checks every Service.
+    let network = annotation(svc, keys::SVC_NETWORK).unwrap_or_default();
+    let nad = if network.is_empty() {
+        None
+    } else {
+        ctx.nad_mapping().await?
+    };
+    let interface = match judge_network(svc, nad.as_ref().map(|m| m.as_deref())) {
+        Ok(interface) => interface,
+        Err(e) => {
+            ctx.forget_secondary(key);
+            return Ok(ctx.refuse(svc, key, e.to_string()));
+        }
+    };
     match primary_of(svc) {
         Err(e) => Ok(ctx.refuse(svc, key, e.to_string())),
         Ok(Some(primary)) => secondary(svc, key, primary, ctx).await,
         Ok(None) => {
             ctx.forget_secondary(key);
-            primary(svc, key, ctx).await
+            primary(svc, key, interface, ctx).await
         }
     }
 }
 
-async fn primary(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncError> {
+async fn primary(
+    svc: &Service,
+    key: &str,
+    interface: Option<String>,
+    ctx: &Ctx,
+) -> Result<Action, SyncError> {
     let lb_name = lb_name_of(&ctx.cluster.cluster, svc).ok_or(missing("metadata.uid"))?;
     let lb_key = ctx.lb_ref(&lb_name);
     let cached = ctx
@@ -360,19 +380,8 @@ async fn primary(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncErro
         // first; the LoadBalancer's Delete event brings this Service back.
         return Ok(Action::requeue(WAIT_RECHECK));
     }
-    let network = annotation(svc, keys::SVC_NETWORK).unwrap_or_default();
-    let nad = if network.is_empty() {
-        None
-    } else {
-        ctx.nad_mapping().await?
-    };
-    let (plan, interface) = match judge_primary(
-        svc,
-        &ctx.cluster,
-        cached.as_deref(),
-        nad.as_ref().map(|m| m.as_deref()),
-    ) {
-        Ok(judged) => judged,
+    let plan = match judge_primary(svc, &ctx.cluster, cached.as_deref()) {
+        Ok(plan) => plan,
         Err(e) => return Ok(ctx.refuse(svc, key, e.to_string())),
     };
     let write_failed = |source| SyncError::WriteLoadBalancer {
@@ -443,8 +452,9 @@ async fn primary(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncErro
         if let Some(i) = &interface {
             changed |= set_annotation(s, keys::KUBE_VIP_INTERFACE, i);
         }
-        // Upstream marks a primary with an empty primary-service label.
-        changed | set_label(s, keys::SVC_PRIMARY, "")
+        // As upstream: a primary-service label left from a time as a secondary is emptied (not
+        // removed); none is added.
+        changed | empty_label(s, keys::SVC_PRIMARY)
     })
     .await?;
     if written {
@@ -542,9 +552,23 @@ async fn secondary(
     let share_lock = ctx.share_lock(&primary_key);
     let held = share_lock.lock().await;
     let primary = ctx.svc_cache.get(&ObjectRef::new(&pname).within(&pns));
+    let primary_lb = primary
+        .as_deref()
+        .and_then(|p| lb_name_of(&ctx.cluster.cluster, p))
+        .and_then(|n| {
+            ctx.lb_cache
+                .get(&ObjectRef::new(&n).within(ctx.lb_namespace()))
+        });
     let others = ctx.secondaries_of(&pns, &pname, key);
     let other_refs: Vec<&Service> = others.iter().map(|s| s.as_ref()).collect();
-    let ip = match judge_secondary(svc, (&pns, &pname), primary.as_deref(), &other_refs) {
+    let judged = judge_secondary(
+        svc,
+        (&pns, &pname),
+        primary.as_deref(),
+        primary_lb.as_deref(),
+        &other_refs,
+    );
+    let ip = match judged {
         Ok(ip) => ip,
         Err(e) => {
             ctx.forget_secondary(key);

@@ -32,7 +32,7 @@ use crate::{
     controller::{Backoff, events::Recorder},
     crd::{LoadBalancer, keys, lb_api, lb_kind},
     guest::{
-        decide::{is_leftover, lb_name_of, service_fingerprint, service_of},
+        decide::{in_scope, is_leftover, lb_name_of, service_fingerprint, service_of},
         index::{Accepted, ShareIndex},
         mapping::{GuestContext, annotation, service_key},
         nad,
@@ -41,8 +41,10 @@ use crate::{
     sync::lock,
 };
 
-/// Deletes a LoadBalancer of this cluster whose Service is gone or was recreated, after confirming
-/// with fresh reads (the caches may lag).
+/// Deletes a LoadBalancer this cluster made whose Service is gone or was recreated, after confirming
+/// with fresh reads (the caches may lag). Only a LoadBalancer that records this cluster as its maker
+/// is ever collected ([`is_leftover`]): another guest cluster's of the same name, in the same
+/// namespace, is not this one's to judge, nor is one upstream's cloud provider made.
 async fn collect(ctx: &Ctx, lb_name: &str) -> Result<(), SyncError> {
     let Some(lb) = ctx
         .lb_cache
@@ -53,15 +55,11 @@ async fn collect(ctx: &Ctx, lb_name: &str) -> Result<(), SyncError> {
     if lb.metadata.deletion_timestamp.is_some() || lb.spec.workload_type != "cluster" {
         return Ok(());
     }
-    let Some(svc_ref) = service_of(&ctx.cluster.cluster, &lb) else {
+    let Some(svc_ref) = service_of(&ctx.cluster, &lb) else {
         return Ok(());
     };
     let svc_ns = svc_ref.namespace.clone().unwrap_or_default();
-    if !is_leftover(
-        &ctx.cluster.cluster,
-        &lb,
-        ctx.svc_cache.get(&svc_ref).as_deref(),
-    ) {
+    if !is_leftover(&ctx.cluster, &lb, ctx.svc_cache.get(&svc_ref).as_deref()) {
         return Ok(());
     }
     let lb_key = ctx.lb_ref(lb_name);
@@ -84,7 +82,7 @@ async fn collect(ctx: &Ctx, lb_name: &str) -> Result<(), SyncError> {
     let Some(fresh_lb) = fresh_lb else {
         return Ok(());
     };
-    if !is_leftover(&ctx.cluster.cluster, &fresh_lb, fresh_svc.as_ref()) {
+    if !is_leftover(&ctx.cluster, &fresh_lb, fresh_svc.as_ref()) {
         return Ok(());
     }
     let preconditions = Preconditions {
@@ -189,11 +187,12 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
         })
     };
 
-    // This cluster's LoadBalancers: the cache; each change wakes its Service and is looked at by
-    // the garbage collector.
+    // This cluster's LoadBalancers ([`in_scope`]): the cache; each change wakes its Service and is
+    // looked at by the garbage collector. Others stay out of the cache, and one that leaves the
+    // scope (another guest cluster of the same name recorded itself on it) leaves the cache.
     let lbs = {
-        let (wake, gc, name) = (wake_tx.clone(), gc_tx, cluster.cluster.clone());
-        let mine = cluster.cluster.clone();
+        let (wake, gc, scope) = (wake_tx.clone(), gc_tx, cluster.clone());
+        let mine = cluster.clone();
         reflector::reflector(
             lb_writer,
             watcher::<LoadBalancer>(
@@ -201,22 +200,22 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
                 lb_kind(),
                 Some(cluster.lb_namespace.clone()),
             )
-            .filter(move |e| {
-                // Only this cluster's (others' stay out of the cache).
-                let keep = match e {
-                    Ok(WatchEvent::Apply(lb) | WatchEvent::InitApply(lb)) => {
-                        service_of(&mine, lb).is_some()
+            .filter_map(move |e| {
+                let scoped = match e {
+                    Ok(WatchEvent::InitApply(lb)) if !in_scope(&mine, &lb) => None,
+                    Ok(WatchEvent::Apply(lb)) if !in_scope(&mine, &lb) => {
+                        Some(Ok(WatchEvent::Delete(lb)))
                     }
-                    _ => true,
+                    other => Some(other),
                 };
-                std::future::ready(keep)
+                std::future::ready(scoped)
             }),
         )
         .take_until(stop.clone().cancelled_owned())
         .touched_objects()
         .for_each(move |r| {
             if let Ok(lb) = r {
-                if let Some(svc) = service_of(&name, &lb) {
+                if let Some(svc) = service_of(&scope, &lb) {
                     let _ = wake.send(svc);
                 }
                 if let Some(n) = lb.metadata.name.clone() {

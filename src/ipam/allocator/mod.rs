@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::addr::{Family, from_u128, to_u128};
+use super::addr::{Family, family_of, from_key, key};
 use super::range::{RangeError, RangeSet};
 use super::spec::RangeSpec;
 
@@ -145,8 +145,8 @@ pub struct PoolAllocator {
     pub(super) history: HashMap<u128, Arc<str>>,
     /// The same per id, ascending; almost always a single address.
     pub(super) history_by_id: HashMap<Arc<str>, Addrs>,
-    /// Status entries that are not addresses of this pool's family, kept verbatim so that writing the
-    /// status back loses nothing and nothing is handed out over them.
+    /// Status entries that are not addresses (or a second spelling of one), kept verbatim so that
+    /// writing the status back loses nothing and nothing is handed out over them.
     pub(super) foreign: BTreeMap<String, String>,
     pub(super) last_allocated: Option<u128>,
     /// How many held addresses are usable (inside a range, not a gateway).
@@ -186,10 +186,6 @@ impl PoolAllocator {
         &self.ranges
     }
 
-    pub fn family(&self) -> Family {
-        self.ranges.family()
-    }
-
     /// Addresses the pool can hand out in all (the status `total`).
     pub fn total(&self) -> u128 {
         self.ranges.total()
@@ -211,11 +207,7 @@ impl PoolAllocator {
 
     /// The id holding `ip`, if any.
     pub fn holder(&self, ip: IpAddr) -> Option<&str> {
-        let (family, value) = to_u128(ip);
-        if family != self.family() {
-            return None;
-        }
-        self.by_ip.get(&value).map(|id| &**id)
+        self.by_ip.get(&key(ip)).map(|id| &**id)
     }
 
     /// The usable address `id` holds, if any.
@@ -232,7 +224,7 @@ impl PoolAllocator {
     }
 
     /// Held entries that the pool could not hand out today: outside the ranges, on a gateway, or not
-    /// addresses of the pool's family. They only come from a restored status (hand edits, a spec
+    /// addresses. They only come from a restored status (hand edits, a spec
     /// changed behind the webhook), and stay held until released.
     pub fn strays(&self) -> Vec<(String, String)> {
         let mut held: Vec<(u128, &Arc<str>)> = self
@@ -283,11 +275,8 @@ impl PoolAllocator {
     /// Gives `id` exactly `ip`, or says why not.
     pub fn allocate_ip(&mut self, id: &str, ip: IpAddr) -> Result<Allocation, PoolError> {
         let ip = ip.to_canonical();
-        let (family, value) = to_u128(ip);
-        let range = (family == self.family())
-            .then(|| self.ranges.range_of(value))
-            .flatten();
-        let Some(range) = range else {
+        let value = key(ip);
+        let Some(range) = self.ranges.range_of(value) else {
             return Err(self.fail(
                 id,
                 AllocateError::NotInRange {
@@ -364,11 +353,10 @@ impl PoolAllocator {
             pool: self.name.clone(),
             source,
         })?;
-        let same_family = ranges.family() == self.family();
         if let Some((&value, id)) = self
             .by_ip
             .iter()
-            .filter(|(v, _)| !same_family || !ranges.usable_value(**v))
+            .filter(|(v, _)| !ranges.usable_value(**v))
             // The lowest offender, so that the message does not depend on hash order.
             .min_by_key(|(v, _)| **v)
         {
@@ -385,11 +373,6 @@ impl PoolAllocator {
                 ip: ip.clone(),
                 id: id.clone(),
             });
-        }
-        if !same_family {
-            // Nothing is held, so the history is all there is to drop.
-            self.history.clear();
-            self.history_by_id.clear();
         }
         self.ranges_text = ranges.to_string();
         self.ranges = ranges;
@@ -415,7 +398,7 @@ impl PoolAllocator {
     }
 
     fn ip(&self, value: u128) -> IpAddr {
-        from_u128(self.family(), value)
+        from_key(value)
     }
 
     fn allocation(&self, value: u128, origin: Origin) -> Allocation {
@@ -423,8 +406,8 @@ impl PoolAllocator {
         let subnet = range.map(|r| r.subnet());
         Allocation {
             ip: self.ip(value),
-            mask: subnet.map_or_else(|| self.ip(self.family().max()), |s| s.netmask()),
-            prefix_len: subnet.map_or(self.family().bits(), |s| s.prefix_len()),
+            mask: subnet.map_or_else(|| host_mask(family_of(value)), |s| s.netmask()),
+            prefix_len: subnet.map_or(family_of(value).bits(), |s| s.prefix_len()),
             gateway: range.and_then(|r| r.gateway()),
             origin,
         }
@@ -587,6 +570,14 @@ impl PoolAllocator {
             return self.free_in(first, start, from - 1);
         }
         None
+    }
+}
+
+/// The all-ones mask of a family (a single address).
+fn host_mask(family: Family) -> IpAddr {
+    match family {
+        Family::V4 => IpAddr::V4(std::net::Ipv4Addr::BROADCAST),
+        Family::V6 => IpAddr::V6(std::net::Ipv6Addr::from(u128::MAX)),
     }
 }
 

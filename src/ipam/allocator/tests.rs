@@ -270,3 +270,81 @@ fn runs_coalesce_and_split() {
     alloc(&mut pool, "b");
     assert_eq!(pool.runs.len(), 1);
 }
+
+// pkg/ipam/rangeset.go and the CNI host-local iterator it drives: the ranges of a pool are walked
+// in spec order whatever their family, and the scan wraps from the last range to the first.
+#[test]
+fn a_pool_of_both_families_is_walked_in_spec_order_and_wraps() {
+    let mut pool = mk_pool(&[
+        mk_range("fd00::/120", "fd00::10", "fd00::11", ""),
+        mk_range("10.0.0.0/24", "10.0.0.10", "10.0.0.10", ""),
+    ]);
+    assert_eq!(pool.total(), 3);
+    assert_eq!(alloc(&mut pool, "ns/a"), "fd00::10");
+    assert_eq!(alloc(&mut pool, "ns/b"), "fd00::11");
+    let v4 = pool.allocate("ns/c").expect("allocates");
+    assert_eq!(
+        (v4.ip.to_string(), v4.mask.to_string(), v4.prefix_len),
+        ("10.0.0.10".to_string(), "255.255.255.0".to_string(), 24)
+    );
+    assert_eq!(v4.gateway, Some(mk_ip("10.0.0.1")));
+    pool.release("ns/a");
+    // After the IPv4 range, the scan wraps to the IPv6 one.
+    assert_eq!(alloc(&mut pool, "ns/d"), "fd00::10");
+    assert_eq!(pool.holder(mk_ip("10.0.0.10")), Some("ns/c"));
+    // IPv4-mapped text names the IPv4 address, as Go's net.ParseIP reads it.
+    assert_eq!(pool.holder(mk_ip("::ffff:10.0.0.10")), Some("ns/c"));
+    assert_eq!(pool.holder(mk_ip("::a00:a")), None);
+
+    // The status keeps both families, and reads back to the same pool.
+    let mut status = crate::ipam::status::PoolStatus::default();
+    pool.write_status(&mut status);
+    assert_eq!(
+        status.allocated.get("10.0.0.10").map(String::as_str),
+        Some("ns/c")
+    );
+    assert_eq!(
+        status.allocated.get("fd00::11").map(String::as_str),
+        Some("ns/b")
+    );
+    assert_eq!(status.last_allocated, "fd00::10");
+    let specs = [
+        mk_range("fd00::/120", "fd00::10", "fd00::11", ""),
+        mk_range("10.0.0.0/24", "10.0.0.10", "10.0.0.10", ""),
+    ];
+    let restored = PoolAllocator::from_status("pool1", &specs, &status).expect("restores");
+    assert_eq!(restored.in_use(), 3);
+    assert_eq!(restored.available(), 0);
+    assert!(restored.strays().is_empty());
+}
+
+// pkg/webhook/ippool/validator.go (checkAllocated) lets an update make an allocated address the
+// gateway; the holder keeps it. Upstream's pool controller then reports `available` as
+// total - len(allocated) (pkg/controller/ippool/controller.go), which can go negative; ours counts
+// only held addresses the pool could hand out, and lists the gateway one as a stray.
+#[test]
+fn an_allocated_address_that_became_the_gateway_stays_held() {
+    let status = crate::ipam::status::PoolStatus {
+        allocated: [
+            ("10.0.0.10".to_string(), "ns/a".to_string()),
+            ("10.0.0.11".to_string(), "ns/b".to_string()),
+        ]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    };
+    let specs = [mk_range(
+        "10.0.0.0/24",
+        "10.0.0.10",
+        "10.0.0.11",
+        "10.0.0.10",
+    )];
+    let mut pool = PoolAllocator::from_status("pool1", &specs, &status).expect("restores");
+    assert_eq!((pool.total(), pool.in_use(), pool.available()), (1, 1, 0));
+    assert_eq!(pool.holder(mk_ip("10.0.0.10")), Some("ns/a"));
+    assert_eq!(
+        pool.strays(),
+        vec![("10.0.0.10".to_string(), "ns/a".to_string())]
+    );
+    assert!(pool.allocate("ns/c").is_err(), "nothing left to hand out");
+}

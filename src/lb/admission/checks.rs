@@ -1,7 +1,7 @@
 //! The checks of upstream's LoadBalancer and IPPool webhooks as pure functions of the object and
 //! what they read, with upstream's messages: listener and health-check rules, the guest-cluster
-//! check, IPAM and workload-type changes, findNetwork and the mutators. (An IPPool's ranges and
-//! scope are checked by [`crate::ipam::admission`].)
+//! check, IPAM and workload-type changes, findNetwork and the LoadBalancer mutator. (An IPPool's
+//! ranges and scope are checked by [`crate::ipam::admission`], its network by [`super::network`].)
 
 use std::collections::HashMap;
 
@@ -10,11 +10,11 @@ use k8s_openapi::api::core::v1::Namespace;
 use crate::{
     controller::kinds::{VirtualMachine, VirtualMachineInstance},
     crd::{
-        IPPool, LoadBalancer,
+        LoadBalancer,
         keys::{
             ANNOTATION_CLUSTER, ANNOTATION_MANAGEMENT_NETWORK, ANNOTATION_NAMESPACE,
-            ANNOTATION_NETWORK, ANNOTATION_PROJECT, LABEL_CREATOR, LABEL_GLOBAL_POOL,
-            LABEL_GUEST_CLUSTER, LABEL_GUEST_CLUSTER_NAME, LABEL_VID, NODE_DRIVER,
+            ANNOTATION_NETWORK, ANNOTATION_PROJECT, LABEL_CREATOR, LABEL_GUEST_CLUSTER,
+            LABEL_GUEST_CLUSTER_NAME, NODE_DRIVER,
         },
     },
 };
@@ -115,19 +115,6 @@ pub enum LbAdmissionError {
     },
 }
 
-/// Why an IPPool's VM network is refused (upstream's mutator).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NetworkError {
-    #[error(
-        "can't create IP pool {pool} because network-attachment-definitions.k8s.cni.cncf.io \"{network}\" not found"
-    )]
-    CreateNotFound { pool: String, network: String },
-    #[error(
-        "can't update IP pool {pool} because network-attachment-definitions.k8s.cni.cncf.io \"{network}\" not found"
-    )]
-    UpdateNotFound { pool: String, network: String },
-}
-
 fn ids(lb: &LoadBalancer) -> (String, String) {
     (
         lb.metadata.namespace.clone().unwrap_or_default(),
@@ -205,8 +192,11 @@ pub fn check_listeners(lb: &LoadBalancer) -> Result<(), LbRejection> {
     Ok(())
 }
 
-/// Health-check rules (VM type, port set): the first listener on that backend port must be TCP, and
-/// then every threshold must be positive.
+/// Health-check rules (VM type, port set), as upstream's checkHealthyCheck: the listeners are walked
+/// in order and the first TCP one whose backend port is the health-check port decides (its
+/// thresholds must be positive), so a UDP listener on that port before it does not matter. Only
+/// when no TCP listener has that backend port is the port refused: as not TCP if some other
+/// listener has it, else as unknown.
 pub fn check_health_check(lb: &LoadBalancer) -> Result<(), LbRejection> {
     if is_cluster(lb) {
         return Ok(());
@@ -410,17 +400,6 @@ pub fn mutate_lb(
     }
 }
 
-/// Upstream's IPPool mutator: the VLAN ID and global labels.
-pub fn mutate_pool(pool: &mut IPPool, vid: u32) {
-    if pool.metadata.deletion_timestamp.is_some() {
-        return;
-    }
-    let global = pool.spec.selector.is_global();
-    let labels = pool.metadata.labels.get_or_insert_default();
-    labels.insert(LABEL_VID.into(), vid.to_string());
-    labels.insert(LABEL_GLOBAL_POOL.into(), global.to_string());
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -578,7 +557,7 @@ mod tests {
                 _ => hc.timeout_seconds = 1,
             }
         }
-        lb.spec.health_check = Some(hc);
+        lb.spec.health_check = Some(hc.clone());
         assert!(validate_lb_create(&lb, &[]).is_ok());
         // Ours: HTTP(S) health-check annotations the prober cannot run.
         lb.metadata.annotations = Some(
@@ -595,6 +574,30 @@ mod tests {
             )
         );
         lb.metadata.annotations = None;
+        // pkg/webhook/loadbalancer/validator.go (checkHealthyCheck): not the first listener on the
+        // port, any TCP one passes; a UDP listener before it is skipped.
+        let mut lb = mk_lb(
+            "vm",
+            vec![
+                mk_listener("dns-udp", 53, "UDP", 8053),
+                mk_listener("dns-tcp", 53, "TCP", 8053),
+            ],
+        );
+        lb.spec.health_check = Some(HealthCheck {
+            port: 8053,
+            ..hc.clone()
+        });
+        assert!(validate_lb_create(&lb, &[]).is_ok());
+        // Its thresholds are the ones checked.
+        lb.spec.health_check = Some(HealthCheck {
+            port: 8053,
+            period_seconds: 0,
+            ..hc
+        });
+        assert_eq!(
+            create(&lb),
+            format!("{prefix}healthcheck PeriodSeconds should > 0")
+        );
         // The mutator fills zero thresholds, so a mutated object passes.
         let mut lb = mk_lb("vm", vec![mk_listener("a", 80, "TCP", 8080)]);
         lb.spec.health_check = Some(HealthCheck {
@@ -719,6 +722,23 @@ mod tests {
         // 4 before 5.
         assert_eq!(find_network(&lb, &vmis), "default/labelled");
         assert_eq!(find_network(&lb, &vmis[..1]), "default/legacy");
+        // pkg/webhook/loadbalancer/mutator.go (getFirstMultusNetworkNameFromVMI): a Multus network
+        // with an empty name is skipped, for the next network or the next VMI.
+        let mut empty_first = mk_vmi("y", &[(LABEL_GUEST_CLUSTER_NAME, "gc1")], "");
+        empty_first.rest["spec"]["networks"]
+            .as_array_mut()
+            .expect("networks")
+            .push(serde_json::json!({"name": "nic2", "multus": {"networkName": "default/second"}}));
+        assert_eq!(
+            find_network(&lb, std::slice::from_ref(&empty_first)),
+            "default/second"
+        );
+        let empty_only = mk_vmi("z", &[(LABEL_GUEST_CLUSTER_NAME, "gc1")], "");
+        assert_eq!(
+            find_network(&lb, &[empty_only.clone(), vmis[1].clone()]),
+            "default/labelled"
+        );
+        assert_eq!(find_network(&lb, &[empty_only]), "");
         // 2, then 1.
         set(&mut lb, ANNOTATION_MANAGEMENT_NETWORK, "default/mgmt");
         assert_eq!(find_network(&lb, &vmis), "default/mgmt");

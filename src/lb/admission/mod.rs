@@ -13,13 +13,15 @@
 //! namespace, the VM network) through the store port.
 //!
 //! Deliberate differences from upstream:
-//! - The network of a pool is checked for existence only where VM networks exist
-//!   ([`NetworkCheck::Require`], the Kubernetes backend); the embedded backend has none.
+//! - The network of a pool is checked for existence (and its VLAN ID read) only where VM networks
+//!   exist ([`NetworkCheck::Require`], the Kubernetes backend); the embedded backend has none, but
+//!   refuses a network that is not `namespace/name` as upstream does.
 //! - The cluster-type mutator needs the LoadBalancer's Namespace for the Rancher project; where the
 //!   Namespace does not exist (the embedded backend keeps none) the project annotation is left as the
 //!   caller wrote it instead of failing the request.
 
 pub mod checks;
+pub mod network;
 pub mod store;
 
 pub use store::AdmittedStore;
@@ -28,9 +30,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Namespace;
 
-use self::checks::{
-    LbAdmissionError, NetworkError, is_cluster, mutate_lb, mutate_pool, validate_lb_create,
-    validate_lb_update,
+use self::{
+    checks::{LbAdmissionError, is_cluster, mutate_lb, validate_lb_create, validate_lb_update},
+    network::{NetworkError, NetworkRejection, mutate_pool},
 };
 use crate::{
     controller::kinds::{NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance},
@@ -180,31 +182,28 @@ impl Admission {
         .await
     }
 
-    /// The VLAN ID of a pool's network, refusing an unknown network where networks exist.
-    async fn vid(&self, pool: &IPPool, create: bool) -> Result<u32, AdmitError> {
-        let network = &pool.spec.selector.network;
-        if network.is_empty() || self.networks == NetworkCheck::Skip {
+    /// The VLAN ID of a pool's network: a network that is not `namespace/name` is refused on both
+    /// backends; where networks exist, so is an unknown one, or one whose VLAN ID does not read.
+    async fn vid(&self, pool: &IPPool, create: bool) -> Result<i64, AdmitError> {
+        let refused = |source| AdmitError::from(NetworkError::new(pool.name(), create, source));
+        let Some((namespace, name)) =
+            network::network_ref(&pool.spec.selector.network).map_err(refused)?
+        else {
+            return Ok(0);
+        };
+        if self.networks == NetworkCheck::Skip {
             return Ok(0);
         }
-        let (namespace, name) = network.split_once('/').unwrap_or(("", network));
         let api = Api::<NetworkAttachmentDefinition>::new(self.store.clone());
-        let nad = if namespace.is_empty() {
+        let nad = if namespace.is_empty() || name.is_empty() {
             None
         } else {
             self.read("network attachment definition", api.get(namespace, name))
                 .await?
         };
         match nad {
-            Some(nad) => Ok(nad.vlan_id()),
-            None => {
-                let (pool, network) = (pool.name().to_string(), name.to_string());
-                Err(if create {
-                    NetworkError::CreateNotFound { pool, network }
-                } else {
-                    NetworkError::UpdateNotFound { pool, network }
-                }
-                .into())
-            }
+            Some(nad) => network::vlan_id(&nad).map_err(refused),
+            None => Err(refused(NetworkRejection::NotFound(name.into()))),
         }
     }
 
