@@ -25,6 +25,32 @@ pub const SA_UID_ANNOTATION: &str = "kubernetes.io/service-account.uid";
 /// On our ClusterRoleBinding, which has no owner reference: the UID of the ServiceAccount it is for.
 pub const BINDING_SA_UID_ANNOTATION: &str = "harvester-cloud.io/serviceaccount-uid";
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
+/// On our ServiceAccount, once its token was rotated: the name of the token Secret whose token is
+/// the account's current one (without it, `<serviceAccount>-token`, as Harvester names it).
+pub const TOKEN_SECRET_ANNOTATION: &str = "harvester-cloud.io/token-secret";
+/// On a token Secret: when its token stops working (RFC 3339, UTC), by its `expirationSeconds` or
+/// at the end of a rotation's grace period. The sweeper deletes the Secret then.
+pub const EXPIRES_AT_ANNOTATION: &str = "harvester-cloud.io/expires-at";
+/// On a token Secret that a rotation replaced: when (RFC 3339, UTC).
+pub const ROTATED_AT_ANNOTATION: &str = "harvester-cloud.io/rotated-at";
+
+/// The name of the account's current token Secret: the one the ServiceAccount names (a Secret
+/// name; whether that Secret is the account's is [`check_secret`]'s to judge), else Harvester's
+/// `<serviceAccount>-token`.
+pub fn current_token_secret(sa: &ServiceAccount, names: &AccountNames) -> String {
+    sa.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TOKEN_SECRET_ANNOTATION))
+        .filter(|n| {
+            !n.is_empty()
+                && n.len() <= 253
+                && n.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        })
+        .cloned()
+        .unwrap_or_else(|| names.secret.clone())
+}
 
 fn managed_labels() -> Option<BTreeMap<String, String>> {
     Some(BTreeMap::from([(
