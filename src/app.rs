@@ -412,6 +412,7 @@ fn spawn_reconcilers(
         concurrency: args.lb_concurrency,
         // No kube-vip announces VM load balancers' addresses on the embedded store.
         fill_service_ingress: matches!(args.backend, BackendKind::Embedded),
+        revoke_accounts_of_removed_clusters: !args.keep_accounts_of_removed_clusters,
         ..crate::lb::Settings::default()
     };
     let elector: Arc<dyn LeaderElector> = match args.backend {

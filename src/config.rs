@@ -245,6 +245,11 @@ pub struct ServeArgs {
     /// each pool batch their writes; lower it to spare a busy Kubernetes API.
     #[arg(long, env = "HARVESTER_CLOUD_LB_CONCURRENCY", default_value_t = 1024)]
     pub lb_concurrency: u16,
+    /// Keep the cloud-config accounts of a guest cluster that Rancher removes. Without it, when
+    /// the cluster's VMs are deleted, the account issued for it (the ServiceAccount named after
+    /// the cluster in its VMs' namespace, if this service made it) is revoked.
+    #[arg(long, env = "HARVESTER_CLOUD_KEEP_ACCOUNTS_OF_REMOVED_CLUSTERS")]
+    pub keep_accounts_of_removed_clusters: bool,
     /// Kubernetes backend: run the reconcilers only while holding the `harvester-cloud-lb` Lease, so
     /// that several replicas are safe (`--leader-elect=false` for a single replica). The embedded
     /// backend always has exactly one.

@@ -13,7 +13,7 @@ use tracing::{error, warn};
 use crate::{
     auth::AuthError,
     guest::api::GuestApiError,
-    kubeconfig::{CloudConfigError, RequestError},
+    kubeconfig::{CloudConfigError, RequestError, accounts::AccountsError},
     lb::objects::ObjectError,
     store::StoreError,
 };
@@ -26,6 +26,8 @@ pub enum ApiError {
     Request(#[from] RequestError),
     #[error(transparent)]
     CloudConfig(#[from] CloudConfigError),
+    #[error(transparent)]
+    Accounts(#[from] AccountsError),
     #[error("request body is larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
     #[error("the request body did not arrive within {after:?}")]
@@ -154,6 +156,13 @@ impl ApiError {
                 C::TokenTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout"),
                 C::Store { source, .. } => store_status(source),
             },
+            ApiError::Accounts(e) => match e {
+                AccountsError::Query { .. } => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
+                }
+                AccountsError::List { source } => store_status(source),
+                AccountsError::Revoke { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
+            },
             ApiError::PayloadTooLarge { .. } => {
                 (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge")
             }
@@ -219,6 +228,14 @@ impl ApiError {
                     && !matches!(source, StoreError::TokenTimeout { .. }) =>
             {
                 format!("{step}: internal error, see the server log")
+            }
+            ApiError::Accounts(AccountsError::List { source })
+                if store_status(source).0.is_server_error() =>
+            {
+                "cannot list the cloud-config accounts: internal error, see the server log".into()
+            }
+            ApiError::Accounts(AccountsError::Revoke { .. }) => {
+                "cannot revoke the account: internal error, see the server log".into()
             }
             ApiError::Unauthorized(AuthError::Backend(_)) => {
                 "authentication failed: internal error, see the server log".into()
