@@ -465,3 +465,248 @@ fn the_flag_parses() {
         .keep_accounts_of_removed_clusters
     );
 }
+
+// --- `harvester-cloud kubeconfig list|revoke`, the binary as an operator runs it -----------------
+
+mod cli {
+    use std::{
+        io::{BufRead, BufReader},
+        path::Path,
+        process::{Child, Command, Output, Stdio},
+        time::Duration,
+    };
+
+    use super::*;
+
+    const BIN: &str = env!("CARGO_BIN_EXE_harvester-cloud");
+
+    /// `serve` (HTTPS with its generated CA) on a free port, killed when dropped.
+    struct Server {
+        child: Child,
+        url: String,
+    }
+
+    impl Server {
+        fn start(data_dir: &Path) -> Server {
+            let mut child = Command::new(BIN)
+                .arg("--data-dir")
+                .arg(data_dir)
+                .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
+                .args(["--metrics-listen", "127.0.0.1:0", "--vip", "10.0.0.1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn harvester-cloud");
+            let stderr = child.stderr.take().expect("stderr");
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+            let mut server = Server {
+                child,
+                url: String::new(),
+            };
+            loop {
+                let line = rx
+                    .recv_timeout(Duration::from_secs(60))
+                    .expect("the server logs that it listens");
+                let v: Value = serde_json::from_str(&line).unwrap_or_default();
+                if v["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("listening"))
+                {
+                    server.url = v["url"].as_str().expect("url").to_string();
+                    return server;
+                }
+            }
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    fn run(args: &[&str]) -> Output {
+        Command::new(BIN).args(args).output().expect("runs")
+    }
+
+    #[track_caller]
+    fn ok(out: Output) -> String {
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("UTF-8")
+    }
+
+    /// list and revoke through a running service over HTTPS, as a table and as JSON.
+    #[tokio::test]
+    async fn list_and_revoke_against_a_running_service() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let server = Server::start(&data);
+        let ca = data.join("tls/ca.crt");
+        let token_file = data.join("admin-token");
+        let token = std::fs::read_to_string(&token_file).unwrap();
+        let http = reqwest::Client::builder()
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap(),
+            )
+            .build()
+            .unwrap();
+        for (ns, sa) in [("gc-test", "gc1"), ("gc-test", "gc2"), ("ns1", "gc1")] {
+            let r = http
+                .post(format!("{}/v1/harvester/kubeconfig", server.url))
+                .bearer_auth(token.trim())
+                .body(account(ns, sa))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+        let target = [
+            "--url",
+            server.url.as_str(),
+            "--token-file",
+            token_file.to_str().unwrap(),
+            "--ca-file",
+            ca.to_str().unwrap(),
+        ];
+        let with = |args: &[&str]| -> Vec<String> {
+            args.iter()
+                .chain(target.iter())
+                .map(|s| s.to_string())
+                .collect()
+        };
+        let args = with(&["kubeconfig", "list"]);
+        let table = ok(run(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 4, "{table}");
+        assert!(lines[0].starts_with("NAMESPACE"), "{table}");
+        for (line, (ns, sa)) in
+            lines[1..]
+                .iter()
+                .zip([("gc-test", "gc1"), ("gc-test", "gc2"), ("ns1", "gc1")])
+        {
+            let cells: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(&cells[..2], [ns, sa], "{table}");
+            assert!(line.contains(" ok ") && line.ends_with("never"), "{table}");
+        }
+
+        let args = with(&["kubeconfig", "list", "-n", "gc-test", "-o", "json"]);
+        let json: Value = serde_json::from_str(&ok(run(&args
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>())))
+        .expect("JSON");
+        let names: Vec<&str> = json
+            .as_array()
+            .expect("an array")
+            .iter()
+            .map(|a| a["serviceAccount"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["gc1", "gc2"]);
+        assert_eq!(json[0]["tokens"][0]["secret"], "gc1-token");
+
+        let args = with(&["kubeconfig", "revoke", "gc1", "gc-test", "-o", "json"]);
+        let revoked: Value = serde_json::from_str(&ok(run(&args
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>())))
+        .expect("JSON");
+        assert_eq!(revoked["namespace"], "gc-test");
+        assert_eq!(revoked["serviceAccountName"], "gc1");
+        let deleted: Vec<&str> = revoked["deleted"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            deleted,
+            [
+                "clusterrolebinding gc-test-gc1",
+                "rolebinding gc-test/gc-test-gc1",
+                "secret gc-test/gc1-token",
+                "serviceaccount gc-test/gc1"
+            ]
+        );
+        // Again: nothing left to delete, said as a person reads it.
+        let args = with(&["kubeconfig", "revoke", "gc1", "gc-test"]);
+        let again = ok(run(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+        assert_eq!(again, "nothing of account gc-test/gc1 to delete\n");
+        let args = with(&["kubeconfig", "list", "-o", "json"]);
+        let json: Value = serde_json::from_str(&ok(run(&args
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>())))
+        .expect("JSON");
+        assert_eq!(json.as_array().unwrap().len(), 2);
+
+        // A wrong token: the service's answer, and a failure exit.
+        let wrong = dir.path().join("wrong-token");
+        std::fs::write(&wrong, "token-xxxxx:nope\n").unwrap();
+        let out = run(&[
+            "kubeconfig",
+            "list",
+            "--url",
+            &server.url,
+            "--token-file",
+            wrong.to_str().unwrap(),
+            "--ca-file",
+            ca.to_str().unwrap(),
+        ]);
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("401"), "{stderr}");
+    }
+
+    /// list and revoke in the cluster, with the service's own kubeconfig (the chart's RBAC).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn list_and_revoke_in_the_cluster() {
+        let b = KubeBackend::start().await;
+        let probes = support::Refusals::refusal_probes(&b);
+        post(&b, "gc-test", "gc1").await;
+        post(&b, "ns1", "gc1").await;
+        foreign_account(&b.store(), "gc-test", "theirs").await;
+        let kubeconfig = b.service_kubeconfig();
+        let kubeconfig = kubeconfig.to_str().unwrap();
+        let table = ok(run(&["kubeconfig", "list", "--kubeconfig", kubeconfig]));
+        let rows: Vec<Vec<&str>> = table
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().take(2).collect())
+            .collect();
+        assert_eq!(rows, [["gc-test", "gc1"], ["ns1", "gc1"]], "{table}");
+        let out = ok(run(&[
+            "kubeconfig",
+            "revoke",
+            "gc1",
+            "ns1",
+            "--kubeconfig",
+            kubeconfig,
+        ]));
+        assert!(out.contains("deleted serviceaccount ns1/gc1"), "{out}");
+        let json: Value = serde_json::from_str(&ok(run(&[
+            "kubeconfig",
+            "list",
+            "-o",
+            "json",
+            "--kubeconfig",
+            kubeconfig,
+        ])))
+        .expect("JSON");
+        assert_eq!(json.as_array().unwrap().len(), 1, "{json}");
+        assert_eq!(json[0]["namespace"], "gc-test");
+        for probe in probes {
+            probe.assert_none_refused();
+        }
+    }
+}
