@@ -27,7 +27,7 @@ pub enum ApiError {
     #[error(transparent)]
     CloudConfig(#[from] CloudConfigError),
     #[error(transparent)]
-    Accounts(#[from] AccountsError),
+    Accounts(Box<AccountsError>),
     #[error("request body is larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
     #[error("the request body did not arrive within {after:?}")]
@@ -81,6 +81,12 @@ pub enum ApiError {
 impl From<GuestApiError> for ApiError {
     fn from(e: GuestApiError) -> Self {
         ApiError::Guest(Box::new(e))
+    }
+}
+
+impl From<AccountsError> for ApiError {
+    fn from(e: AccountsError) -> Self {
+        ApiError::Accounts(Box::new(e))
     }
 }
 
@@ -156,7 +162,7 @@ impl ApiError {
                 C::TokenTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout"),
                 C::Store { source, .. } => store_status(source),
             },
-            ApiError::Accounts(e) => match e {
+            ApiError::Accounts(e) => match e.as_ref() {
                 AccountsError::Query { .. } => {
                     (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
                 }
@@ -229,14 +235,16 @@ impl ApiError {
             {
                 format!("{step}: internal error, see the server log")
             }
-            ApiError::Accounts(AccountsError::List { source })
-                if store_status(source).0.is_server_error() =>
-            {
-                "cannot list the cloud-config accounts: internal error, see the server log".into()
-            }
-            ApiError::Accounts(AccountsError::Revoke { .. }) => {
-                "cannot revoke the account: internal error, see the server log".into()
-            }
+            ApiError::Accounts(e) => match e.as_ref() {
+                AccountsError::List { source } if store_status(source).0.is_server_error() => {
+                    "cannot list the cloud-config accounts: internal error, see the server log"
+                        .into()
+                }
+                AccountsError::Revoke { .. } => {
+                    "cannot revoke the account: internal error, see the server log".into()
+                }
+                other => other.to_string(),
+            },
             ApiError::Unauthorized(AuthError::Backend(_)) => {
                 "authentication failed: internal error, see the server log".into()
             }

@@ -53,7 +53,7 @@ pub enum AccountsError {
         namespace: String,
         service_account: String,
         #[source]
-        source: CloudConfigError,
+        source: Box<CloudConfigError>,
     },
 }
 
@@ -434,7 +434,7 @@ impl Accounts {
         let revoke_err = |source| AccountsError::Revoke {
             namespace: namespace.into(),
             service_account: cluster.into(),
-            source,
+            source: Box::new(source),
         };
         let sa = Api::<ServiceAccount>::new(self.store.clone())
             .get(namespace, cluster)
