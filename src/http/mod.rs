@@ -421,7 +421,7 @@ fn cloud_config_response(req: &AccountRequest, kubeconfig: &str) -> Response {
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/x-yaml; charset=utf-8"),
             )],
-            render::cloud_init(kubeconfig),
+            render::cloud_init(kubeconfig, req.cloud_config_path.as_deref()),
         )
             .into_response(),
         OutputFormat::Kubeconfig => (

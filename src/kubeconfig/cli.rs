@@ -55,7 +55,7 @@ pub async fn generate(
     let kubeconfig = cloud_config.ensure(&req).await?;
     print!(
         "########## cloud config ############\n{kubeconfig}\n{}",
-        render::cloud_init(&kubeconfig)
+        render::cloud_init(&kubeconfig, None)
     );
     Ok(())
 }
