@@ -50,6 +50,8 @@ pub async fn generate(
             server_url: Some(server),
             cluster_ca: None,
             token_timeout,
+            default_grace: Settings::DEFAULT_GRACE,
+            max_grace: Settings::MAX_GRACE,
         },
     );
     let kubeconfig = cloud_config.ensure(&req).await?;

@@ -3,6 +3,7 @@
 //! for it ([`seed`]), and `harvester-cloud kubeconfig generate` ([`cli`]).
 
 pub mod cli;
+pub mod lifecycle;
 pub mod naming;
 pub mod objects;
 pub mod render;
