@@ -146,7 +146,7 @@ impl ServiceAccountTokens {
         )) {
             return Err(AuthError::Invalid);
         }
-        if objects::expires_at(&secret).is_some_and(|end| end <= OffsetDateTime::now_utc()) {
+        if objects::has_ended(&secret) {
             return Err(AuthError::Expired {
                 name: format!("{}/{}", k.namespace, bound.name),
             });

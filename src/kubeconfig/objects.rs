@@ -41,8 +41,12 @@ fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
+/// Whole seconds, as a JWT's `exp` and Kubernetes' timestamps are, so a token's claim and its
+/// Secret's end agree to the second.
 fn rfc3339(t: time::OffsetDateTime) -> String {
-    t.format(&time::format_description::well_known::Rfc3339)
+    t.replace_nanosecond(0)
+        .unwrap_or(t)
+        .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
 }
 
@@ -51,6 +55,11 @@ pub fn expires_at(secret: &Secret) -> Option<time::OffsetDateTime> {
     annotation(&secret.metadata, EXPIRES_AT_ANNOTATION).and_then(|v| {
         time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc3339).ok()
     })
+}
+
+/// Whether a token Secret's end has come.
+pub fn has_ended(secret: &Secret) -> bool {
+    expires_at(secret).is_some_and(|end| end <= time::OffsetDateTime::now_utc())
 }
 
 /// Gives a new token Secret its lifetime: it stops working `lifetime` after `now`.

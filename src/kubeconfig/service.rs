@@ -308,6 +308,11 @@ impl CloudConfig {
                 message: message.clone(),
             });
         }
+        // A token past its end (the sweeper has not deleted it yet) is replaced like a stale one.
+        let secret_check = match (&secret, secret_check) {
+            (Some(s), Some(SecretCheck::Ours)) if objects::has_ended(s) => Some(SecretCheck::Stale),
+            (_, check) => check,
+        };
         if let (Some(SecretCheck::Ours), Some(secret)) = (&secret_check, &secret) {
             objects::check_lifetime(secret, expiration).map_err(|message| {
                 CloudConfigError::Foreign {
@@ -352,7 +357,7 @@ impl CloudConfig {
         // The Secret was judged before the ServiceAccount was known when there was none yet: a
         // concurrent request may have made both since, and its Secret is then ours, not stale.
         let secret_check = match (&secret, secret_check) {
-            (Some(s), Some(SecretCheck::Stale)) => {
+            (Some(s), Some(SecretCheck::Stale)) if !objects::has_ended(s) => {
                 Some(objects::check_secret(s, names, Some(&sa_uid)))
             }
             (_, check) => check,
@@ -706,6 +711,15 @@ impl CloudConfig {
             .map_err(store_err(GET_SA))?
             .ok_or_else(|| not_found(GET_SA, format!("secret \"{}\" not found", names.secret)))?;
         match objects::check_secret(&secret, &names, Some(&sa_uid)) {
+            SecretCheck::Ours if objects::has_ended(&secret) => {
+                return Err(not_found(
+                    GET_SA,
+                    format!(
+                        "the token in secret \"{}\" has ended (expirationSeconds or a rotation's grace); POST issues a new one",
+                        names.secret
+                    ),
+                ));
+            }
             SecretCheck::Ours => {}
             SecretCheck::Foreign(message) => {
                 return Err(CloudConfigError::Foreign {
