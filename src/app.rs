@@ -150,6 +150,8 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
             server_url,
             cluster_ca: read_cluster_ca(args)?,
             token_timeout: args.token_timeout,
+            default_grace: args.rotation_grace,
+            max_grace: args.max_rotation_grace,
         },
     ));
     // Pools' networks must name existing NetworkAttachmentDefinitions, as upstream's mutator wants.
@@ -224,6 +226,8 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
             server_url: args.server_url.clone(),
             cluster_ca,
             token_timeout: args.token_timeout,
+            default_grace: args.rotation_grace,
+            max_grace: args.max_rotation_grace,
         },
     ));
     // The embedded backend has no VM networks to look pools' networks up in.
@@ -232,7 +236,10 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
     let guests = crate::guest::api::GuestClusters::new(dyn_store.clone(), admitted.clone());
     let state = AppState {
         cloud_config,
-        authenticator: Arc::new(EmbeddedAuthenticator::new(store.pool().clone(), data_dir)),
+        authenticator: Arc::new(
+            EmbeddedAuthenticator::new(store.pool().clone(), data_dir)
+                .with_service_accounts(issuer.clone(), dyn_store.clone()),
+        ),
         objects: Objects::new(admitted),
         guests: Some(guests),
         vms: Some(crate::lb::vm::api::VmObjects::new(dyn_store.clone())),
@@ -440,6 +447,15 @@ fn spawn_reconcilers(
     }
     tasks.push(tokio::spawn(
         crate::lb::run(store, settings, elector, shutdown.clone()).instrument(info_span!("lb")),
+    ));
+    // Every replica sweeps ended cloud-config tokens (each deletion is conditional on the
+    // Secret's UID, so two replicas never delete more than one would).
+    tasks.push(tokio::spawn(
+        state
+            .cloud_config
+            .clone()
+            .run_sweeper(shutdown.clone())
+            .instrument(info_span!("kubeconfig_sweeper")),
     ));
     tasks
 }

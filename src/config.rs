@@ -284,6 +284,13 @@ pub struct ServeArgs {
     /// How long a POST waits for a service-account token before answering 504.
     #[arg(long, env = "HARVESTER_CLOUD_TOKEN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub token_timeout: Duration,
+    /// How long a rotated cloud-config token keeps working when the rotation gives no
+    /// `gracePeriod`.
+    #[arg(long, env = "HARVESTER_CLOUD_ROTATION_GRACE", default_value = "1h", value_parser = parse_duration)]
+    pub rotation_grace: Duration,
+    /// The longest `gracePeriod` a rotation may ask for (a longer one is a 422).
+    #[arg(long, env = "HARVESTER_CLOUD_MAX_ROTATION_GRACE", default_value = "24h", value_parser = parse_duration)]
+    pub max_rotation_grace: Duration,
     /// Embedded store: start with a new, empty store when the database is missing or empty although
     /// the data directory was used before (otherwise such a start is refused, so that a lost
     /// database is noticed instead of silently replaced). Everything of the old store is lost.

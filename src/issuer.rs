@@ -21,6 +21,8 @@ pub enum IssuerError {
     Sign(#[source] jsonwebtoken::errors::Error),
     #[error("token does not verify: {0}")]
     Verify(#[source] jsonwebtoken::errors::Error),
+    #[error("token is expired")]
+    Expired,
 }
 
 struct Key {
@@ -59,6 +61,10 @@ pub struct Claims {
     pub iat: i64,
     pub nbf: i64,
     pub jti: String,
+    /// When the token stops working (a cloud-config issued with `expirationSeconds`); none for
+    /// the long-lived Secret tokens Kubernetes issues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exp: Option<i64>,
     #[serde(rename = "kubernetes.io")]
     pub kubernetes: KubernetesClaim,
 }
@@ -112,8 +118,9 @@ impl Issuer {
         &self.url
     }
 
-    /// A long-lived token bound to a service account and its token Secret, as the Kubernetes token
-    /// controller issues for `kubernetes.io/service-account-token` Secrets (no expiry).
+    /// A token bound to a service account and its token Secret, as the Kubernetes token controller
+    /// issues for `kubernetes.io/service-account-token` Secrets: long-lived unless `exp` (a Unix
+    /// time) gives it an end.
     pub fn mint_secret_token(
         &self,
         namespace: &str,
@@ -121,6 +128,7 @@ impl Issuer {
         sa_uid: &str,
         secret_name: &str,
         secret_uid: &str,
+        exp: Option<i64>,
     ) -> Result<String, IssuerError> {
         let key = self.keys.last().ok_or(IssuerError::NoKey)?;
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
@@ -131,6 +139,7 @@ impl Issuer {
             iat: now,
             nbf: now,
             jti: uuid::Uuid::new_v4().to_string(),
+            exp,
             kubernetes: KubernetesClaim {
                 namespace: namespace.to_string(),
                 serviceaccount: Ref {
@@ -160,10 +169,18 @@ impl Issuer {
         v.set_issuer(&[&self.url]);
         v.set_audience(&[&self.url]);
         v.set_required_spec_claims(&["iss", "sub", "aud"]);
+        // Checked below: a token without `exp` is long-lived, as Kubernetes' Secret tokens are.
         v.validate_exp = false;
-        jsonwebtoken::decode::<Claims>(token, &key.decoding, &v)
+        let claims = jsonwebtoken::decode::<Claims>(token, &key.decoding, &v)
             .map(|d| d.claims)
-            .map_err(IssuerError::Verify)
+            .map_err(IssuerError::Verify)?;
+        if claims
+            .exp
+            .is_some_and(|exp| exp <= time::OffsetDateTime::now_utc().unix_timestamp())
+        {
+            return Err(IssuerError::Expired);
+        }
+        Ok(claims)
     }
 
     /// `/.well-known/openid-configuration`, shaped as kube-apiserver serves it.
@@ -196,7 +213,7 @@ mod tests {
     fn minted_tokens_verify_with_kubernetes_claims() {
         let issuer = mk_issuer(1);
         let t = issuer
-            .mint_secret_token("gc-test", "gc4", "sa-uid", "gc4-token", "secret-uid")
+            .mint_secret_token("gc-test", "gc4", "sa-uid", "gc4-token", "secret-uid", None)
             .unwrap();
         let c = issuer.verify(&t).unwrap();
         assert_eq!(c.sub, "system:serviceaccount:gc-test:gc4");
@@ -215,12 +232,28 @@ mod tests {
     #[test]
     fn tokens_from_another_issuer_or_tampered_fail() {
         let (a, b) = (mk_issuer(1), mk_issuer(1));
-        let t = a.mint_secret_token("n", "s", "u", "s-token", "v").unwrap();
+        let t = a
+            .mint_secret_token("n", "s", "u", "s-token", "v", None)
+            .unwrap();
         assert!(b.verify(&t).is_err());
         let mut parts: Vec<String> = t.split('.').map(str::to_string).collect();
         parts[1] = B64URL
             .encode(br#"{"iss":"https://issuer.test","sub":"system:serviceaccount:n:admin"}"#);
         assert!(a.verify(&parts.join(".")).is_err());
+    }
+
+    #[test]
+    fn a_token_with_an_end_stops_then() {
+        let issuer = mk_issuer(1);
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let live = issuer
+            .mint_secret_token("n", "s", "u", "s-token", "v", Some(now + 60))
+            .unwrap();
+        assert_eq!(issuer.verify(&live).unwrap().exp, Some(now + 60));
+        let ended = issuer
+            .mint_secret_token("n", "s", "u", "s-token", "v", Some(now - 1))
+            .unwrap();
+        assert!(matches!(issuer.verify(&ended), Err(IssuerError::Expired)));
     }
 
     #[test]

@@ -15,7 +15,9 @@ use k8s_openapi::api::{
     rbac::v1::{ClusterRoleBinding, RoleBinding},
 };
 use serde_json::Value;
-use support::{Backend, EmbeddedBackend, KubeBackend, Reply, VIP, account, account_yaml};
+use support::{
+    Backend, EmbeddedBackend, KubeBackend, Reply, VIP, account, account_yaml, eventually,
+};
 
 fn yaml(text: &str) -> Value {
     yaml_serde::from_str(text).unwrap_or_else(|e| panic!("not YAML ({e}):\n{text}"))
@@ -645,6 +647,338 @@ pub mod cases {
         assert_eq!(long_sa.len(), 253);
         b.post(&account("gc-test", &long_sa)).await.kubeconfig();
     }
+    fn token_of(kubeconfig: &str) -> String {
+        yaml(kubeconfig)["users"][0]["user"]["token"]
+            .as_str()
+            .expect("a token")
+            .to_string()
+    }
+
+    async fn rotate<B: Backend>(b: &B, body: Value) -> Reply {
+        let t = b.admin_token();
+        b.call(
+            Method::POST,
+            "/v1/harvester/kubeconfig/rotate",
+            Some(&t),
+            body.to_string(),
+        )
+        .await
+    }
+
+    /// The sweeper, as every replica runs it, for as long as the guard lives.
+    fn sweeper<B: Backend>(b: &B) -> tokio_util::sync::DropGuard {
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(b.cloud_config().run_sweeper(stop.clone()));
+        stop.drop_guard()
+    }
+
+    /// A rotation's new token works at once; the one it replaced works through its grace; a
+    /// second rotation ends the token before that at once (only the newest two work); a short
+    /// grace ends when it says, and POST and GET hand out the newest token.
+    pub async fn rotation_keeps_the_old_token_for_its_grace<B: Backend>(b: B) {
+        let _sweeper = sweeper(&b);
+        let user = "system:serviceaccount:gc-test:gc4";
+        let a = token_of(&b.post(&account("gc-test", "gc4")).await.kubeconfig());
+        assert!(b.token_works(&a, user).await);
+        let one_hour = serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc4", "gracePeriod": "1h"});
+        let r = rotate(&b, one_hour.clone()).await;
+        let kb = r.kubeconfig();
+        let tb = token_of(&kb);
+        assert_ne!(tb, a);
+        assert!(b.token_works(&tb, user).await, "the new token works");
+        assert!(
+            b.token_works(&a, user).await,
+            "the old one, in its grace, too"
+        );
+        // GET and POST now hand out the new token.
+        let got = b
+            .get("namespace=gc-test&serviceAccountName=gc4")
+            .await
+            .kubeconfig();
+        assert_eq!(got, kb);
+        assert_eq!(b.post(&account("gc-test", "gc4")).await.kubeconfig(), kb);
+
+        // Again: the token before the replaced one stops now.
+        let tc = token_of(&rotate(&b, one_hour).await.kubeconfig());
+        eventually("the oldest token to be refused", async || {
+            (!b.token_works(&a, user).await).then_some(())
+        })
+        .await;
+        assert!(b.token_works(&tb, user).await);
+        assert!(b.token_works(&tc, user).await);
+        let secrets = b
+            .store()
+            .list(
+                &Kind::of::<Secret>(),
+                Some("gc-test"),
+                &LabelSelector::everything(),
+            )
+            .await
+            .unwrap();
+        let tokens = secrets
+            .items
+            .iter()
+            .filter(|s| s["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "gc4")
+            .count();
+        assert_eq!(tokens, 2, "only the newest two token Secrets are kept");
+
+        // A short grace: the replaced token stops when it ends (the sweeper deletes its Secret),
+        // the new one keeps working.
+        let r = rotate(
+            &b,
+            serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc4", "gracePeriod": 2, "outputFormat": "yaml"}),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert!(r.text().starts_with("########## cloud-init user data"));
+        let kd = b
+            .get("namespace=gc-test&serviceAccountName=gc4")
+            .await
+            .kubeconfig();
+        let td = token_of(&kd);
+        assert!(
+            !b.token_works(&tb, user).await,
+            "older than the replaced: ended at once"
+        );
+        eventually("the replaced token to end with its grace", async || {
+            (!b.token_works(&tc, user).await).then_some(())
+        })
+        .await;
+        assert!(b.token_works(&td, user).await);
+        eventually("the ended Secret to be deleted", async || {
+            let left = b
+                .store()
+                .list(
+                    &Kind::of::<Secret>(),
+                    Some("gc-test"),
+                    &LabelSelector::everything(),
+                )
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|s| {
+                    s["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "gc4"
+                })
+                .count();
+            (left == 1).then_some(())
+        })
+        .await;
+
+        // DELETE ends every token of the account.
+        let t = b.admin_token();
+        let r = b
+            .call(
+                Method::DELETE,
+                "/v1/harvester/kubeconfig?namespace=gc-test&serviceAccountName=gc4",
+                Some(&t),
+                Body::empty(),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        eventually("the revoked token to be refused", async || {
+            (!b.token_works(&td, user).await).then_some(())
+        })
+        .await;
+    }
+
+    /// What a rotation refuses: an account that does not exist (404), one that is not a
+    /// cloud-config account (409), a grace longer than the service allows and bad fields (422).
+    pub async fn rotation_refusals<B: Backend>(b: B) {
+        let r = rotate(
+            &b,
+            serde_json::json!({"namespace": "gc-test", "serviceAccountName": "nobody"}),
+        )
+        .await;
+        let msg = r.error(StatusCode::NOT_FOUND, "NotFound");
+        assert!(msg.contains("serviceaccount \"nobody\" not found"), "{msg}");
+        // A ServiceAccount someone else made.
+        let sas = harvester_cloud::store::Api::<ServiceAccount>::new(b.store());
+        sas.create(&ServiceAccount {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("theirs".into()),
+                namespace: Some("gc-test".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let r = rotate(
+            &b,
+            serde_json::json!({"namespace": "gc-test", "serviceAccountName": "theirs"}),
+        )
+        .await;
+        let msg = r.error(StatusCode::CONFLICT, "Conflict");
+        assert!(msg.contains("is not a cloud-config account"), "{msg}");
+        b.post(&account("gc-test", "gc4")).await.kubeconfig();
+        let r = rotate(&b, serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc4", "gracePeriod": "25h"})).await;
+        let msg = r.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert!(
+            msg.contains("longer than this service allows (86400s"),
+            "{msg}"
+        );
+        let r = rotate(&b, serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc4", "gracePeriod": "soon"})).await;
+        r.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        let r = rotate(&b, serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc4", "expirationSeconds": 5})).await;
+        r.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        // Nothing was made by the refusals: the account still has one token Secret.
+        let secrets = b
+            .store()
+            .list(
+                &Kind::of::<Secret>(),
+                Some("gc-test"),
+                &LabelSelector::everything(),
+            )
+            .await
+            .unwrap();
+        let names: Vec<&str> = secrets
+            .items
+            .iter()
+            .filter(|s| s["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "gc4")
+            .map(|s| s["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["gc4-token"]);
+        // Only POST.
+        let t = b.admin_token();
+        let r = b
+            .call(
+                Method::GET,
+                "/v1/harvester/kubeconfig/rotate",
+                Some(&t),
+                Body::empty(),
+            )
+            .await;
+        r.error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed");
+    }
+
+    /// `expirationSeconds`: the token stops then; a POST asking the same lifetime again gets the
+    /// same token, one asking another is a 409; a rotation may give the new token a lifetime.
+    pub async fn an_expiring_token_stops<B: Backend>(b: B) {
+        let _sweeper = sweeper(&b);
+        let post = |sa: &str, secs: u64| {
+            serde_json::json!({"namespace": "gc-test", "serviceAccountName": sa, "expirationSeconds": secs}).to_string()
+        };
+        // A long one works, and says when it ends.
+        let long = b.post(&post("long", 3600)).await.kubeconfig();
+        assert!(
+            b.token_works(&token_of(&long), "system:serviceaccount:gc-test:long")
+                .await
+        );
+        let secret = harvester_cloud::store::Api::<Secret>::new(b.store())
+            .get("gc-test", "long-token")
+            .await
+            .unwrap()
+            .unwrap();
+        let ends = secret.metadata.annotations.unwrap()["harvester-cloud.io/expires-at"].clone();
+        let ends =
+            time::OffsetDateTime::parse(&ends, &time::format_description::well_known::Rfc3339)
+                .unwrap();
+        let left = ends - time::OffsetDateTime::now_utc();
+        assert!(
+            left <= time::Duration::hours(1) && left > time::Duration::minutes(50),
+            "{left}"
+        );
+        assert_eq!(
+            b.post(&post("long", 3600)).await.kubeconfig(),
+            long,
+            "the same lifetime: the same token"
+        );
+        let r = b.post(&post("long", 600)).await;
+        let msg = r.error(StatusCode::CONFLICT, "Conflict");
+        assert!(msg.contains("rotate it"), "{msg}");
+        let msg = b
+            .post(&post("forever", 0))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert!(msg.contains("expirationSeconds"), "{msg}");
+        let never = b.post(&account("gc-test", "never")).await.kubeconfig();
+        let msg = b
+            .post(&post("never", 3600))
+            .await
+            .error(StatusCode::CONFLICT, "Conflict");
+        assert!(msg.contains("does not expire"), "{msg}");
+        assert_eq!(
+            b.post(&account("gc-test", "never")).await.kubeconfig(),
+            never
+        );
+
+        // A short one stops by itself.
+        let short = token_of(&b.post(&post("short", 10)).await.kubeconfig());
+        eventually("the expiring token to be refused", async || {
+            (!b.token_works(&short, "system:serviceaccount:gc-test:short")
+                .await)
+                .then_some(())
+        })
+        .await;
+        // The account remains; GET then says its token is gone (ended, or its Secret deleted by
+        // the sweeper), and POST issues a new one.
+        let msg = b
+            .get("namespace=gc-test&serviceAccountName=short")
+            .await
+            .error(StatusCode::NOT_FOUND, "NotFound");
+        assert!(
+            msg.contains("secret \"short-token\" not found")
+                || msg.contains("the token in secret \"short-token\" has ended"),
+            "{msg}"
+        );
+        let again = token_of(&b.post(&account("gc-test", "short")).await.kubeconfig());
+        assert!(
+            b.token_works(&again, "system:serviceaccount:gc-test:short")
+                .await
+        );
+
+        // A rotation may give the new token a lifetime.
+        let r = rotate(
+            &b,
+            serde_json::json!({"namespace": "gc-test", "serviceAccountName": "never", "expirationSeconds": 10, "gracePeriod": 0}),
+        )
+        .await;
+        let rotated = token_of(&r.kubeconfig());
+        assert!(
+            !b.token_works(&token_of(&never), "system:serviceaccount:gc-test:never")
+                .await,
+            "no grace: the old token stops at once"
+        );
+        eventually("the rotated expiring token to be refused", async || {
+            (!b.token_works(&rotated, "system:serviceaccount:gc-test:never")
+                .await)
+                .then_some(())
+        })
+        .await;
+    }
+
+    /// `cloudConfigPath`: one file at that path in the cloud-init output, on POST, GET and rotate.
+    pub async fn cloud_config_path_writes_one_file<B: Backend>(b: B) {
+        let path = "/opt/rke2/etc/config-files/cloud-provider-config";
+        let body = serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc4", "outputFormat": "yaml", "cloudConfigPath": path}).to_string();
+        let r = b.post(&body).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let k = b.post(&account("gc-test", "gc4")).await.kubeconfig();
+        let b64 = B64.encode(&k);
+        let want = format!(
+            "########## cloud-init user data ############\nwrite_files:\n- encoding: b64\n  content: {b64}\n  owner: root:root\n  path: {path}\n  permissions: '0644'\n"
+        );
+        assert_eq!(r.text(), want);
+        let got = b
+            .get(&format!(
+                "namespace=gc-test&serviceAccountName=gc4&outputFormat=yaml&cloudConfigPath={}",
+                path.replace('/', "%2F")
+            ))
+            .await;
+        assert_eq!(got.text(), want);
+        for bad in ["", "opt/rke2/cloud-config", "/opt/../etc/x"] {
+            let body = serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc4", "outputFormat": "yaml", "cloudConfigPath": bad}).to_string();
+            let msg = b
+                .post(&body)
+                .await
+                .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+            assert!(msg.contains("cloudConfigPath"), "{msg}");
+        }
+        // Without it, Harvester's output, byte for byte.
+        let r = b.post(&account_yaml("gc-test", "gc4")).await;
+        assert_eq!(r.text(), expected_cloud_init(&k));
+    }
 }
 
 suite!(
@@ -667,6 +1001,10 @@ suite!(
         delete_keeps_what_is_not_the_accounts,
         get_is_as_lenient_as_upstream,
         get_checks_the_bindings,
+        rotation_keeps_the_old_token_for_its_grace,
+        rotation_refusals,
+        an_expiring_token_stops,
+        cloud_config_path_writes_one_file,
     ]
 );
 

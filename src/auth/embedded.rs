@@ -39,6 +39,9 @@ struct Held {
 
 pub struct EmbeddedAuthenticator {
     pool: SqlitePool,
+    /// The service-account tokens this store's token controller minted, verified as
+    /// kube-apiserver verifies Secret-bound tokens.
+    service_accounts: Option<ServiceAccountTokens>,
     changed_file: std::path::PathBuf,
     refresh: Duration,
     snapshot: tokio::sync::Mutex<Option<Held>>,
@@ -54,6 +57,7 @@ impl EmbeddedAuthenticator {
     pub fn with_refresh(pool: SqlitePool, data_dir: &std::path::Path, refresh: Duration) -> Self {
         EmbeddedAuthenticator {
             pool,
+            service_accounts: None,
             changed_file: data_dir.join(tokens::CHANGED_FILE),
             refresh,
             snapshot: tokio::sync::Mutex::new(None),
@@ -62,6 +66,16 @@ impl EmbeddedAuthenticator {
     }
 
     /// How many times the table was read (tests).
+    /// Also accept the service-account tokens `issuer` signs for `store`'s token Secrets.
+    pub fn with_service_accounts(
+        mut self,
+        issuer: Arc<crate::issuer::Issuer>,
+        store: Arc<dyn crate::store::ObjectStore>,
+    ) -> Self {
+        self.service_accounts = Some(ServiceAccountTokens { issuer, store });
+        self
+    }
+
     pub fn table_reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
     }
@@ -101,12 +115,77 @@ fn hash_to_check(record: Option<&TokenRecord>) -> &str {
     record.map_or(DUMMY_HASH.as_str(), |r| r.hash.as_str())
 }
 
+/// Verifies a service-account JWT of this store as kube-apiserver verifies a Secret-bound
+/// (legacy) token: the signature and `exp`; the Secret it names exists with that UID, holds exactly
+/// this token and has not reached its end (a cloud-config's expiry or rotation grace); its
+/// ServiceAccount exists with that UID. A deleted Secret is a revoked token at once.
+struct ServiceAccountTokens {
+    issuer: Arc<crate::issuer::Issuer>,
+    store: Arc<dyn crate::store::ObjectStore>,
+}
+
+impl ServiceAccountTokens {
+    async fn review(&self, token: &str) -> Result<Principal, AuthError> {
+        use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+
+        use crate::{kubeconfig::objects, store::Api};
+        let claims = self.issuer.verify(token).map_err(|_| AuthError::Invalid)?;
+        let k = &claims.kubernetes;
+        let bound = k.secret.as_ref().ok_or(AuthError::Invalid)?;
+        let backend = |e: crate::store::StoreError| AuthError::Backend(Box::new(e));
+        let secret = Api::<Secret>::new(self.store.clone())
+            .get(&k.namespace, &bound.name)
+            .await
+            .map_err(backend)?
+            .filter(|s| s.metadata.uid.as_deref() == Some(bound.uid.as_str()))
+            .ok_or(AuthError::Invalid)?;
+        let held = objects::secret_data(&secret, "token").unwrap_or_default();
+        if !bool::from(subtle::ConstantTimeEq::ct_eq(
+            held.as_slice(),
+            token.as_bytes(),
+        )) {
+            return Err(AuthError::Invalid);
+        }
+        if objects::has_ended(&secret) {
+            return Err(AuthError::Expired {
+                name: format!("{}/{}", k.namespace, bound.name),
+            });
+        }
+        let sa = Api::<ServiceAccount>::new(self.store.clone())
+            .get(&k.namespace, &k.serviceaccount.name)
+            .await
+            .map_err(backend)?
+            .filter(|sa| sa.metadata.uid.as_deref() == Some(k.serviceaccount.uid.as_str()))
+            .ok_or(AuthError::Invalid)?;
+        let uid = sa.metadata.uid.unwrap_or_default();
+        Ok(Principal {
+            name: claims.sub.clone(),
+            identity: super::Identity::User {
+                username: claims.sub,
+                uid,
+                groups: vec![
+                    "system:serviceaccounts".into(),
+                    format!("system:serviceaccounts:{}", k.namespace),
+                    "system:authenticated".into(),
+                ],
+                extra: Default::default(),
+            },
+        })
+    }
+}
+
 #[async_trait]
 impl Authenticator for EmbeddedAuthenticator {
     async fn authenticate(&self, credential: &Credential) -> Result<Principal, AuthError> {
-        // Only this store's own admin tokens exist here.
-        let Credential::Api(token) = credential else {
-            return Err(AuthError::Invalid);
+        // This store's own admin tokens, and the service-account tokens it minted.
+        let token = match credential {
+            Credential::Api(token) => token,
+            Credential::Bearer(jwt) => {
+                return match &self.service_accounts {
+                    Some(tokens) => tokens.review(jwt).await,
+                    None => Err(AuthError::Invalid),
+                };
+            }
         };
         let records = self.records().await?;
         let record = records.get(&token.name);

@@ -46,11 +46,20 @@ pub enum Identity {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action<'a> {
     /// POST: create the account's objects in `namespace`.
-    CreateAccount { namespace: &'a str },
+    CreateAccount {
+        namespace: &'a str,
+    },
     /// GET: read the account (its token included).
-    ReadAccount { namespace: &'a str },
+    ReadAccount {
+        namespace: &'a str,
+    },
     /// DELETE: remove the account's objects.
-    DeleteAccount { namespace: &'a str },
+    DeleteAccount {
+        namespace: &'a str,
+    },
+    RotateAccount {
+        namespace: &'a str,
+    },
     /// An IPPool or LoadBalancer route: the one permission the request needs on that resource
     /// (`namespace` `None`: cluster-wide).
     Object {
@@ -90,6 +99,12 @@ impl<'a> Action<'a> {
             Action::ReadAccount { namespace } => vec![
                 p("get", "", "serviceaccounts", Some(namespace)),
                 p("get", "", "secrets", Some(namespace)),
+            ],
+            Action::RotateAccount { namespace } => vec![
+                p("create", "", "secrets", Some(namespace)),
+                p("update", "", "serviceaccounts", Some(namespace)),
+                p("update", "", "secrets", Some(namespace)),
+                p("delete", "", "secrets", Some(namespace)),
             ],
             Action::DeleteAccount { namespace } => vec![
                 p("delete", "", "serviceaccounts", Some(namespace)),

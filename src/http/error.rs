@@ -151,7 +151,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "Unauthorized"),
             ApiError::Request(_) => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
             ApiError::CloudConfig(e) => match e {
-                C::ClusterRoleNotFound { .. } => {
+                C::ClusterRoleNotFound { .. } | C::Invalid { .. } => {
                     (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
                 }
                 C::ServerUrl { .. } | C::Generate { .. } => {

@@ -41,6 +41,8 @@ pub enum Operation {
     Create,
     /// GET: return the cloud-config of an existing account.
     Get,
+    /// POST .../rotate: a new token for an existing account.
+    Rotate,
 }
 
 impl Operation {
@@ -48,6 +50,7 @@ impl Operation {
         match self {
             Operation::Create => "create",
             Operation::Get => "get",
+            Operation::Rotate => "rotate",
         }
     }
 }
@@ -62,6 +65,7 @@ fn failure_reason(e: &ApiError) -> &'static str {
         ApiError::UriTooLong { .. } | ApiError::HeadersTooLarge { .. } => "request_too_large",
         ApiError::CloudConfig(e) => match e {
             C::ClusterRoleNotFound { .. } => "cluster_role_not_found",
+            C::Invalid { .. } => "invalid_request",
             C::ServerUrl { .. } => "server_url",
             C::NotFound { .. } => "not_found",
             C::Foreign { .. } => "conflict",

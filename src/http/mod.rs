@@ -52,6 +52,8 @@ pub const KUBECONFIG_PATH: &str = "/v1/harvester/kubeconfig";
 /// The same path with a trailing slash, which Harvester's router (gorilla/mux with StrictSlash)
 /// answers with a 301 to the path without it.
 pub const KUBECONFIG_SLASH_PATH: &str = "/v1/harvester/kubeconfig/";
+/// A new token for an existing account (ours; Harvester has no such route).
+pub const KUBECONFIG_ROTATE_PATH: &str = "/v1/harvester/kubeconfig/rotate";
 
 #[derive(Clone)]
 pub struct AppState {
@@ -154,6 +156,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         &["GET"],
         get(kubeconfigs::list),
     )
+    .add(KUBECONFIG_ROTATE_PATH, &["POST"], post(rotate_kubeconfig))
     .add("/healthz", &["GET"], get(healthz))
     .add("/readyz", &["GET"], get(readyz))
     .add(
@@ -427,7 +430,7 @@ fn cloud_config_response(req: &AccountRequest, kubeconfig: &str) -> Response {
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/x-yaml; charset=utf-8"),
             )],
-            render::cloud_init(kubeconfig),
+            render::cloud_init(kubeconfig, req.cloud_config_path.as_deref()),
         )
             .into_response(),
         OutputFormat::Kubeconfig => (
@@ -463,6 +466,32 @@ async fn post_kubeconfig(
         Ok::<_, ApiError>((req, kubeconfig))
     };
     let (req, kubeconfig) = metrics::cloud_config(Create, |(r, _)| r.output, issued.await)?;
+    Ok(cloud_config_response(&req, &kubeconfig))
+}
+
+async fn rotate_kubeconfig(
+    State(state): State<AppState>,
+    caller: Caller,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let issued = async {
+        let req = kubeconfig::request::from_json(&body_bytes(body, BODY_LIMIT)?)?;
+        caller
+            .authorize(
+                &state,
+                auth::Action::RotateAccount {
+                    namespace: &req.namespace,
+                },
+            )
+            .await?;
+        let kubeconfig = {
+            let (cloud_config, req) = (state.cloud_config.clone(), req.clone());
+            to_completion(async move { cloud_config.rotate(&req).await }).await?
+        };
+        Ok::<_, ApiError>((req, kubeconfig))
+    };
+    let (req, kubeconfig) =
+        metrics::cloud_config(metrics::Operation::Rotate, |(r, _)| r.output, issued.await)?;
     Ok(cloud_config_response(&req, &kubeconfig))
 }
 

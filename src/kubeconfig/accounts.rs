@@ -458,6 +458,8 @@ impl Accounts {
                 server_url: None,
                 cluster_ca: None,
                 token_timeout: Duration::ZERO,
+                default_grace: Settings::DEFAULT_GRACE,
+                max_grace: Settings::MAX_GRACE,
             },
         );
         cloud_config

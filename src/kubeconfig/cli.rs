@@ -123,6 +123,8 @@ fn cloud_config(
             server_url: Some(server),
             cluster_ca: None,
             token_timeout,
+            default_grace: Settings::DEFAULT_GRACE,
+            max_grace: Settings::MAX_GRACE,
         },
     )
 }
@@ -144,7 +146,7 @@ pub async fn generate(
         .await?;
     print!(
         "########## cloud config ############\n{kubeconfig}\n{}",
-        render::cloud_init(&kubeconfig)
+        render::cloud_init(&kubeconfig, None)
     );
     Ok(())
 }

@@ -4,6 +4,7 @@
 
 pub mod accounts;
 pub mod cli;
+pub mod lifecycle;
 pub mod naming;
 pub mod objects;
 pub mod render;

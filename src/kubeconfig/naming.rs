@@ -42,6 +42,14 @@ impl AccountNames {
             binding: safe_concat_name(&[namespace, service_account]),
         }
     }
+
+    /// The same account with its token in the Secret `secret` (after a rotation).
+    pub fn with_secret(&self, secret: String) -> Self {
+        AccountNames {
+            secret,
+            ..self.clone()
+        }
+    }
 }
 
 #[cfg(test)]

@@ -33,6 +33,83 @@ pub const TOKEN_SECRET_ANNOTATION: &str = "harvester-cloud.io/token-secret";
 pub const EXPIRES_AT_ANNOTATION: &str = "harvester-cloud.io/expires-at";
 /// On a token Secret that a rotation replaced: when (RFC 3339, UTC).
 pub const ROTATED_AT_ANNOTATION: &str = "harvester-cloud.io/rotated-at";
+/// On a token Secret issued with `expirationSeconds`: that lifetime, so a retried request for the
+/// same lifetime gets the same token.
+pub const EXPIRATION_SECONDS_ANNOTATION: &str = "harvester-cloud.io/expiration-seconds";
+
+fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+/// Whole seconds, as a JWT's `exp` and Kubernetes' timestamps are, so a token's claim and its
+/// Secret's end agree to the second.
+fn rfc3339(t: time::OffsetDateTime) -> String {
+    t.replace_nanosecond(0)
+        .unwrap_or(t)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// When a token Secret's token stops working, if it has an end.
+pub fn expires_at(secret: &Secret) -> Option<time::OffsetDateTime> {
+    annotation(&secret.metadata, EXPIRES_AT_ANNOTATION).and_then(|v| {
+        time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc3339).ok()
+    })
+}
+
+/// Whether a token Secret's end has come.
+pub fn has_ended(secret: &Secret) -> bool {
+    expires_at(secret).is_some_and(|end| end <= time::OffsetDateTime::now_utc())
+}
+
+/// Gives a new token Secret its lifetime: it stops working `lifetime` after `now`.
+pub fn set_lifetime(secret: &mut Secret, lifetime: std::time::Duration, now: time::OffsetDateTime) {
+    let a = secret.metadata.annotations.get_or_insert_default();
+    a.insert(EXPIRES_AT_ANNOTATION.into(), rfc3339(now + lifetime));
+    a.insert(
+        EXPIRATION_SECONDS_ANNOTATION.into(),
+        lifetime.as_secs().to_string(),
+    );
+}
+
+/// Marks a token Secret as replaced at `now`, working until `until` (or its own end, if sooner).
+pub fn set_retiring(secret: &mut Secret, now: time::OffsetDateTime, until: time::OffsetDateTime) {
+    let end = expires_at(secret).map_or(until, |e| e.min(until));
+    let a = secret.metadata.annotations.get_or_insert_default();
+    a.insert(ROTATED_AT_ANNOTATION.into(), rfc3339(now));
+    a.insert(EXPIRES_AT_ANNOTATION.into(), rfc3339(end));
+}
+
+/// Whether the account's existing token answers a POST asking for `expiration`: a request without
+/// one takes the token as it is; one with a lifetime needs a token issued with that lifetime.
+pub fn check_lifetime(
+    secret: &Secret,
+    expiration: Option<std::time::Duration>,
+) -> Result<(), String> {
+    let Some(want) = expiration else {
+        return Ok(());
+    };
+    let have = annotation(&secret.metadata, EXPIRATION_SECONDS_ANNOTATION);
+    if have == Some(want.as_secs().to_string().as_str()) {
+        return Ok(());
+    }
+    let name = format!(
+        "{}/{}",
+        secret.metadata.namespace.as_deref().unwrap_or_default(),
+        secret.metadata.name.as_deref().unwrap_or_default()
+    );
+    Err(match expires_at(secret) {
+        Some(end) => format!(
+            "the account already has a token (secret {name}) that expires at {}, not one of expirationSeconds {}; rotate it (POST /v1/harvester/kubeconfig/rotate) for a token with this lifetime",
+            rfc3339(end),
+            want.as_secs()
+        ),
+        None => format!(
+            "the account already has a token (secret {name}) that does not expire; rotate it (POST /v1/harvester/kubeconfig/rotate) for one of expirationSeconds {}",
+            want.as_secs()
+        ),
+    })
+}
 
 /// The name of the account's current token Secret: the one the ServiceAccount names (a Secret
 /// name; whether that Secret is the account's is [`check_secret`]'s to judge), else Harvester's

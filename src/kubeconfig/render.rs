@@ -46,9 +46,30 @@ pub fn kubeconfig(server: &str, ca: &[u8], namespace: &str, token: &str) -> Stri
     )
 }
 
-/// Cloud-init user data writing the kubeconfig to both the legacy and the RKE2 path.
-pub fn cloud_init(kubeconfig: &str) -> String {
-    fill(CLOUD_INIT_TEMPLATE, &[("content", &B64.encode(kubeconfig))])
+/// Cloud-init user data writing the kubeconfig to both the legacy and the RKE2 path (Harvester's
+/// output, byte for byte), or to `path` alone (a request's `cloudConfigPath`).
+pub fn cloud_init(kubeconfig: &str, path: Option<&str>) -> String {
+    let content = B64.encode(kubeconfig);
+    let Some(path) = path else {
+        return fill(CLOUD_INIT_TEMPLATE, &[("content", &content)]);
+    };
+    // The template's first entry, with the path replaced: the same header, the same fields.
+    let mut out = String::new();
+    let mut entries = 0;
+    for line in CLOUD_INIT_TEMPLATE.split_inclusive('\n') {
+        if line.starts_with("- ") {
+            entries += 1;
+        }
+        if entries > 1 {
+            break;
+        }
+        if line.trim_start().starts_with("path: ") {
+            out.push_str(&format!("  path: {}\n", yaml_scalar(path)));
+        } else {
+            out.push_str(&line.replace("{{content}}", &content));
+        }
+    }
+    out
 }
 
 /// Encodes `s` as a JSON string literal exactly as Go's `encoding/json` does (HTML-safe escaping of
@@ -319,6 +340,25 @@ mod tests {
     }
 
     #[test]
+    fn a_cloud_config_path_gives_one_entry_at_that_path() {
+        let k = mk_worked_example();
+        let b64 = B64.encode(&k);
+        let body = cloud_init(&k, Some("/opt/rke2/etc/config-files/cloud-provider-config"));
+        assert_eq!(
+            body,
+            format!(
+                "########## cloud-init user data ############\nwrite_files:\n- encoding: b64\n  content: {b64}\n  owner: root:root\n  path: /opt/rke2/etc/config-files/cloud-provider-config\n  permissions: '0644'\n"
+            )
+        );
+        // A path YAML would read as something else is quoted.
+        assert!(cloud_init(&k, Some("/a: b#c")).contains("  path: '/a: b#c'\n"));
+        // Without one, both of Harvester's paths.
+        let both = cloud_init(&k, None);
+        assert_eq!(both.matches("path: ").count(), 2);
+        assert!(both.contains("path: /etc/kubernetes/cloud-config\n"));
+    }
+
+    #[test]
     fn worked_example_kubeconfig_is_byte_exact() {
         let k = mk_worked_example();
         assert_eq!(k.len(), 325);
@@ -339,7 +379,7 @@ mod tests {
 
     #[test]
     fn worked_example_cloud_init_is_byte_exact() {
-        let body = cloud_init(&mk_worked_example());
+        let body = cloud_init(&mk_worked_example(), None);
         assert_eq!(body.len(), 1174);
         assert_eq!(
             sha256_hex(&body),

@@ -2,7 +2,7 @@
 //! the JSON body is read like Go's `encoding/json` decoder (first value only, case-insensitive field
 //! names, unknown fields ignored, `null` as empty), the GET query like `url.ParseQuery`.
 
-use std::fmt;
+use std::{fmt, time::Duration};
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
@@ -27,7 +27,25 @@ pub struct AccountRequest {
     pub namespace: String,
     pub service_account: String,
     pub output: OutputFormat,
+    /// `expirationSeconds`: a new token stops working this long after it is issued (none: never,
+    /// as Harvester's).
+    pub expiration: Option<Duration>,
+    /// `gracePeriod` (rotate only): how long the replaced token keeps working; `None` for the
+    /// service's default.
+    pub grace: Option<Duration>,
+    /// `cloudConfigPath`: the one path the cloud-init output writes the kubeconfig to, instead of
+    /// Harvester's two.
+    pub cloud_config_path: Option<String>,
 }
+
+/// The shortest `expirationSeconds`: the sweeper's precision is about a second, and a shorter
+/// lifetime cannot be used before it ends.
+pub const MIN_EXPIRATION: Duration = Duration::from_secs(10);
+/// The longest `expirationSeconds` (ten years) and `gracePeriod` accepted at all; the service's
+/// `--max-rotation-grace` bounds the grace further.
+pub const MAX_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// The longest `cloudConfigPath` (Linux's PATH_MAX).
+pub const MAX_PATH: usize = 4096;
 
 /// A request that cannot be served; the message keeps Harvester's wording.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -49,15 +67,21 @@ enum Field {
     ClusterRoleName,
     CsiClusterRoleName,
     OutputFormat,
+    ExpirationSeconds,
+    GracePeriod,
+    CloudConfigPath,
 }
 
 impl Field {
-    const ALL: [(Field, &'static str); 5] = [
+    const ALL: [(Field, &'static str); 8] = [
         (Field::Namespace, "namespace"),
         (Field::ServiceAccountName, "serviceAccountName"),
         (Field::ClusterRoleName, "clusterRoleName"),
         (Field::CsiClusterRoleName, "csiClusterRoleName"),
         (Field::OutputFormat, "outputFormat"),
+        (Field::ExpirationSeconds, "expirationSeconds"),
+        (Field::GracePeriod, "gracePeriod"),
+        (Field::CloudConfigPath, "cloudConfigPath"),
     ];
 
     /// An exact name wins; otherwise names match case-insensitively, as Go's decoder does.
@@ -77,17 +101,24 @@ struct Fields {
     cluster_role: String,
     csi_cluster_role: String,
     output_format: String,
+    /// Our fields, as given (text: a query's value, or a JSON number or string).
+    expiration_seconds: Option<String>,
+    grace_period: Option<String>,
+    cloud_config_path: Option<String>,
 }
 
 impl Fields {
     fn set(&mut self, field: Field, value: String) {
-        *match field {
-            Field::Namespace => &mut self.namespace,
-            Field::ServiceAccountName => &mut self.service_account,
-            Field::ClusterRoleName => &mut self.cluster_role,
-            Field::CsiClusterRoleName => &mut self.csi_cluster_role,
-            Field::OutputFormat => &mut self.output_format,
-        } = value;
+        match field {
+            Field::Namespace => self.namespace = value,
+            Field::ServiceAccountName => self.service_account = value,
+            Field::ClusterRoleName => self.cluster_role = value,
+            Field::CsiClusterRoleName => self.csi_cluster_role = value,
+            Field::OutputFormat => self.output_format = value,
+            Field::ExpirationSeconds => self.expiration_seconds = Some(value),
+            Field::GracePeriod => self.grace_period = Some(value),
+            Field::CloudConfigPath => self.cloud_config_path = Some(value),
+        }
     }
 }
 
@@ -109,6 +140,7 @@ enum Decoded {
     WrongFieldType {
         field: &'static str,
         found: &'static str,
+        want: &'static str,
     },
     NotAnObject(&'static str),
 }
@@ -130,7 +162,15 @@ impl<'de> Deserialize<'de> for Decoded {
                         continue;
                     };
                     match value {
-                        Value::String(s) => fields.set(field, s),
+                        Value::String(s) if field != Field::ExpirationSeconds => {
+                            fields.set(field, s)
+                        }
+                        // Our two durations: a number of seconds (gracePeriod also a string).
+                        Value::Number(n)
+                            if matches!(field, Field::ExpirationSeconds | Field::GracePeriod) =>
+                        {
+                            fields.set(field, n.to_string())
+                        }
                         // Go leaves a string field untouched for a JSON null.
                         Value::Null => {}
                         other => {
@@ -140,12 +180,17 @@ impl<'de> Deserialize<'de> for Decoded {
                             } else {
                                 name
                             };
-                            type_error.get_or_insert((tag, go_type(&other)));
+                            let want = match field {
+                                Field::ExpirationSeconds => "int64",
+                                Field::GracePeriod => "int64 or duration string",
+                                _ => "string",
+                            };
+                            type_error.get_or_insert((tag, go_type(&other), want));
                         }
                     }
                 }
                 Ok(match type_error {
-                    Some((field, found)) => Decoded::WrongFieldType { field, found },
+                    Some((field, found, want)) => Decoded::WrongFieldType { field, found, want },
                     None => Decoded::Fields(fields),
                 })
             }
@@ -198,9 +243,9 @@ pub fn from_json(body: &[u8]) -> Result<AccountRequest, RequestError> {
         .next();
     let fields = match first {
         Some(Ok(Decoded::Fields(f))) => f,
-        Some(Ok(Decoded::WrongFieldType { field, found })) => {
+        Some(Ok(Decoded::WrongFieldType { field, found, want })) => {
             return Err(err(format!(
-                "json: cannot unmarshal {found} into Go struct field req.{field} of type string"
+                "json: cannot unmarshal {found} into Go struct field req.{field} of type {want}"
             )));
         }
         Some(Ok(Decoded::NotAnObject(found))) => {
@@ -323,6 +368,43 @@ fn validate(f: Fields) -> Result<AccountRequest, RequestError> {
             shown(&f.service_account)
         ))
     })?;
+    let expiration = f
+        .expiration_seconds
+        .as_deref()
+        .map(|v| {
+            let secs = v
+                .parse::<u64>()
+                .ok()
+                .map(Duration::from_secs)
+                .filter(|d| (MIN_EXPIRATION..=MAX_LIFETIME).contains(d));
+            secs.ok_or_else(|| {
+                err(format!(
+                    "invalid request: expirationSeconds {:?} must be a whole number of seconds from {} to {}",
+                    shown(v),
+                    MIN_EXPIRATION.as_secs(),
+                    MAX_LIFETIME.as_secs()
+                ))
+            })
+        })
+        .transpose()?;
+    let grace = f
+        .grace_period
+        .as_deref()
+        .map(|v| {
+            parse_duration(v)
+                .filter(|d| *d <= MAX_LIFETIME)
+                .ok_or_else(|| {
+                    err(format!(
+                        "invalid request: gracePeriod {:?} must be a number of seconds or a duration such as \"90s\", \"30m\" or \"1h30m\"",
+                        shown(v)
+                    ))
+                })
+        })
+        .transpose()?;
+    let cloud_config_path = f
+        .cloud_config_path
+        .map(|p| check_path(&p).map(|()| p))
+        .transpose()?;
     Ok(AccountRequest {
         namespace: f.namespace,
         service_account: f.service_account,
@@ -332,7 +414,70 @@ fn validate(f: Fields) -> Result<AccountRequest, RequestError> {
         } else {
             OutputFormat::Kubeconfig
         },
+        expiration,
+        grace,
+        cloud_config_path,
     })
+}
+
+/// A number of seconds, or a Go-style duration of `h`, `m` and `s` parts (`1h30m`, `90s`).
+fn parse_duration(v: &str) -> Option<Duration> {
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let mut total: u64 = 0;
+    let mut digits = String::new();
+    let mut parts = 0;
+    for c in v.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit = match c {
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => return None,
+        };
+        let n: u64 = digits.parse().ok()?;
+        total = total.checked_add(n.checked_mul(unit)?)?;
+        digits.clear();
+        parts += 1;
+    }
+    (digits.is_empty() && parts > 0).then(|| Duration::from_secs(total))
+}
+
+/// `cloudConfigPath`: absolute, normalised (no `.` or `..` part, no empty part, no trailing
+/// `/`), printable without spaces (cloud-init writes it as given), at most [`MAX_PATH`] bytes.
+fn check_path(p: &str) -> Result<(), RequestError> {
+    let bad = |why: &str| {
+        Err(err(format!(
+            "invalid request: cloudConfigPath {:?} {why}",
+            shown(p)
+        )))
+    };
+    if p.is_empty() {
+        return bad("is empty; leave it out for Harvester's two paths");
+    }
+    if !p.starts_with('/') {
+        return bad("is not an absolute path");
+    }
+    if p.len() > MAX_PATH {
+        return bad(&format!("is longer than {MAX_PATH} bytes"));
+    }
+    if p.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return bad("has a space or a control character");
+    }
+    if p == "/" || p.ends_with('/') {
+        return bad("names a directory, not a file");
+    }
+    if p[1..]
+        .split('/')
+        .any(|part| part.is_empty() || part == "." || part == "..")
+    {
+        return bad("is not normalised (an empty, \".\" or \"..\" part)");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -344,11 +489,94 @@ mod tests {
             namespace: ns.into(),
             service_account: sa.into(),
             output,
+            expiration: None,
+            grace: None,
+            cloud_config_path: None,
         })
     }
 
     fn reason(r: Result<AccountRequest, RequestError>) -> String {
         r.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn lifecycle_fields() {
+        let body = |extra: &str| {
+            format!(r#"{{"namespace":"a","serviceAccountName":"b"{extra}}}"#).into_bytes()
+        };
+        let ok = from_json(&body(
+            r#","expirationSeconds":3600,"gracePeriod":"1h30m","cloudConfigPath":"/opt/rke2/cfg""#,
+        ))
+        .unwrap();
+        assert_eq!(ok.expiration, Some(Duration::from_secs(3600)));
+        assert_eq!(ok.grace, Some(Duration::from_secs(5400)));
+        assert_eq!(ok.cloud_config_path.as_deref(), Some("/opt/rke2/cfg"));
+        assert_eq!(
+            from_json(&body(r#","gracePeriod":0"#)).unwrap().grace,
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            from_json(&body(r#","gracePeriod":"90s""#)).unwrap().grace,
+            Some(Duration::from_secs(90))
+        );
+        let cases = [
+            (
+                r#","expirationSeconds":"60""#,
+                "json: cannot unmarshal string into Go struct field req.expirationSeconds of type int64",
+            ),
+            (
+                r#","expirationSeconds":9"#,
+                "expirationSeconds \"9\" must be a whole number of seconds from 10",
+            ),
+            (
+                r#","expirationSeconds":-60"#,
+                "expirationSeconds \"-60\" must be",
+            ),
+            (
+                r#","expirationSeconds":1.5"#,
+                "expirationSeconds \"1.5\" must be",
+            ),
+            (
+                r#","gracePeriod":"1d""#,
+                "gracePeriod \"1d\" must be a number of seconds or a duration",
+            ),
+            (
+                r#","gracePeriod":true"#,
+                "cannot unmarshal bool into Go struct field req.gracePeriod",
+            ),
+            (r#","cloudConfigPath":"""#, "cloudConfigPath \"\" is empty"),
+            (r#","cloudConfigPath":"etc/cfg""#, "is not an absolute path"),
+            (r#","cloudConfigPath":"/etc/""#, "names a directory"),
+            (
+                r#","cloudConfigPath":"/etc/../root/cfg""#,
+                "is not normalised",
+            ),
+            (r#","cloudConfigPath":"/etc//cfg""#, "is not normalised"),
+            (
+                r#","cloudConfigPath":"/etc/a b""#,
+                "has a space or a control character",
+            ),
+            (
+                r#","cloudConfigPath":7"#,
+                "cannot unmarshal number into Go struct field req.cloudConfigPath of type string",
+            ),
+        ];
+        for (extra, want) in cases {
+            let got = reason(from_json(&body(extra)));
+            assert!(got.contains(want), "{extra}: {got}");
+        }
+        // The query reads them too (a GET's cloud-init output honours the path).
+        let q = from_query(Some(
+            "namespace=a&serviceAccountName=b&cloudConfigPath=%2Fopt%2Fcfg",
+        ))
+        .unwrap();
+        assert_eq!(q.cloud_config_path.as_deref(), Some("/opt/cfg"));
+        assert!(
+            reason(from_query(Some(
+                "namespace=a&serviceAccountName=b&cloudConfigPath="
+            )))
+            .contains("is empty")
+        );
     }
 
     #[test]

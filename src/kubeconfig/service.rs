@@ -37,6 +37,17 @@ pub struct Settings {
     /// Used instead of the token Secret's `ca.crt` when set.
     pub cluster_ca: Option<Vec<u8>>,
     pub token_timeout: Duration,
+    /// How long a rotated token keeps working when the request gives no `gracePeriod`.
+    pub default_grace: Duration,
+    /// The longest `gracePeriod` a rotation may ask for.
+    pub max_grace: Duration,
+}
+
+impl Settings {
+    /// A rotated token's default grace: an hour, for the guest cluster's nodes to take the new one.
+    pub const DEFAULT_GRACE: Duration = Duration::from_secs(3600);
+    /// The longest grace by default: a day.
+    pub const MAX_GRACE: Duration = Duration::from_secs(24 * 3600);
 }
 
 /// Why a cloud-config could not be issued. Messages keep Harvester's wording and are safe to return,
@@ -64,6 +75,9 @@ pub enum CloudConfigError {
     },
     #[error("fail to generate kubeconfig: {reason}")]
     Generate { reason: String },
+    /// A request that is well-formed but cannot be served as asked (422).
+    #[error("{step}: {message}")]
+    Invalid { step: &'static str, message: String },
     #[error("{step}: {source}")]
     Store {
         step: &'static str,
@@ -79,6 +93,7 @@ const GET_SA: &str = "fail to get serviceAccount";
 const GET_RB: &str = "fail to get roleBinding";
 const GET_CRB: &str = "fail to get clusterRoleBinding";
 const REVOKE: &str = "fail to revoke serviceAccount";
+pub(super) const ROTATE: &str = "fail to rotate the token of serviceAccount";
 
 /// What a revocation did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -95,11 +110,11 @@ pub struct Kept {
     pub reason: String,
 }
 
-fn store_err(step: &'static str) -> impl FnOnce(StoreError) -> CloudConfigError {
+pub(super) fn store_err(step: &'static str) -> impl FnOnce(StoreError) -> CloudConfigError {
     move |source| CloudConfigError::Store { step, source }
 }
 
-fn uid_of<K: Object>(obj: &K) -> Result<String, CloudConfigError> {
+pub(super) fn uid_of<K: Object>(obj: &K) -> Result<String, CloudConfigError> {
     obj.meta()
         .uid
         .clone()
@@ -114,16 +129,18 @@ fn uid_of<K: Object>(obj: &K) -> Result<String, CloudConfigError> {
 }
 
 /// An object this request created, to remove again if the request fails.
-struct Created {
-    kind: Kind,
-    namespace: String,
-    name: String,
-    uid: Option<String>,
+pub(super) struct Created {
+    pub(super) kind: Kind,
+    pub(super) namespace: String,
+    pub(super) name: String,
+    pub(super) uid: Option<String>,
 }
 
 pub struct CloudConfig {
-    store: Arc<dyn ObjectStore>,
-    settings: Settings,
+    pub(super) store: Arc<dyn ObjectStore>,
+    pub(super) settings: Settings,
+    /// Woken when a token with an end is issued, so the sweeper looks again at once.
+    pub(super) sweep_now: tokio::sync::Notify,
     /// When the ClusterRoles were last seen to exist.
     roles_seen: Mutex<Option<Instant>>,
     /// The server URL from the `vip` ConfigMap, and when it was read.
@@ -168,6 +185,7 @@ impl CloudConfig {
             settings,
             roles_seen: Mutex::new(None),
             vip_url: Mutex::new(None),
+            sweep_now: tokio::sync::Notify::new(),
         }
     }
 
@@ -175,11 +193,11 @@ impl CloudConfig {
         &self.settings
     }
 
-    fn api<K: Object>(&self) -> Api<K> {
+    pub(super) fn api<K: Object>(&self) -> Api<K> {
         Api::new(self.store.clone())
     }
 
-    async fn check_cluster_roles(&self) -> Result<(), CloudConfigError> {
+    pub(super) async fn check_cluster_roles(&self) -> Result<(), CloudConfigError> {
         if lock(&self.roles_seen).is_some_and(|at| at.elapsed() < LOOKUP_TTL) {
             return Ok(());
         }
@@ -243,7 +261,9 @@ impl CloudConfig {
         self.check_cluster_roles().await?;
         let server = self.server_url().await?;
         let mut created = Vec::new();
-        let result = self.ensure_objects(&names, &server, &mut created).await;
+        let result = self
+            .ensure_objects(&names, &server, req.expiration, &mut created)
+            .await;
         if result.is_err() {
             self.roll_back(created).await;
         } else {
@@ -257,6 +277,7 @@ impl CloudConfig {
         &self,
         names: &AccountNames,
         server: &str,
+        expiration: Option<Duration>,
         created: &mut Vec<Created>,
     ) -> Result<String, CloudConfigError> {
         let (sas, secrets) = (self.api::<ServiceAccount>(), self.api::<Secret>());
@@ -269,6 +290,11 @@ impl CloudConfig {
             .await
             .map_err(store_err(CREATE_SA))?;
         let sa_uid = sa.as_ref().and_then(|s| s.metadata.uid.clone());
+        // After a rotation the account's token is in the Secret its ServiceAccount names.
+        let names = &match &sa {
+            Some(sa) => names.with_secret(objects::current_token_secret(sa, names)),
+            None => names.clone(),
+        };
         let secret = secrets
             .get(ns, &names.secret)
             .await
@@ -281,6 +307,19 @@ impl CloudConfig {
                 step: CREATE_SA,
                 message: message.clone(),
             });
+        }
+        // A token past its end (the sweeper has not deleted it yet) is replaced like a stale one.
+        let secret_check = match (&secret, secret_check) {
+            (Some(s), Some(SecretCheck::Ours)) if objects::has_ended(s) => Some(SecretCheck::Stale),
+            (_, check) => check,
+        };
+        if let (Some(SecretCheck::Ours), Some(secret)) = (&secret_check, &secret) {
+            objects::check_lifetime(secret, expiration).map_err(|message| {
+                CloudConfigError::Foreign {
+                    step: CREATE_SA,
+                    message,
+                }
+            })?;
         }
         let rb = rbs
             .get(ns, &names.binding)
@@ -318,7 +357,7 @@ impl CloudConfig {
         // The Secret was judged before the ServiceAccount was known when there was none yet: a
         // concurrent request may have made both since, and its Secret is then ours, not stale.
         let secret_check = match (&secret, secret_check) {
-            (Some(s), Some(SecretCheck::Stale)) => {
+            (Some(s), Some(SecretCheck::Stale)) if !objects::has_ended(s) => {
                 Some(objects::check_secret(s, names, Some(&sa_uid)))
             }
             (_, check) => check,
@@ -344,11 +383,11 @@ impl CloudConfig {
                     Err(e) if e.is_not_found() || matches!(e, StoreError::Conflict { .. }) => {}
                     Err(e) => return Err(store_err(CREATE_SA)(e)),
                 }
-                self.ensure_secret(&secrets, names, &sa_uid, created)
+                self.ensure_secret(&secrets, names, &sa_uid, expiration, created)
                     .await?;
             }
             Some(SecretCheck::Foreign(_)) | None => {
-                self.ensure_secret(&secrets, names, &sa_uid, created)
+                self.ensure_secret(&secrets, names, &sa_uid, expiration, created)
                     .await?;
             }
         }
@@ -381,9 +420,19 @@ impl CloudConfig {
             })?;
         }
 
+        let secret = self.wait_for_token(names, CREATE_SA).await?;
+        self.build(names, server, &secret)
+    }
+
+    /// The token Secret once its token is in it.
+    pub(super) async fn wait_for_token(
+        &self,
+        names: &AccountNames,
+        step: &'static str,
+    ) -> Result<Secret, CloudConfigError> {
         let secret = self
             .store
-            .wait_for_token(ns, &names.secret, self.settings.token_timeout)
+            .wait_for_token(&names.namespace, &names.secret, self.settings.token_timeout)
             .await
             .map_err(|e| match e {
                 StoreError::TokenTimeout { namespace, name } => CloudConfigError::TokenTimeout {
@@ -391,13 +440,11 @@ impl CloudConfig {
                     name,
                     timeout: self.settings.token_timeout,
                 },
-                e => store_err(CREATE_SA)(e),
+                e => store_err(step)(e),
             })?;
-        let secret: Secret =
-            serde_json::from_value(secret).map_err(|e| CloudConfigError::Generate {
-                reason: format!("secret {} does not decode: {e}", names.secret),
-            })?;
-        self.build(names, server, &secret)
+        serde_json::from_value(secret).map_err(|e| CloudConfigError::Generate {
+            reason: format!("secret {} does not decode: {e}", names.secret),
+        })
     }
 
     async fn ensure_secret(
@@ -405,12 +452,24 @@ impl CloudConfig {
         secrets: &Api<Secret>,
         names: &AccountNames,
         sa_uid: &str,
+        expiration: Option<Duration>,
         created: &mut Vec<Created>,
     ) -> Result<(), CloudConfigError> {
+        let mut new = objects::token_secret(names, sa_uid);
+        if let Some(lifetime) = expiration {
+            objects::set_lifetime(&mut new, lifetime, time::OffsetDateTime::now_utc());
+        }
+        let before = created.len();
         let secret = self
-            .create_or_get(secrets, &objects::token_secret(names, sa_uid), created)
+            .create_or_get(secrets, &new, created)
             .await
             .map_err(store_err(CREATE_SA))?;
+        if created.len() > before {
+            crate::metrics::kubeconfig_token("issued");
+            if expiration.is_some() {
+                self.sweep_now.notify_one();
+            }
+        }
         match objects::check_secret(&secret, names, Some(sa_uid)) {
             SecretCheck::Ours => Ok(()),
             SecretCheck::Foreign(message) => Err(CloudConfigError::Foreign {
@@ -428,7 +487,7 @@ impl CloudConfig {
     }
 
     /// Creates `obj`; if another request created it first, returns that one.
-    async fn create_or_get<K: Object>(
+    pub(super) async fn create_or_get<K: Object>(
         &self,
         api: &Api<K>,
         obj: &K,
@@ -462,7 +521,7 @@ impl CloudConfig {
     /// Removes what a failed request created, newest first. What cannot be removed now (the store
     /// is failing, as the write that failed the request was) is retried in the background with a
     /// back-off, so a failed request leaves nothing behind once the store works again.
-    async fn roll_back(&self, created: Vec<Created>) {
+    pub(super) async fn roll_back(&self, created: Vec<Created>) {
         let left = roll_back_once(&self.store, created).await;
         if left.is_empty() {
             return;
@@ -498,14 +557,18 @@ impl CloudConfig {
         service_account: &str,
     ) -> Result<Revocation, CloudConfigError> {
         let names = AccountNames::new(namespace, service_account);
-        let ns = names.namespace.as_str();
         let mut out = Revocation::default();
         let sa = self
             .api::<ServiceAccount>()
-            .get(ns, &names.service_account)
+            .get(namespace, &names.service_account)
             .await
             .map_err(store_err(REVOKE))?;
         let sa_uid = sa.as_ref().and_then(|s| s.metadata.uid.clone());
+        let names = match &sa {
+            Some(sa) => names.with_secret(objects::current_token_secret(sa, &names)),
+            None => names,
+        };
+        let ns = names.namespace.as_str();
 
         let uid = sa_uid.as_deref();
         self.revoke_object::<ClusterRoleBinding>(
@@ -536,6 +599,29 @@ impl CloudConfig {
                 &mut out,
             )
             .await?;
+        // The tokens a rotation replaced, still in their grace.
+        let others = self
+            .token_secrets(&names, uid)
+            .await
+            .map_err(store_err(REVOKE))?;
+        for other in others {
+            let name = other.metadata.name.clone().unwrap_or_default();
+            if name == names.secret {
+                continue;
+            }
+            let of_name = names.with_secret(name.clone());
+            self.revoke_object::<Secret>(
+                ns,
+                &name,
+                format!("secret {ns}/{name}"),
+                |secret| match objects::check_secret(secret, &of_name, uid) {
+                    SecretCheck::Ours | SecretCheck::Stale => Ok(()),
+                    SecretCheck::Foreign(reason) => Err(reason),
+                },
+                &mut out,
+            )
+            .await?;
+        }
         // A service account is the account's if we labelled it, or if it had the token Secret that
         // Harvester creates for its cloud-config accounts.
         self.revoke_object::<ServiceAccount>(
@@ -617,6 +703,7 @@ impl CloudConfig {
                 )
             })?;
         let sa_uid = uid_of(&sa)?;
+        let names = names.with_secret(objects::current_token_secret(&sa, &names));
         let secret = self
             .api::<Secret>()
             .get(ns, &names.secret)
@@ -624,6 +711,15 @@ impl CloudConfig {
             .map_err(store_err(GET_SA))?
             .ok_or_else(|| not_found(GET_SA, format!("secret \"{}\" not found", names.secret)))?;
         match objects::check_secret(&secret, &names, Some(&sa_uid)) {
+            SecretCheck::Ours if objects::has_ended(&secret) => {
+                return Err(not_found(
+                    GET_SA,
+                    format!(
+                        "the token in secret \"{}\" has ended (expirationSeconds or a rotation's grace); POST issues a new one",
+                        names.secret
+                    ),
+                ));
+            }
             SecretCheck::Ours => {}
             SecretCheck::Foreign(message) => {
                 return Err(CloudConfigError::Foreign {
@@ -641,6 +737,23 @@ impl CloudConfig {
                 });
             }
         }
+        self.check_bindings(&names, &sa_uid).await?;
+        let kubeconfig = self.build(&names, &server, &secret)?;
+        // Debug, not info: reads are frequent and change nothing (creations are logged at info).
+        debug!(namespace = %ns, service_account = %names.service_account,
+            "kubeconfig for service account {ns}/{} is fetched", names.service_account);
+        Ok(kubeconfig)
+    }
+
+    /// GET's checks of the two bindings: there, owned by the ServiceAccount, and binding what
+    /// POST binds.
+    pub(super) async fn check_bindings(
+        &self,
+        names: &AccountNames,
+        sa_uid: &str,
+    ) -> Result<(), CloudConfigError> {
+        let ns = names.namespace.as_str();
+        let not_found = |step, message| CloudConfigError::NotFound { step, message };
         let rb = self
             .api::<RoleBinding>()
             .get(ns, &names.binding)
@@ -661,8 +774,8 @@ impl CloudConfig {
             &rb.role_ref,
             &rb.subjects,
             CLOUDPROVIDER_ROLE,
-            &names,
-            &sa_uid,
+            names,
+            sa_uid,
         )
         .map_err(|message| CloudConfigError::Foreign {
             step: GET_RB,
@@ -688,21 +801,17 @@ impl CloudConfig {
             &crb.role_ref,
             &crb.subjects,
             CSI_DRIVER_ROLE,
-            &names,
-            &sa_uid,
+            names,
+            sa_uid,
         )
         .map_err(|message| CloudConfigError::Foreign {
             step: GET_CRB,
             message,
         })?;
-        let kubeconfig = self.build(&names, &server, &secret)?;
-        // Debug, not info: reads are frequent and change nothing (creations are logged at info).
-        debug!(namespace = %ns, service_account = %names.service_account,
-            "kubeconfig for service account {ns}/{} is fetched", names.service_account);
-        Ok(kubeconfig)
+        Ok(())
     }
 
-    fn build(
+    pub(super) fn build(
         &self,
         names: &AccountNames,
         server: &str,

@@ -14,7 +14,8 @@
 //! |---|---|---|
 //! | `http_requests_total` | `method`, `route`, `status` | [`observe_http`] (HTTP middleware) |
 //! | `http_request_duration_seconds` (histogram) | `method`, `route`, `status` | [`observe_http`] |
-//! | `cloud_config_issued_total` | `operation` (`create`, `get`), `output` (`kubeconfig`, `cloud-init`) | [`cloud_config_issued`] (HTTP handlers) |
+//! | `cloud_config_issued_total` | `operation` (`create`, `get`, `rotate`), `output` (`kubeconfig`, `cloud-init`) | [`cloud_config_issued`] (HTTP handlers) |
+//! | `kubeconfig_tokens_total` | `event` (`issued`, `rotated`, `expired`, `retired`) | [`kubeconfig_token`] (the cloud-config service and its sweeper) |
 //! | `cloud_config_failures_total` | `operation`, `reason` | [`cloud_config_failed`] (HTTP handlers) |
 //! | `auth_failures_total` | `reason` ([`crate::auth::AuthError::reason`]) | [`auth_failed`] (`Admin` extractor) |
 //! | `ippool_total_addresses`, `ippool_available_addresses`, `ippool_allocated_addresses` | `pool` | [`set_pool_addresses`], [`remove_pool`] (IPPool reconciler) |
@@ -60,6 +61,11 @@ struct HttpLabels {
     method: &'static str,
     route: String,
     status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    event: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -114,6 +120,7 @@ struct Metrics {
     http_requests: Family<HttpLabels, Counter>,
     http_duration: HistogramFamily<HttpLabels>,
     cloud_config_issued: Family<IssuedLabels, Counter>,
+    kubeconfig_tokens: Family<EventLabels, Counter>,
     cloud_config_failures: Family<FailureLabels, Counter>,
     auth_failures: Family<ReasonLabels, Counter>,
     pool_total: Family<PoolLabels, FloatGauge>,
@@ -140,6 +147,7 @@ impl Metrics {
             http_requests: Family::default(),
             http_duration: Family::new_with_constructor(|| Histogram::new(HTTP_BUCKETS)),
             cloud_config_issued: Family::default(),
+            kubeconfig_tokens: Family::default(),
             cloud_config_failures: Family::default(),
             auth_failures: Family::default(),
             pool_total: Family::default(),
@@ -170,8 +178,13 @@ impl Metrics {
         );
         registry.register(
             "cloud_config_issued",
-            "Cloud-configs returned, by operation (create: POST, get: GET) and output format",
+            "Cloud-configs returned, by operation (create: POST, get: GET, rotate) and output format",
             m.cloud_config_issued.clone(),
+        );
+        registry.register(
+            "kubeconfig_tokens",
+            "Cloud-config tokens issued, rotated, expired (at their expirationSeconds) and retired (at the end of a rotation's grace)",
+            m.kubeconfig_tokens.clone(),
         );
         registry.register(
             "cloud_config_failures",
@@ -316,6 +329,16 @@ pub fn cloud_config_issued(operation: &'static str, output: &'static str) {
     METRICS
         .cloud_config_issued
         .get_or_create(&IssuedLabels { operation, output })
+        .inc();
+}
+
+/// A cloud-config token's life: `issued` (a token Secret made, by POST or a rotation), `rotated`
+/// (a rotation done), `expired` (deleted at its `expirationSeconds`), `retired` (a replaced token
+/// deleted at the end of its grace).
+pub fn kubeconfig_token(event: &'static str) {
+    METRICS
+        .kubeconfig_tokens
+        .get_or_create(&EventLabels { event })
         .inc();
 }
 

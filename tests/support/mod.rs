@@ -127,6 +127,11 @@ pub trait Backend: Sized {
     fn service_store(&self) -> std::sync::Arc<dyn harvester_cloud::store::ObjectStore> {
         self.store()
     }
+    /// The service's cloud-config issuer (to run its token sweeper in the test).
+    fn cloud_config(&self) -> std::sync::Arc<harvester_cloud::kubeconfig::CloudConfig>;
+    /// Whether the API server (on Kubernetes, the real one; here, the embedded store's verifier)
+    /// accepts `token` as the service account `user`: `false` is a 401.
+    async fn token_works(&self, token: &str, user: &str) -> bool;
 
     async fn call(
         &self,
@@ -284,6 +289,31 @@ impl Backend for EmbeddedBackend {
         self.app.service.state.store.clone()
     }
 
+    fn cloud_config(&self) -> std::sync::Arc<harvester_cloud::kubeconfig::CloudConfig> {
+        self.app.service.state.cloud_config.clone()
+    }
+
+    async fn token_works(&self, token: &str, user: &str) -> bool {
+        // An authenticated service account may not list pools here: 403 names it; 401 refuses
+        // the token.
+        let r = self
+            .call(
+                Method::GET,
+                "/v1/harvester/loadbalancer.harvesterhci.io.ippools",
+                Some(token),
+                Body::empty(),
+            )
+            .await;
+        match r.status {
+            StatusCode::FORBIDDEN => {
+                assert!(r.text().contains(user), "{}", r.text());
+                true
+            }
+            StatusCode::UNAUTHORIZED => false,
+            other => panic!("a service-account token answered {other}: {}", r.text()),
+        }
+    }
+
     fn expected_ca(&self) -> Vec<u8> {
         std::fs::read(self.dir.path().join("tls/ca.crt")).expect("generated CA")
     }
@@ -407,6 +437,32 @@ impl Backend for KubeBackend {
 
     fn service_store(&self) -> std::sync::Arc<dyn harvester_cloud::store::ObjectStore> {
         self.app.state.store.clone()
+    }
+
+    fn cloud_config(&self) -> std::sync::Arc<harvester_cloud::kubeconfig::CloudConfig> {
+        self.app.state.cloud_config.clone()
+    }
+
+    async fn token_works(&self, token: &str, user: &str) -> bool {
+        use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+        let client = self.cp.client_for_token(token).await;
+        let reviews: kube::Api<SelfSubjectReview> = kube::Api::all(client);
+        match reviews
+            .create(&Default::default(), &SelfSubjectReview::default())
+            .await
+        {
+            Ok(r) => {
+                let name = r
+                    .status
+                    .and_then(|s| s.user_info)
+                    .and_then(|u| u.username)
+                    .unwrap_or_default();
+                assert_eq!(name, user, "the API server's user for the token");
+                true
+            }
+            Err(kube::Error::Api(e)) if e.code == 401 => false,
+            Err(e) => panic!("a SelfSubjectReview with a service-account token: {e}"),
+        }
     }
 }
 

@@ -467,9 +467,16 @@ impl EmbeddedStore {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
+        // A cloud-config token with an end carries it as `exp` too (the sweeper deletes its Secret
+        // then; the claim holds even if the sweeper is late).
+        let exp = annotation(crate::kubeconfig::objects::EXPIRES_AT_ANNOTATION)
+            .and_then(|v| {
+                time::OffsetDateTime::parse(&v, &time::format_description::well_known::Rfc3339).ok()
+            })
+            .map(time::OffsetDateTime::unix_timestamp);
         let token = controller
             .issuer
-            .mint_secret_token(&namespace, &sa_name, &sa_uid, &name, &secret_uid)
+            .mint_secret_token(&namespace, &sa_name, &sa_uid, &name, &secret_uid, exp)
             .map_err(|e| StoreError::Invalid {
                 kind: "secret".into(),
                 name: name.clone(),
