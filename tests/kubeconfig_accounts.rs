@@ -294,6 +294,34 @@ pub mod cases {
         assert_eq!(find(&page, "gc-test/gc1")["guestCluster"], "gc1");
         assert!(find(&page, "gc-test/gc2").get("guestCluster").is_none());
         assert!(find(&page, "ns1/gc1").get("guestCluster").is_none());
+
+        // After a rotation: the new token first and current, the replaced one with its end.
+        let rotated = b
+            .admin(
+                Method::POST,
+                "/v1/harvester/kubeconfig/rotate",
+                Some(json!({"namespace": "gc-test", "serviceAccountName": "gc1", "gracePeriod": "30m"})),
+            )
+            .await
+            .kubeconfig();
+        let page = list(&b, "?namespace=gc-test").await;
+        let text = serde_json::to_string(&page).unwrap();
+        assert!(
+            !text.contains(&token_of(&rotated)),
+            "the list carries a token"
+        );
+        let tokens = find(&page, "gc-test/gc1")["tokens"]
+            .as_array()
+            .expect("tokens")
+            .clone();
+        assert_eq!(tokens.len(), 2, "{tokens:?}");
+        assert_eq!(tokens[0]["current"], true);
+        assert_ne!(tokens[0]["secret"], "gc1-token");
+        assert!(tokens[0].get("rotatedAt").is_none(), "{tokens:?}");
+        assert_eq!(tokens[1]["secret"], "gc1-token");
+        assert_eq!(tokens[1]["current"], false);
+        assert!(tokens[1]["rotatedAt"].is_string(), "{tokens:?}");
+        assert!(tokens[1]["expiresAt"].is_string(), "{tokens:?}");
     }
 
     /// steve's paging: `limit` a page, `continue` and `pagination.next` while there are more.
