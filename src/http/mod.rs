@@ -449,24 +449,15 @@ async fn post_kubeconfig(
     caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let issued = async {
-        let req = kubeconfig::request::from_json(&body_bytes(body, BODY_LIMIT)?)?;
-        caller
-            .authorize(
-                &state,
-                auth::Action::CreateAccount {
-                    namespace: &req.namespace,
-                },
-            )
-            .await?;
-        let kubeconfig = {
-            let (cloud_config, req) = (state.cloud_config.clone(), req.clone());
-            to_completion(async move { cloud_config.ensure(&req).await }).await?
-        };
-        Ok::<_, ApiError>((req, kubeconfig))
-    };
-    let (req, kubeconfig) = metrics::cloud_config(Create, |(r, _)| r.output, issued.await)?;
-    Ok(cloud_config_response(&req, &kubeconfig))
+    issue_from_body(
+        state,
+        caller,
+        body,
+        Create,
+        |namespace| auth::Action::CreateAccount { namespace },
+        |cloud_config, req| async move { cloud_config.ensure(&req).await },
+    )
+    .await
 }
 
 async fn rotate_kubeconfig(
@@ -474,24 +465,38 @@ async fn rotate_kubeconfig(
     caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    issue_from_body(
+        state,
+        caller,
+        body,
+        metrics::Operation::Rotate,
+        |namespace| auth::Action::RotateAccount { namespace },
+        |cloud_config, req| async move { cloud_config.rotate(&req).await },
+    )
+    .await
+}
+
+/// POST and rotate: the JSON body read, the caller authorized for `action`, the cloud-config
+/// issued by `issue` (to completion, even if the client goes), counted, and answered.
+async fn issue_from_body<Fut>(
+    state: AppState,
+    caller: Caller,
+    body: Result<Bytes, BytesRejection>,
+    operation: metrics::Operation,
+    action: for<'a> fn(&'a str) -> auth::Action<'a>,
+    issue: fn(Arc<CloudConfig>, AccountRequest) -> Fut,
+) -> Result<Response, ApiError>
+where
+    Fut:
+        std::future::Future<Output = Result<String, kubeconfig::CloudConfigError>> + Send + 'static,
+{
     let issued = async {
         let req = kubeconfig::request::from_json(&body_bytes(body, BODY_LIMIT)?)?;
-        caller
-            .authorize(
-                &state,
-                auth::Action::RotateAccount {
-                    namespace: &req.namespace,
-                },
-            )
-            .await?;
-        let kubeconfig = {
-            let (cloud_config, req) = (state.cloud_config.clone(), req.clone());
-            to_completion(async move { cloud_config.rotate(&req).await }).await?
-        };
+        caller.authorize(&state, action(&req.namespace)).await?;
+        let kubeconfig = to_completion(issue(state.cloud_config.clone(), req.clone())).await?;
         Ok::<_, ApiError>((req, kubeconfig))
     };
-    let (req, kubeconfig) =
-        metrics::cloud_config(metrics::Operation::Rotate, |(r, _)| r.output, issued.await)?;
+    let (req, kubeconfig) = metrics::cloud_config(operation, |(r, _)| r.output, issued.await)?;
     Ok(cloud_config_response(&req, &kubeconfig))
 }
 

@@ -113,13 +113,7 @@ impl CloudConfig {
             },
             None => None,
         };
-        let labelled = sa
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(objects::MANAGED_BY_LABEL))
-            .is_some_and(|v| v == objects::MANAGED_BY);
-        if !labelled && replaced.is_none() {
+        if !objects::is_managed(&sa.metadata) && replaced.is_none() {
             return Err(CloudConfigError::Foreign {
                 step: ROTATE,
                 message: format!(

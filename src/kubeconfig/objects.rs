@@ -129,6 +129,14 @@ pub fn current_token_secret(sa: &ServiceAccount, names: &AccountNames) -> String
         .unwrap_or_else(|| names.secret.clone())
 }
 
+/// Whether this service made the object (our managed-by label).
+pub fn is_managed(meta: &ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .is_some_and(|v| v == MANAGED_BY)
+}
+
 fn managed_labels() -> Option<BTreeMap<String, String>> {
     Some(BTreeMap::from([(
         MANAGED_BY_LABEL.to_string(),

@@ -629,13 +629,7 @@ impl CloudConfig {
             &names.service_account,
             format!("serviceaccount {ns}/{}", names.service_account),
             |sa| {
-                let labelled = sa
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(objects::MANAGED_BY_LABEL))
-                    .is_some_and(|v| v == objects::MANAGED_BY);
-                if labelled || token_secret_seen {
+                if objects::is_managed(&sa.metadata) || token_secret_seen {
                     Ok(())
                 } else {
                     Err("not created by a cloud-config request (no managed-by label and no cloud-config token Secret)".into())
