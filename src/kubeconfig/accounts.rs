@@ -209,16 +209,9 @@ pub struct AccountPage {
     pub continue_token: Option<String>,
 }
 
-fn has_our_label(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
-    meta.labels
-        .as_ref()
-        .and_then(|l| l.get(MANAGED_BY_LABEL))
-        .is_some_and(|v| v == MANAGED_BY)
-}
-
 /// Whether a ServiceAccount is an account this service issued.
 pub fn is_ours(sa: &ServiceAccount) -> bool {
-    has_our_label(&sa.metadata)
+    objects::is_managed(&sa.metadata)
 }
 
 fn ours() -> LabelSelector {
@@ -388,7 +381,7 @@ impl Accounts {
         let mut tokens: Vec<TokenInfo> = secrets
             .iter()
             .filter(|s| {
-                has_our_label(&s.metadata)
+                objects::is_managed(&s.metadata)
                     && s.type_.as_deref() == Some(SA_TOKEN_TYPE)
                     && annotation(s, SA_NAME_ANNOTATION) == Some(name)
             })
