@@ -19,7 +19,7 @@ use crate::{
     auth::kubernetes::KubeAuthenticator,
     auth::{ApiToken, cli::ensure_admin_token, embedded::EmbeddedAuthenticator},
     certs,
-    config::{BackendKind, Cli, Command, GlobalArgs, KubeconfigCommand, LogFormat, ServeArgs},
+    config::{BackendKind, Cli, Command, GlobalArgs, LogFormat, ServeArgs},
     controller::leader::{AlwaysLeader, LeaderElector, LeaseElector, LeaseTiming, lead},
     http::{self, AppState},
     issuer::Issuer,
@@ -49,23 +49,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", crate::crd::crds_yaml()?);
             Ok(())
         }
-        Command::Kubeconfig {
-            command:
-                KubeconfigCommand::Generate {
-                    service_account,
-                    namespace,
-                    kube,
-                    server_url,
-                    token_timeout,
-                },
-        } => Ok(crate::kubeconfig::cli::generate(
-            &service_account,
-            &namespace,
-            &kube,
-            server_url,
-            token_timeout,
-        )
-        .await?),
+        Command::Kubeconfig { command } => Ok(crate::kubeconfig::cli::run(command).await?),
         Command::Ccm(args) => {
             let shutdown = CancellationToken::new();
             cancel_on_signal(shutdown.clone());
@@ -419,6 +403,7 @@ fn spawn_reconcilers(
         concurrency: args.lb_concurrency,
         // No kube-vip announces VM load balancers' addresses on the embedded store.
         fill_service_ingress: matches!(args.backend, BackendKind::Embedded),
+        revoke_accounts_of_removed_clusters: !args.keep_accounts_of_removed_clusters,
         ..crate::lb::Settings::default()
     };
     let elector: Arc<dyn LeaderElector> = match args.backend {

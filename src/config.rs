@@ -144,6 +144,57 @@ pub enum KubeconfigCommand {
         #[arg(long, env = "HARVESTER_CLOUD_TOKEN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
         token_timeout: Duration,
     },
+    /// List the cloud-config accounts the service issued (never their tokens), from a running
+    /// service (`--url`) or from the cluster (`--kubeconfig`).
+    List {
+        /// Only the accounts of this namespace.
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        #[command(flatten)]
+        target: AccountsTarget,
+        /// `table` (for people) or `json` (for scripts).
+        #[arg(long, short = 'o', value_enum, default_value_t = OutputKind::Table)]
+        output: OutputKind,
+    },
+    /// Revoke a cloud-config account: delete its bindings, token Secrets and ServiceAccount (what
+    /// is not the account's is kept and reported), through a running service (`--url`) or in the
+    /// cluster (`--kubeconfig`).
+    Revoke {
+        /// Service account name (usually the guest cluster name).
+        service_account: String,
+        /// Namespace of the account.
+        namespace: String,
+        #[command(flatten)]
+        target: AccountsTarget,
+        /// `table` (for people) or `json` (for scripts).
+        #[arg(long, short = 'o', value_enum, default_value_t = OutputKind::Table)]
+        output: OutputKind,
+    },
+}
+
+/// Where `kubeconfig list|revoke` act: a running service over HTTP when `--url` is given, else the
+/// cluster that `--kubeconfig` (or the usual kubeconfig) reaches.
+#[derive(Debug, Args, Clone, Default)]
+pub struct AccountsTarget {
+    /// URL of a running service (e.g. `https://harvester-cloud.example:8443`, or Rancher's
+    /// `https://rancher.example/k8s/clusters/<id>`); the request paths are appended to it.
+    #[arg(long, env = "HARVESTER_CLOUD_URL", requires = "token_file")]
+    pub url: Option<String>,
+    /// File holding the admin bearer token for `--url`.
+    #[arg(long, env = "HARVESTER_CLOUD_TOKEN_FILE", requires = "url")]
+    pub token_file: Option<PathBuf>,
+    /// PEM CA bundle that `--url`'s certificate must chain to (default: the system's roots).
+    #[arg(long, env = "HARVESTER_CLOUD_CA_FILE", requires = "url")]
+    pub ca_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+}
+
+/// How `kubeconfig list|revoke` print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputKind {
+    Table,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -252,6 +303,11 @@ pub struct ServeArgs {
     /// each pool batch their writes; lower it to spare a busy Kubernetes API.
     #[arg(long, env = "HARVESTER_CLOUD_LB_CONCURRENCY", default_value_t = 1024)]
     pub lb_concurrency: u16,
+    /// Keep the cloud-config accounts of a guest cluster that Rancher removes. Without it, when
+    /// the cluster's VMs are deleted, the account issued for it (the ServiceAccount named after
+    /// the cluster in its VMs' namespace, if this service made it) is revoked.
+    #[arg(long, env = "HARVESTER_CLOUD_KEEP_ACCOUNTS_OF_REMOVED_CLUSTERS")]
+    pub keep_accounts_of_removed_clusters: bool,
     /// Kubernetes backend: run the reconcilers only while holding the `harvester-cloud-lb` Lease, so
     /// that several replicas are safe (`--leader-elect=false` for a single replica). The embedded
     /// backend always has exactly one.

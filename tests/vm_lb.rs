@@ -57,6 +57,7 @@ impl Reconcilers {
             concurrency: 32,
             identity: "test".into(),
             fill_service_ingress,
+            ..lb::Settings::default()
         };
         tokio::spawn(lb::run(
             store,

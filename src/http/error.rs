@@ -13,7 +13,7 @@ use tracing::{error, warn};
 use crate::{
     auth::AuthError,
     guest::api::GuestApiError,
-    kubeconfig::{CloudConfigError, RequestError},
+    kubeconfig::{CloudConfigError, RequestError, accounts::AccountsError},
     lb::objects::ObjectError,
     store::StoreError,
 };
@@ -26,6 +26,8 @@ pub enum ApiError {
     Request(#[from] RequestError),
     #[error(transparent)]
     CloudConfig(#[from] CloudConfigError),
+    #[error(transparent)]
+    Accounts(Box<AccountsError>),
     #[error("request body is larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
     #[error("the request body did not arrive within {after:?}")]
@@ -79,6 +81,12 @@ pub enum ApiError {
 impl From<GuestApiError> for ApiError {
     fn from(e: GuestApiError) -> Self {
         ApiError::Guest(Box::new(e))
+    }
+}
+
+impl From<AccountsError> for ApiError {
+    fn from(e: AccountsError) -> Self {
+        ApiError::Accounts(Box::new(e))
     }
 }
 
@@ -154,6 +162,13 @@ impl ApiError {
                 C::TokenTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout"),
                 C::Store { source, .. } => store_status(source),
             },
+            ApiError::Accounts(e) => match e.as_ref() {
+                AccountsError::Query { .. } => {
+                    (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
+                }
+                AccountsError::List { source } => store_status(source),
+                AccountsError::Revoke { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
+            },
             ApiError::PayloadTooLarge { .. } => {
                 (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge")
             }
@@ -220,6 +235,16 @@ impl ApiError {
             {
                 format!("{step}: internal error, see the server log")
             }
+            ApiError::Accounts(e) => match e.as_ref() {
+                AccountsError::List { source } if store_status(source).0.is_server_error() => {
+                    "cannot list the cloud-config accounts: internal error, see the server log"
+                        .into()
+                }
+                AccountsError::Revoke { .. } => {
+                    "cannot revoke the account: internal error, see the server log".into()
+                }
+                other => other.to_string(),
+            },
             ApiError::Unauthorized(AuthError::Backend(_)) => {
                 "authentication failed: internal error, see the server log".into()
             }

@@ -80,6 +80,7 @@ fn failure_reason(e: &ApiError) -> &'static str {
         | ApiError::NoIssuer
         | ApiError::Unavailable { .. }
         | ApiError::Objects(_)
+        | ApiError::Accounts(_)
         | ApiError::Encode { .. }
         | ApiError::BadReview { .. }
         | ApiError::NoGuestClusters

@@ -6,6 +6,7 @@
 pub mod drain;
 pub mod error;
 pub mod guest;
+pub mod kubeconfigs;
 pub mod lb;
 pub mod limits;
 pub mod metrics;
@@ -149,6 +150,11 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         get(kubeconfig_slash)
             .post(kubeconfig_slash)
             .delete(kubeconfig_slash),
+    )
+    .add(
+        kubeconfigs::KUBECONFIGS_PATH,
+        &["GET"],
+        get(kubeconfigs::list),
     )
     .add(KUBECONFIG_ROTATE_PATH, &["POST"], post(rotate_kubeconfig))
     .add("/healthz", &["GET"], get(healthz))

@@ -2,6 +2,7 @@
 //! byte-exact output formats Harvester v1.9 clients expect; what the embedded store is seeded with
 //! for it ([`seed`]), and `harvester-cloud kubeconfig generate` ([`cli`]).
 
+pub mod accounts;
 pub mod cli;
 pub mod lifecycle;
 pub mod naming;

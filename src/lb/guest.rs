@@ -1,6 +1,10 @@
 //! Guest-cluster cleanup: when the VMs of a guest cluster that Rancher is removing go away, the
 //! cluster's `workloadType: cluster` LoadBalancers in that namespace are deleted (their finalizer then
-//! releases the addresses), as Harvester's VM controller does.
+//! releases the addresses), as Harvester's VM controller does; and the cloud-config account issued
+//! for the cluster is revoked (which upstream never does, harvester/harvester#11549), unless
+//! `--keep-accounts-of-removed-clusters`. Rancher's dashboard names that account after the guest
+//! cluster (`serviceAccountName` = the cluster's name, in its VMs' namespace); only one this service
+//! issued (our managed-by label) is touched.
 //!
 //! A finalizer on the guest cluster's VMs makes sure the deletion is seen even if this service was
 //! down when it happened. Unlike upstream (whose OnRemove handler puts it on every VM), only VMs made
@@ -13,8 +17,9 @@ use tracing::info;
 
 use super::Shared;
 use crate::{
-    controller::{Event, FinalizerError, finalizer_when, kinds::VirtualMachine},
+    controller::{Event, FinalizerError, events::EventType, finalizer_when, kinds::VirtualMachine},
     crd::{VM_FINALIZER, keys::LABEL_GUEST_CLUSTER},
+    kubeconfig::accounts::AccountsError,
     store::{Api, LabelSelector, Preconditions, StoreError},
 };
 
@@ -37,7 +42,12 @@ pub enum GuestCleanupError {
         cluster: String,
         source: StoreError,
     },
+    #[error(transparent)]
+    RevokeAccount(#[from] AccountsError),
 }
+
+/// The Event on a VM whose guest cluster's cloud-config account was revoked.
+pub const REASON_ACCOUNT_REVOKED: &str = "CloudConfigAccountRevoked";
 
 impl GuestCleanupError {
     pub fn is_conflict(&self) -> bool {
@@ -77,6 +87,7 @@ pub async fn reconcile(
                     && vm.guest_cluster_removing()
                 {
                     delete_cluster_lbs(&ctx, &namespace, cluster, &key).await?;
+                    revoke_cluster_account(&ctx, &vm, &namespace, cluster, &key).await?;
                 }
                 release.release(&vm).await?;
                 Ok(Action::await_change())
@@ -138,4 +149,37 @@ async fn delete_cluster_lbs(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Revokes the cloud-config account of `cluster` in `namespace` if this service issued it; the
+/// first of the cluster's VMs to go does it, the others find nothing left.
+async fn revoke_cluster_account(
+    ctx: &Shared,
+    vm: &VirtualMachine,
+    namespace: &str,
+    cluster: &str,
+    key: &str,
+) -> Result<(), GuestCleanupError> {
+    let Some(accounts) = &ctx.accounts else {
+        return Ok(());
+    };
+    let Some(revocation) = accounts.revoke_of_cluster(namespace, cluster).await? else {
+        return Ok(());
+    };
+    if revocation.deleted.is_empty() {
+        return Ok(());
+    }
+    crate::metrics::accounts_cleaned_up();
+    info!(vm = %key, %cluster, %namespace, deleted = ?revocation.deleted, kept = revocation.kept.len(),
+        "guest cluster is being removed; revoked its cloud-config account");
+    let mut message = format!(
+        "guest cluster {cluster} is being removed: revoked its cloud-config account {namespace}/{cluster} (deleted {})",
+        revocation.deleted.join(", ")
+    );
+    for kept in &revocation.kept {
+        message.push_str(&format!("; kept {}: {}", kept.object, kept.reason));
+    }
+    ctx.events
+        .record(vm, EventType::Normal, REASON_ACCOUNT_REVOKED, message);
+    Ok(())
 }

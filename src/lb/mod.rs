@@ -59,6 +59,9 @@ pub struct Settings {
     /// Write the ingress of VM load balancers' Services (`status.loadBalancer.ingress`) as kube-vip
     /// would: where no kube-vip runs (the embedded backend). Off on Kubernetes, where kube-vip does.
     pub fill_service_ingress: bool,
+    /// Revoke the cloud-config accounts of a guest cluster Rancher removes (off:
+    /// `--keep-accounts-of-removed-clusters`).
+    pub revoke_accounts_of_removed_clusters: bool,
 }
 
 impl Default for Settings {
@@ -67,6 +70,7 @@ impl Default for Settings {
             concurrency: 1024,
             identity: default_identity(),
             fill_service_ingress: false,
+            revoke_accounts_of_removed_clusters: true,
         }
     }
 }
@@ -79,6 +83,8 @@ pub struct Shared {
     pub pool_cache: Store<IPPool>,
     pub pools: Pools,
     pub events: Recorder,
+    /// The cloud-config accounts, when a removed guest cluster's are to be revoked.
+    pub accounts: Option<crate::kubeconfig::accounts::Accounts>,
     /// The VM load balancers' Services, EndpointSlices, backends and prober.
     pub vm: vm::VmContext,
     wake: Wake,
@@ -194,6 +200,9 @@ pub async fn run_controllers(
         pool_cache: pool_reader.clone(),
         pools: Pools::new(store.clone(), wake_tx.clone(), stop.clone()),
         events: Recorder::start(store.clone(), &settings.identity, stop.clone()),
+        accounts: settings
+            .revoke_accounts_of_removed_clusters
+            .then(|| crate::kubeconfig::accounts::Accounts::new(store.clone())),
         vm: vm::VmContext::new(
             store.clone(),
             vmi_reader,

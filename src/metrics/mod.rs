@@ -29,6 +29,7 @@
 //! | `http_connections_refused_total` | `reason` (`at_capacity`, `handshake_timeout`, `no_request`) | [`http_connection_refused`] (listeners) |
 //! | `lb_probes_total` | `result` (`success`, `failure`) | [`probe_done`] (VM load balancers' prober) |
 //! | `lb_probe_targets` | none | [`set_probe_targets`] (backends the prober probes) |
+//! | `kubeconfig_accounts_cleaned_up_total` | none | [`accounts_cleaned_up`] (guest-cluster cleanup: accounts of a removed guest cluster revoked) |
 //! | `build_info` | `version` | always 1 |
 
 pub mod server;
@@ -135,6 +136,7 @@ struct Metrics {
     connections_refused: Family<ReasonLabels, Counter>,
     probes: Family<ResultLabels, Counter>,
     probe_targets: Gauge,
+    accounts_cleaned_up: Counter,
 }
 
 impl Metrics {
@@ -161,6 +163,7 @@ impl Metrics {
             connections_refused: Family::default(),
             probes: Family::default(),
             probe_targets: Gauge::default(),
+            accounts_cleaned_up: Counter::default(),
         };
         registry.register(
             "http_requests",
@@ -259,6 +262,11 @@ impl Metrics {
             "Backends of VM load balancers the prober probes",
             m.probe_targets.clone(),
         );
+        registry.register(
+            "kubeconfig_accounts_cleaned_up",
+            "Cloud-config accounts revoked because Rancher removed their guest cluster",
+            m.accounts_cleaned_up.clone(),
+        );
         let build_info = Family::<VersionLabels, Gauge>::default();
         build_info
             .get_or_create(&VersionLabels {
@@ -340,6 +348,11 @@ pub fn cloud_config_failed(operation: &'static str, reason: &'static str) {
         .cloud_config_failures
         .get_or_create(&FailureLabels { operation, reason })
         .inc();
+}
+
+/// One cloud-config account revoked because Rancher removed its guest cluster.
+pub fn accounts_cleaned_up() {
+    METRICS.accounts_cleaned_up.inc();
 }
 
 /// A request refused by authentication; `reason` is [`crate::auth::AuthError::reason`].
