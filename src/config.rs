@@ -156,6 +156,33 @@ pub enum KubeconfigCommand {
         #[arg(long, short = 'o', value_enum, default_value_t = OutputKind::Table)]
         output: OutputKind,
     },
+    /// Rotate a cloud-config account's token: issue a new one and print its kubeconfig; the
+    /// replaced token keeps working for `--grace`, any older one stops now. Through a running
+    /// service (`--url`) or in the cluster (`--kubeconfig`).
+    Rotate {
+        /// Service account name (usually the guest cluster name).
+        service_account: String,
+        /// Namespace of the account.
+        namespace: String,
+        /// How long the replaced token keeps working (`0` ends it now); default: the service's
+        /// `--rotation-grace` (in the cluster, 1h).
+        #[arg(long, value_parser = parse_duration)]
+        grace: Option<Duration>,
+        /// Give the new token a lifetime, e.g. `30d`; default: no end.
+        #[arg(long, value_parser = parse_duration)]
+        expiration: Option<Duration>,
+        /// What to print.
+        #[arg(long, short = 'o', value_enum, default_value_t = RotateOutput::Kubeconfig)]
+        output: RotateOutput,
+        /// With `-o cloud-init`: the one path the user data writes the kubeconfig to.
+        #[arg(long)]
+        cloud_config_path: Option<String>,
+        /// In the cluster: the server URL for the kubeconfig (default: your kubeconfig's server).
+        #[arg(long, env = "HARVESTER_CLOUD_SERVER_URL")]
+        server_url: Option<String>,
+        #[command(flatten)]
+        target: AccountsTarget,
+    },
     /// Revoke a cloud-config account: delete its bindings, token Secrets and ServiceAccount (what
     /// is not the account's is kept and reported), through a running service (`--url`) or in the
     /// cluster (`--kubeconfig`).
@@ -170,6 +197,15 @@ pub enum KubeconfigCommand {
         #[arg(long, short = 'o', value_enum, default_value_t = OutputKind::Table)]
         output: OutputKind,
     },
+}
+
+/// What `kubeconfig rotate` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RotateOutput {
+    /// The kubeconfig (the guest cluster's cloud-config).
+    Kubeconfig,
+    /// Cloud-init user data writing it (to `--cloud-config-path`, or Harvester's two paths).
+    CloudInit,
 }
 
 /// Where `kubeconfig list|revoke` act: a running service over HTTP when `--url` is given, else the

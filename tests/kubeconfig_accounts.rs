@@ -643,6 +643,65 @@ mod cli {
         assert_eq!(names, ["gc1", "gc2"]);
         assert_eq!(json[0]["tokens"][0]["secret"], "gc1-token");
 
+        // rotate: the new kubeconfig printed, the old token kept for its grace (both listed), and
+        // as cloud-init at a chosen path.
+        let args = with(&["kubeconfig", "rotate", "gc2", "gc-test", "--grace", "30m"]);
+        let rotated = ok(run(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+        assert!(rotated.starts_with("apiVersion: v1\n"), "{rotated}");
+        let got: String = http
+            .get(format!(
+                "{}/v1/harvester/kubeconfig?namespace=gc-test&serviceAccountName=gc2",
+                server.url
+            ))
+            .bearer_auth(token.trim())
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(got, rotated, "GET hands out the rotated kubeconfig");
+        let args = with(&["kubeconfig", "list", "-n", "gc-test", "-o", "json"]);
+        let json: Value = serde_json::from_str(&ok(run(&args
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>())))
+        .expect("JSON");
+        let tokens = json[1]["tokens"].as_array().expect("gc2's tokens");
+        assert_eq!(tokens.len(), 2, "{json}");
+        assert_eq!(tokens[0]["current"], true);
+        assert_eq!(tokens[1]["secret"], "gc2-token");
+        assert!(tokens[1]["expiresAt"].is_string(), "{json}");
+        let args = with(&[
+            "kubeconfig",
+            "rotate",
+            "gc2",
+            "gc-test",
+            "--grace",
+            "0",
+            "-o",
+            "cloud-init",
+            "--cloud-config-path",
+            "/opt/rke2/etc/config-files/cloud-provider-config",
+        ]);
+        let user_data = ok(run(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+        assert!(
+            user_data.contains("  path: /opt/rke2/etc/config-files/cloud-provider-config\n")
+                && user_data.matches("path: ").count() == 1,
+            "{user_data}"
+        );
+        let args = with(&[
+            "kubeconfig",
+            "rotate",
+            "gc2",
+            "gc-test",
+            "--cloud-config-path",
+            "rel/path",
+        ]);
+        let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("cloudConfigPath"));
+
         let args = with(&["kubeconfig", "revoke", "gc1", "gc-test", "-o", "json"]);
         let revoked: Value = serde_json::from_str(&ok(run(&args
             .iter()
@@ -722,6 +781,23 @@ mod cli {
             kubeconfig,
         ]));
         assert!(out.contains("deleted serviceaccount ns1/gc1"), "{out}");
+        // rotate in the cluster: the kubeconfig points where the given server URL says.
+        let rotated = ok(run(&[
+            "kubeconfig",
+            "rotate",
+            "gc1",
+            "gc-test",
+            "--grace",
+            "0",
+            "--server-url",
+            "https://10.9.8.7:6443",
+            "--kubeconfig",
+            kubeconfig,
+        ]));
+        assert!(
+            rotated.contains("server: https://10.9.8.7:6443\n"),
+            "{rotated}"
+        );
         let json: Value = serde_json::from_str(&ok(run(&[
             "kubeconfig",
             "list",

@@ -1,14 +1,14 @@
 //! `harvester-cloud kubeconfig …`: `generate` ensures a guest cluster's service account in a
 //! Harvester cluster through the Kubernetes API, as the cloud-config API would, and prints its cloud
-//! config and cloud-init user data (the replacement for `generate_addon.sh`); `list` and `revoke`
-//! show and revoke the accounts the service issued, through a running service (`--url`, HTTP) or
+//! config and cloud-init user data (the replacement for `generate_addon.sh`); `list`, `rotate` and
+//! `revoke` show, rotate and revoke the accounts the service issued, through a running service (`--url`, HTTP) or
 //! in the cluster (`--kubeconfig`). Each subcommand is one arm of [`run`].
 
 use std::{path::Path, sync::Arc, time::Duration};
 
 use axum::http::{Method, Request, StatusCode, Uri, header};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
@@ -19,7 +19,9 @@ use super::{
     render,
 };
 use crate::{
-    config::{AccountsTarget, KubeArgs, KubeConfigError, KubeconfigCommand, OutputKind},
+    config::{
+        AccountsTarget, KubeArgs, KubeConfigError, KubeconfigCommand, OutputKind, RotateOutput,
+    },
     store::{ObjectStore, kubernetes::KubeStore},
 };
 
@@ -84,6 +86,41 @@ pub async fn run(command: KubeconfigCommand) -> Result<(), KubeconfigCliError> {
         } => {
             let accounts = list(&target, namespace).await?;
             print!("{}", list_output(&accounts, output)?);
+            Ok(())
+        }
+        KubeconfigCommand::Rotate {
+            service_account,
+            namespace,
+            grace,
+            expiration,
+            output,
+            cloud_config_path,
+            server_url,
+            target,
+        } => {
+            let mut body = serde_json::json!({
+                "namespace": namespace,
+                "serviceAccountName": service_account,
+            });
+            if let Some(g) = grace {
+                body["gracePeriod"] = g.as_secs().into();
+            }
+            if let Some(e) = expiration {
+                body["expirationSeconds"] = e.as_secs().into();
+            }
+            if let Some(p) = &cloud_config_path {
+                body["cloudConfigPath"] = p.clone().into();
+            }
+            // Validated as the service validates it, before anything is sent or written.
+            let req = super::request::from_json(body.to_string().as_bytes())?;
+            let kubeconfig = rotate(&target, &req, body, server_url).await?;
+            match output {
+                RotateOutput::Kubeconfig => print!("{kubeconfig}"),
+                RotateOutput::CloudInit => print!(
+                    "{}",
+                    render::cloud_init(&kubeconfig, req.cloud_config_path.as_deref())
+                ),
+            }
             Ok(())
         }
         KubeconfigCommand::Revoke {
@@ -193,6 +230,34 @@ pub async fn list(
                     None => return Ok(all),
                 }
             }
+        }
+    }
+}
+
+/// Rotates one account's token and returns the new kubeconfig.
+pub async fn rotate(
+    target: &AccountsTarget,
+    req: &AccountRequest,
+    body: serde_json::Value,
+    server_url: Option<String>,
+) -> Result<String, KubeconfigCliError> {
+    match Service::of(target)? {
+        // The raw kubeconfig (a JSON string); the CLI renders cloud-init itself.
+        Some(service) => {
+            service
+                .json_with(
+                    Method::POST,
+                    "/v1/harvester/kubeconfig/rotate",
+                    Some(body.to_string()),
+                )
+                .await
+        }
+        None => {
+            let (store, cluster_url) = kube_store(&target.kube).await?;
+            let server = server_url.unwrap_or(cluster_url);
+            Ok(cloud_config(store, server, Duration::from_secs(30))
+                .rotate(req)
+                .await?)
         }
     }
 }
@@ -309,8 +374,18 @@ impl Service {
         method: Method,
         path_and_query: &str,
     ) -> Result<T, KubeconfigCliError> {
+        self.json_with(method, path_and_query, None).await
+    }
+
+    /// [`Service::json`] with a JSON request body.
+    async fn json_with<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<String>,
+    ) -> Result<T, KubeconfigCliError> {
         let url = self.url(path_and_query);
-        let (status, body) = self.send(method, path_and_query).await?;
+        let (status, body) = self.send(method, path_and_query, body).await?;
         if !status.is_success() {
             let message = serde_json::from_slice::<serde_json::Value>(&body)
                 .ok()
@@ -332,6 +407,7 @@ impl Service {
         &self,
         method: Method,
         path_and_query: &str,
+        body: Option<String>,
     ) -> Result<(StatusCode, Bytes), KubeconfigCliError> {
         let url = self.url(path_and_query);
         let connect = |reason: String| KubeconfigCliError::Connect {
@@ -350,7 +426,11 @@ impl Service {
             .authority()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        let req = Request::builder()
+        let mut req = Request::builder();
+        if body.is_some() {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        let req = req
             .method(method)
             .uri(path)
             .header(header::HOST, authority)
@@ -361,7 +441,7 @@ impl Service {
                 header::USER_AGENT,
                 concat!("harvester-cloud/", env!("CARGO_PKG_VERSION")),
             )
-            .body(Empty::<Bytes>::new())
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| connect(e.to_string()))?;
         let tcp = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect((bare_host, port)))
             .await
@@ -395,11 +475,11 @@ impl Service {
 /// How long one request to the service may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
-async fn exchange<T>(io: T, req: Request<Empty<Bytes>>) -> Result<(StatusCode, Bytes), String>
+async fn exchange<T>(io: T, req: Request<Full<Bytes>>) -> Result<(StatusCode, Bytes), String>
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(io)
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(io)
         .await
         .map_err(|e| e.to_string())?;
     // With `Connection: close` the connection ends after the answer; driven here, beside it.
