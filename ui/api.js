@@ -5,6 +5,7 @@
 export const POOLS = '/v1/harvester/loadbalancer.harvesterhci.io.ippools';
 export const LBS = '/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers';
 export const KUBECONFIG = '/v1/harvester/kubeconfig';
+export const KUBECONFIGS = '/v1/harvester/kubeconfigs';
 export const GUESTS = '/v1/harvester/guestclusters';
 
 const TOKEN_KEY = 'harvester-cloud.token';
@@ -114,6 +115,26 @@ export class Api {
     const body = { namespace, serviceAccountName };
     if (cloudInit) body.outputFormat = 'yaml';
     const r = await this.request('POST', KUBECONFIG, body);
+    return cloudInit ? r.text : JSON.parse(r.text);
+  }
+
+  /** GET /v1/harvester/kubeconfigs, every page: the accounts this service issued. */
+  async cloudConfigs() {
+    const all = [];
+    let next = `${KUBECONFIGS}?limit=1000`;
+    for (;;) {
+      const page = await this.get(next);
+      all.push(...(page.data ?? []));
+      if (!page.continue) return all;
+      next = `${KUBECONFIGS}?limit=1000&continue=${seg(page.continue)}`;
+    }
+  }
+
+  /** POST /v1/harvester/kubeconfig/rotate: the new cloud-config, as issueCloudConfig returns it. */
+  async rotateCloudConfig(namespace, serviceAccountName, gracePeriod, cloudInit) {
+    const body = { namespace, serviceAccountName, gracePeriod };
+    if (cloudInit) body.outputFormat = 'yaml';
+    const r = await this.request('POST', `${KUBECONFIG}/rotate`, body);
     return cloudInit ? r.text : JSON.parse(r.text);
   }
 

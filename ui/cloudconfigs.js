@@ -1,9 +1,10 @@
 // The Cloud-configs page: issue a guest cluster's cloud-config (POST /v1/harvester/kubeconfig:
 // the raw kubeconfig, or cloud-init user data), shown exactly as the service wrote it, with a copy
-// button and a download; and revoke one (DELETE). The text is kept in this page only: it is
-// never stored.
+// button and a download; every cloud-config the service issued (GET /v1/harvester/kubeconfigs)
+// with its bindings and tokens, to rotate (POST …/rotate, with a grace for the old token) or
+// revoke (DELETE). The text is kept in this page only: it is never stored.
 
-import { code, facts, h, replace } from './dom.js';
+import { facts, h, replace, table, time } from './dom.js';
 
 const OUTPUTS = {
   kubeconfig: {
@@ -35,9 +36,8 @@ function textInput(id, name) {
 export function cloudConfigsPage({ api }) {
   const status = h('p', { class: 'form-status', role: 'status' });
   const result = h('div', { class: 'result', id: 'cloud-config-result' });
-  // Accounts issued from this tab, so they can be revoked without typing their names again.
-  const issued = new Map();
-  const issuedList = h('div', { id: 'issued-here' });
+  // Every account the service issued, refreshed after each change made here.
+  const issuedList = h('div', { id: 'issued-list' });
 
   const namespace = textInput('cc-namespace', 'namespace');
   const account = textInput('cc-account', 'serviceAccountName');
@@ -73,35 +73,78 @@ export function cloudConfigsPage({ api }) {
       h('section', { class: 'card', 'aria-labelledby': 'issue-title' }, h('h2', { id: 'issue-title' }, 'Issue'), form),
       h('section', { class: 'card', 'aria-labelledby': 'revoke-title' },
         h('h2', { id: 'revoke-title' }, 'Revoke'),
-        h('p', null, 'Deletes the account’s bindings, token Secret and ServiceAccount: the guest cluster’s cloud provider loses its access.'),
+        h('p', null, 'Deletes the account’s bindings, token Secrets and ServiceAccount: the guest cluster’s cloud provider loses its access.'),
         revokeForm)),
     result,
     h('section', { class: 'card', 'aria-labelledby': 'issued-title', id: 'issued-cloud-configs' },
       h('h2', { id: 'issued-title' }, 'Issued cloud-configs'),
-      // ISSUE 20: the list of every issued cloud-config goes here, from
-      // GET /v1/harvester/kubeconfigs once that route exists (with revoke, and rotate when
-      // issue 20 adds it). No route lists them today, so none is invented here.
-      h('p', { class: 'hint', id: 'issued-placeholder' },
-        'Listing every issued cloud-config needs ', code('GET /v1/harvester/kubeconfigs'),
-        ', which the service does not have yet (issue 20). Until then, revoke one by its namespace and service account above.'),
-      h('h3', null, 'Issued from this tab'),
+      h('p', { class: 'hint' }, 'Rotating gives the account a new token, shown below like an issued one; the old token keeps working for the grace chosen, then stops. '
+        + 'Only the newest two tokens of an account ever work.'),
       issuedList));
 
-  function renderIssued() {
-    if (issued.size === 0) {
+  function tokenText(t) {
+    const ends = t.expiresAt ? `until ${t.expiresAt}` : 'no end';
+    return `${t.secret}${t.current ? ' (current)' : ' (replaced)'}: ${ends}`;
+  }
+
+  function bindingText(b) {
+    if (!b.exists) return 'missing';
+    return b.ours ? 'ok' : `not the account’s${b.reason ? ` (${b.reason})` : ''}`;
+  }
+
+  async function renderIssued() {
+    let accounts;
+    try {
+      accounts = await api.cloudConfigs();
+    } catch (e) {
+      replace(issuedList, h('p', { class: 'form-status error' }, `Could not list the cloud-configs: ${e.describe ? e.describe() : e}`));
+      return;
+    }
+    if (accounts.length === 0) {
       replace(issuedList, h('p', { class: 'hint' }, 'None yet.'));
       return;
     }
-    replace(issuedList, h('ul', { class: 'plain' }, [...issued.values()].map((a) => h('li', null,
-      `${a.namespace}/${a.serviceAccountName} `,
-      h('button', {
-        type: 'button', class: 'secondary', 'data-key': `revoke:${a.namespace}/${a.serviceAccountName}`,
-        onclick: () => {
-          revokeNamespace.value = a.namespace;
-          revokeAccount.value = a.serviceAccountName;
-          askRevoke();
-        },
-      }, `Revoke ${a.namespace}/${a.serviceAccountName}…`)))));
+    replace(issuedList, table('Issued cloud-configs', ['Account', 'Guest cluster', 'Created', 'Bindings', 'Tokens', 'Actions'],
+      accounts.map((a) => {
+        const key = `${a.namespace}/${a.serviceAccount}`;
+        const grace = h('select', { 'aria-label': `Grace for the old token of ${key}` },
+          [['1h', 'old token works 1 h more'], ['30m', 'old token works 30 min more'], ['0', 'old token stops now']]
+            .map(([value, label]) => h('option', { value }, label)));
+        return [
+          key,
+          a.guestCluster ?? '—',
+          time(a.created),
+          `RoleBinding ${bindingText(a.bindings.roleBinding)}; ClusterRoleBinding ${bindingText(a.bindings.clusterRoleBinding)}`,
+          a.tokens.length ? h('ul', { class: 'plain', 'data-tokens-of': key }, a.tokens.map((t) => h('li', null, tokenText(t)))) : 'none',
+          h('div', { class: 'actions' },
+            grace,
+            h('button', { type: 'button', class: 'secondary', onclick: () => rotate(a.namespace, a.serviceAccount, grace.value) }, `Rotate ${key}`),
+            h('button', {
+              type: 'button', class: 'secondary',
+              onclick: () => {
+                revokeNamespace.value = a.namespace;
+                revokeAccount.value = a.serviceAccount;
+                askRevoke();
+              },
+            }, `Revoke ${key}…`)),
+        ];
+      }), { captionHidden: true }));
+  }
+
+  async function rotate(ns, sa, gracePeriod) {
+    const kind = form.querySelector('input[name=output]:checked')?.value ?? 'kubeconfig';
+    status.className = 'form-status';
+    status.textContent = `Rotating the token of ${ns}/${sa}…`;
+    try {
+      const text = await api.rotateCloudConfig(ns, sa, gracePeriod, kind === 'cloud-init');
+      status.textContent = `Rotated the token of ${ns}/${sa}${gracePeriod === '0' ? '; the old token stopped' : `; the old token works for ${gracePeriod} more`}.`;
+      showResult(ns, sa, kind, text);
+      result.querySelector('h2')?.focus();
+      await renderIssued();
+    } catch (e) {
+      status.className = 'form-status error';
+      status.textContent = `Not rotated: ${e.describe ? e.describe() : e}`;
+    }
   }
 
   function showResult(ns, sa, kind, text) {
@@ -157,9 +200,8 @@ export function cloudConfigsPage({ api }) {
     try {
       const text = await api.issueCloudConfig(ns, sa, kind === 'cloud-init');
       status.textContent = `Issued the cloud-config of ${ns}/${sa}.`;
-      issued.set(`${ns}/${sa}`, { namespace: ns, serviceAccountName: sa });
-      renderIssued();
       showResult(ns, sa, kind, text);
+      renderIssued();
       result.querySelector('h2')?.focus();
     } catch (e) {
       status.className = 'form-status error';
@@ -192,7 +234,6 @@ export function cloudConfigsPage({ api }) {
     revokeStatus.textContent = `Revoking ${ns}/${sa}…`;
     try {
       const r = await api.revokeCloudConfig(ns, sa);
-      issued.delete(`${ns}/${sa}`);
       renderIssued();
       replace(revokeStatus,
         h('p', null, r.deleted.length ? `Revoked ${ns}/${sa}.` : `${ns}/${sa} had nothing to revoke.`),

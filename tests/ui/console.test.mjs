@@ -388,13 +388,29 @@ describe('the console on the embedded store', () => {
     await page.getByRole('button', { name: 'Issue cloud-config' }).click();
     await page.getByText(/^Not issued: 422 InvalidBodyContent/).waitFor();
 
-    // Revoked from the list of this tab's cloud-configs; the API no longer has it.
+    // The list of every issued cloud-config has it, with its one token.
+    const tokens = page.locator('[data-tokens-of="default/guest-one"] li');
+    await eventually('guest-one in the list', async () => (await tokens.count()) === 1);
+    assert.match(await tokens.first().textContent(), /^guest-one-token \(current\): no end$/);
+
+    // Rotated from the list: the new cloud-config is shown as the API now answers it, and the old
+    // token is listed as replaced, with the end of its grace.
+    await page.getByLabel('Raw kubeconfig').check();
+    await page.getByRole('button', { name: 'Rotate default/guest-one' }).click();
+    await page.getByText(/^Rotated the token of default\/guest-one; the old token works for 1h more\.$/).waitFor();
+    await eventually('two tokens listed', async () => (await tokens.count()) === 2);
+    const after = JSON.parse((await ok(server, 'GET', `${KUBECONFIG}?namespace=default&serviceAccountName=guest-one`)).text);
+    assert.equal(await page.locator('#cloud-config-text').textContent(), after, 'the rotated kubeconfig, as GET now answers');
+    assert.match(await tokens.nth(0).textContent(), /^guest-one-token-[a-z0-9]{5} \(current\): no end$/);
+    assert.match(await tokens.nth(1).textContent(), /^guest-one-token \(replaced\): until \d{4}-\d\d-\d\dT/);
+
+    // Revoked from the list; the API no longer has it, nor the list.
     await page.getByRole('button', { name: 'Revoke default/guest-one…' }).click();
     await page.getByRole('button', { name: 'Revoke default/guest-one', exact: true }).click();
     await page.getByText('Revoked default/guest-one.').waitFor();
     assert.match(await page.locator('#revoke-form').textContent(), /Deleted: .*ServiceAccount default\/guest-one/i);
     assert.equal((await call(server, 'GET', `${KUBECONFIG}?namespace=default&serviceAccountName=guest-one`)).status, 404);
-    assert.match(await page.locator('#issued-placeholder').textContent(), /GET \/v1\/harvester\/kubeconfigs/);
+    await eventually('guest-one gone from the list', async () => (await tokens.count()) === 0);
     await page.close();
   });
 
