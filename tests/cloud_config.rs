@@ -1308,6 +1308,29 @@ mod external_checkers {
             .args(["schema", "--config-file"])
             .arg(&path));
         assert!(out.contains("Valid cloud-config"), "{out}");
+        // With cloudConfigPath: one file, at exactly that path, and still valid.
+        let wanted = "/opt/rke2/etc/config-files/cloud-provider-config";
+        let body = b
+            .post(
+                &serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc4",
+                    "outputFormat": "yaml", "cloudConfigPath": wanted})
+                .to_string(),
+            )
+            .await
+            .text();
+        std::fs::write(&path, format!("#cloud-config\n{body}")).unwrap();
+        let out = run(Command::new("cloud-init")
+            .args(["schema", "--config-file"])
+            .arg(&path));
+        assert!(out.contains("Valid cloud-config"), "{out}");
+        let files = yaml(&body)["write_files"].clone();
+        let paths: Vec<&str> = files
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(paths, [wanted]);
         // The checker is real: a broken document fails it.
         std::fs::write(&path, "#cloud-config\nwrite_files: 5\n").unwrap();
         let out = Command::new("cloud-init")
