@@ -65,6 +65,10 @@ fn decode_vmi(body: &[u8]) -> Result<(VirtualMachineInstance, Option<Value>), Ob
             Some(other) => return Err(invalid(format!("{field} must be {want:?}, not {other}"))),
         }
     }
+    // As the contract says (and a Kubernetes API server answers a body without it).
+    if !matches!(fields.get("metadata"), Some(Value::Object(_))) {
+        return Err(invalid("metadata is required (an object)".into()));
+    }
     for field in ["spec", "status"] {
         match fields.get(field) {
             None | Some(Value::Object(_)) => {}
