@@ -106,24 +106,9 @@ impl ListQuery {
     }
 }
 
+/// A query value, decoded as Go's `url.QueryUnescape` and required to be UTF-8.
 fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 2;
-            }
-            b'%' => return None,
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).ok()
+    String::from_utf8(super::request::query_unescape(s)?).ok()
 }
 
 /// Where the next page starts: after this account. Opaque to clients (base64url of JSON).

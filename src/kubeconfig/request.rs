@@ -311,6 +311,11 @@ pub fn from_query(query: Option<&str>) -> Result<AccountRequest, RequestError> {
 /// `url.QueryUnescape`: `+` is a space, `%XX` a byte; `None` for a malformed escape. Bytes that are
 /// not UTF-8 are kept as replacement characters (a name made of them fails validation).
 fn unescape(s: &str) -> Option<String> {
+    query_unescape(s).map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+/// The bytes of `url.QueryUnescape`: `+` is a space, `%XX` a byte; `None` for a malformed escape.
+pub(crate) fn query_unescape(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -328,7 +333,7 @@ fn unescape(s: &str) -> Option<String> {
         }
         i += 1;
     }
-    Some(String::from_utf8_lossy(&out).into_owned())
+    Some(out)
 }
 
 fn shown(v: &str) -> String {
