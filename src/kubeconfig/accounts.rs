@@ -19,11 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     CloudConfig, CloudConfigError, Revocation, Settings,
     naming::AccountNames,
-    objects::{
-        self, EXPIRES_AT_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, ROTATED_AT_ANNOTATION,
-        SA_NAME_ANNOTATION, SA_TOKEN_TYPE,
-    },
-    request::{CLOUDPROVIDER_ROLE, CSI_DRIVER_ROLE},
+    objects::{self, EXPIRES_AT_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, ROTATED_AT_ANNOTATION},
 };
 use crate::{
     controller::kinds::VirtualMachine,
@@ -339,37 +335,15 @@ impl Accounts {
             },
         };
         let bindings = Bindings {
-            role_binding: state(rb.map(|rb| {
-                objects::check_served_binding(
-                    &format!("rolebinding {namespace}/{}", names.binding),
-                    &rb.metadata,
-                    &rb.role_ref,
-                    &rb.subjects,
-                    CLOUDPROVIDER_ROLE,
-                    &names,
-                    &uid,
-                )
-            })),
-            cluster_role_binding: state(crb.map(|crb| {
-                objects::check_served_binding(
-                    &format!("clusterrolebinding {}", names.binding),
-                    &crb.metadata,
-                    &crb.role_ref,
-                    &crb.subjects,
-                    CSI_DRIVER_ROLE,
-                    &names,
-                    &uid,
-                )
-            })),
+            role_binding: state(rb.map(|rb| objects::check_served_role_binding(&rb, &names, &uid))),
+            cluster_role_binding: state(
+                crb.map(|crb| objects::check_served_cluster_role_binding(&crb, &names, &uid)),
+            ),
         };
         let current = objects::current_token_secret(sa, &names);
         let mut tokens: Vec<TokenInfo> = secrets
             .iter()
-            .filter(|s| {
-                objects::is_managed(&s.metadata)
-                    && s.type_.as_deref() == Some(SA_TOKEN_TYPE)
-                    && annotation(s, SA_NAME_ANNOTATION) == Some(name)
-            })
+            .filter(|s| objects::is_managed(&s.metadata) && objects::is_token_of(s, name))
             .map(|s| {
                 let secret = s.metadata.name.clone().unwrap_or_default();
                 TokenInfo {

@@ -36,13 +36,11 @@ fn managed() -> LabelSelector {
 }
 
 impl CloudConfig {
-    /// The account's token Secrets: ours by label, of its ServiceAccount by annotation, and not of
-    /// an earlier ServiceAccount of the name when `sa_uid` is known (those are judged by
-    /// [`objects::check_secret`] as Stale and also listed, for revocation to remove).
+    /// The account's token Secrets: ours by label, of its ServiceAccount by name (tokens of an
+    /// earlier ServiceAccount of the name too, for revocation to remove).
     pub(super) async fn token_secrets(
         &self,
         names: &AccountNames,
-        sa_uid: Option<&str>,
     ) -> Result<Vec<Secret>, StoreError> {
         let secrets = self
             .api::<Secret>()
@@ -50,13 +48,7 @@ impl CloudConfig {
             .await?;
         Ok(secrets
             .into_iter()
-            .filter(|s| {
-                let name = s.metadata.name.clone().unwrap_or_default();
-                !matches!(
-                    objects::check_secret(s, &names.with_secret(name), sa_uid),
-                    SecretCheck::Foreign(_)
-                )
-            })
+            .filter(|s| objects::is_token_of(s, &names.service_account))
             .collect())
     }
 
@@ -174,10 +166,7 @@ impl CloudConfig {
 
         // The old ones: the replaced token gets its grace, older ones (and a replaced one with no
         // grace) stop now.
-        let old = self
-            .token_secrets(&base, Some(&sa_uid))
-            .await
-            .map_err(store_err(ROTATE))?;
+        let old = self.token_secrets(&base).await.map_err(store_err(ROTATE))?;
         for secret in old {
             let name = secret.metadata.name.clone().unwrap_or_default();
             if name == new_names.secret {

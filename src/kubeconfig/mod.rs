@@ -9,8 +9,10 @@ pub mod naming;
 pub mod objects;
 pub mod render;
 pub mod request;
+pub mod revoke;
 pub mod seed;
 pub mod service;
 
 pub use request::{AccountRequest, OutputFormat, RequestError};
-pub use service::{CloudConfig, CloudConfigError, Kept, Revocation, Settings};
+pub use revoke::{Kept, Revocation};
+pub use service::{CloudConfig, CloudConfigError, Settings};

@@ -52,9 +52,12 @@ fn rfc3339(t: time::OffsetDateTime) -> String {
 
 /// When a token Secret's token stops working, if it has an end.
 pub fn expires_at(secret: &Secret) -> Option<time::OffsetDateTime> {
-    annotation(&secret.metadata, EXPIRES_AT_ANNOTATION).and_then(|v| {
-        time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc3339).ok()
-    })
+    annotation(&secret.metadata, EXPIRES_AT_ANNOTATION).and_then(parse_end)
+}
+
+/// The value of [`EXPIRES_AT_ANNOTATION`] as a time (`None` when it is not RFC 3339).
+pub fn parse_end(value: &str) -> Option<time::OffsetDateTime> {
+    time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc3339).ok()
 }
 
 /// Whether a token Secret's end has come.
@@ -248,6 +251,13 @@ pub enum SecretCheck {
     Foreign(String),
 }
 
+/// Whether `secret` is a service-account token Secret of the ServiceAccount `service_account`
+/// (of this one or of an earlier one of the name): what [`check_secret`] does not call Foreign.
+pub fn is_token_of(secret: &Secret, service_account: &str) -> bool {
+    secret.type_.as_deref() == Some(SA_TOKEN_TYPE)
+        && annotation(&secret.metadata, SA_NAME_ANNOTATION) == Some(service_account)
+}
+
 pub fn check_secret(secret: &Secret, names: &AccountNames, sa_uid: Option<&str>) -> SecretCheck {
     let name = format!("{}/{}", names.namespace, names.secret);
     if secret.type_.as_deref() != Some(SA_TOKEN_TYPE) {
@@ -379,9 +389,43 @@ pub fn owned_by(meta: &ObjectMeta, names: &AccountNames, sa_uid: &str) -> bool {
         && uid.is_none_or(|u| u == sa_uid)
 }
 
+/// GET's verdict on the account's RoleBinding (see [`check_served_binding`]).
+pub fn check_served_role_binding(
+    rb: &RoleBinding,
+    names: &AccountNames,
+    sa_uid: &str,
+) -> Result<(), String> {
+    check_served_binding(
+        &format!("rolebinding {}/{}", names.namespace, names.binding),
+        &rb.metadata,
+        &rb.role_ref,
+        &rb.subjects,
+        CLOUDPROVIDER_ROLE,
+        names,
+        sa_uid,
+    )
+}
+
+/// GET's verdict on the account's ClusterRoleBinding (see [`check_served_binding`]).
+pub fn check_served_cluster_role_binding(
+    crb: &ClusterRoleBinding,
+    names: &AccountNames,
+    sa_uid: &str,
+) -> Result<(), String> {
+    check_served_binding(
+        &format!("clusterrolebinding {}", names.binding),
+        &crb.metadata,
+        &crb.role_ref,
+        &crb.subjects,
+        CSI_DRIVER_ROLE,
+        names,
+        sa_uid,
+    )
+}
+
 /// What GET says of a binding that is not the account's: upstream's words when it is not owned by
 /// the ServiceAccount, ours when it is but binds something else.
-pub fn check_served_binding(
+fn check_served_binding(
     what: &str,
     meta: &ObjectMeta,
     role_ref: &RoleRef,

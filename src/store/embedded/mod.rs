@@ -470,9 +470,7 @@ impl EmbeddedStore {
         // A cloud-config token with an end carries it as `exp` too (the sweeper deletes its Secret
         // then; the claim holds even if the sweeper is late).
         let exp = annotation(crate::kubeconfig::objects::EXPIRES_AT_ANNOTATION)
-            .and_then(|v| {
-                time::OffsetDateTime::parse(&v, &time::format_description::well_known::Rfc3339).ok()
-            })
+            .and_then(|v| crate::kubeconfig::objects::parse_end(&v))
             .map(time::OffsetDateTime::unix_timestamp);
         let token = controller
             .issuer
