@@ -122,6 +122,15 @@ def main():
         fail(f"the base image has Rust {m.group(1)}, this machine {rustc.strip()}")
 
     work = tempfile.mkdtemp(prefix="docker-build-check.")
+    try:
+        build_stage(build, all_stages, work)
+    finally:
+        # A failed RUN must not leave a copy of the context (and its cache dirs) behind in /tmp.
+        shutil.rmtree(work, ignore_errors=True)
+    print("docker-build-check: ok")
+
+
+def build_stage(build, all_stages, work):
     fsroot = os.path.join(work, "root")
     context = os.path.join(work, "context")
     os.makedirs(fsroot)
@@ -209,8 +218,6 @@ def main():
             if r.returncode != 0:
                 fail(f"{path} --version failed: {r.stderr}")
             print(f"docker-build-check: built {r.stdout.strip()}")
-    shutil.rmtree(work, ignore_errors=True)
-    print("docker-build-check: ok")
 
 
 if __name__ == "__main__":
