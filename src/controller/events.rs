@@ -51,6 +51,12 @@ pub mod reason {
     pub const NO_MATCHED_IP_POOL: &str = "NoMatchedIPPool";
     pub const POOL_EXHAUSTED: &str = "PoolExhausted";
     pub const ALLOCATION_FAILED: &str = "AllocationFailed";
+    /// A requested address lies in no pool the LoadBalancer may use, or is not a valid request.
+    pub const REQUESTED_ADDRESS_UNAVAILABLE: &str = "RequestedAddressUnavailable";
+    /// A requested address is held by another LoadBalancer.
+    pub const REQUESTED_ADDRESS_TAKEN: &str = "RequestedAddressTaken";
+    /// On an IPPool: 90% or more of its addresses are allocated.
+    pub const POOL_NEARLY_FULL: &str = "PoolNearlyFull";
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,6 +10,19 @@ pub const ANNOTATION_NETWORK: &str = "loadbalancer.harvesterhci.io/network";
 pub const ANNOTATION_PROJECT: &str = "loadbalancer.harvesterhci.io/project";
 pub const ANNOTATION_NAMESPACE: &str = "loadbalancer.harvesterhci.io/namespace";
 pub const ANNOTATION_CLUSTER: &str = "loadbalancer.harvesterhci.io/cluster";
+/// Ours, not upstream's: the one address a LoadBalancer asks for. It is given when it lies in a pool
+/// that selection allows for the LoadBalancer and is free; otherwise the LoadBalancer is not Ready
+/// and gets nothing else. The guest cloud provider writes it from a Service's `spec.loadBalancerIP`
+/// or a user's `kube-vip.io/loadbalancerIPs`. Upstream's controller ignores it.
+pub const ANNOTATION_REQUESTED_IP: &str = "loadbalancer.harvesterhci.io/requestedIP";
+/// Ours, not upstream's: the address family a LoadBalancer's address comes from, `IPv4` or `IPv6`
+/// (the guest cloud provider writes it on the LoadBalancers of a dual-stack Service, one per
+/// family): only pools with ranges of that family are considered.
+pub const ANNOTATION_IP_FAMILY: &str = "loadbalancer.harvesterhci.io/ipFamily";
+/// Ours, not upstream's: a LoadBalancer status condition whose `lastTransitionTime` is when its
+/// current address was allocated (message `<ip> from IP pool <pool>`). Upstream's controller only
+/// reads the `Ready` condition.
+pub const CONDITION_ADDRESS_ALLOCATED: &str = "AddressAllocated";
 /// Written by the guest cloud provider: the guest cluster's management network.
 pub const ANNOTATION_MANAGEMENT_NETWORK: &str = "cloudprovider.harvesterhci.io/managementNetwork";
 /// The guest Service's network as first seen, so that a later change is refused.

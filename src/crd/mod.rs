@@ -337,6 +337,55 @@ impl LoadBalancer {
             .unwrap_or_default()
     }
 
+    /// The address asked for (`loadbalancer.harvesterhci.io/requestedIP`); `Err` names a value that
+    /// is not an IP address.
+    pub fn requested_ip(&self) -> Result<Option<std::net::IpAddr>, String> {
+        let text = self.annotation(keys::ANNOTATION_REQUESTED_IP);
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        text.parse::<std::net::IpAddr>()
+            .map(|ip| Some(ip.to_canonical()))
+            .map_err(|_| {
+                format!(
+                    "annotation {} {text:?} is not an IP address",
+                    keys::ANNOTATION_REQUESTED_IP
+                )
+            })
+    }
+
+    /// The family asked for (`loadbalancer.harvesterhci.io/ipFamily`, `IPv4` or `IPv6`); `Err` names
+    /// another value.
+    pub fn ip_family(&self) -> Result<Option<ipam::Family>, String> {
+        match self.annotation(keys::ANNOTATION_IP_FAMILY).trim() {
+            "" => Ok(None),
+            "IPv4" => Ok(Some(ipam::Family::V4)),
+            "IPv6" => Ok(Some(ipam::Family::V6)),
+            other => Err(format!(
+                "annotation {} {other:?} is neither IPv4 nor IPv6",
+                keys::ANNOTATION_IP_FAMILY
+            )),
+        }
+    }
+
+    /// The requested address and the family the address must have: the requested address's, else
+    /// the annotated family. `Err` when either annotation is invalid or the two disagree.
+    pub fn address_request(
+        &self,
+    ) -> Result<(Option<std::net::IpAddr>, Option<ipam::Family>), String> {
+        let ip = self.requested_ip()?;
+        let family = self.ip_family()?;
+        match (ip, family) {
+            (Some(ip), Some(f)) if ipam::Family::of(ip) != f => Err(format!(
+                "requested address {ip} is not an {f} address, as annotation {} asks",
+                keys::ANNOTATION_IP_FAMILY
+            )),
+            (Some(ip), _) => Ok((Some(ip), Some(ipam::Family::of(ip)))),
+            (None, family) => Ok((None, family)),
+        }
+    }
+
     /// What pool selection reads of this load balancer.
     pub fn request(&self) -> ipam::LbRequest {
         ipam::LbRequest {
@@ -347,6 +396,7 @@ impl LoadBalancer {
             project: self.annotation(ANNOTATION_PROJECT),
             namespace: self.annotation(ANNOTATION_NAMESPACE),
             cluster: self.annotation(ANNOTATION_CLUSTER),
+            family: self.address_request().ok().and_then(|(_, f)| f),
         }
     }
 }

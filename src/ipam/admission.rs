@@ -3,6 +3,11 @@
 //! One deliberate difference: range overlap with other pools is only checked between pools on the same
 //! network, so identical ranges on different VLANs are possible (upstream compares every pool).
 //! Another pool whose own ranges do not parse is skipped rather than blocking every change.
+//!
+//! The selector rules (one global pool; no two pools of equal priority or scope) hold per network and
+//! address family: an IPv4 and an IPv6 pool may share a scope, so that dual-stack load balancers get
+//! one address of each family, and a global pool may exist per network (selection prefers the one
+//! on the load balancer's network). Upstream allows one global pool in all.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -123,8 +128,14 @@ fn check(
         }
     }
 
+    // Only pools that could serve a load balancer of the same family compete with this one.
+    let families = pool.spec.families();
+    others.retain(|o| o.spec.families().intersects(families));
     if selector.is_global() {
-        if let Some(other) = others.iter().find(|o| o.spec.selector.is_global()) {
+        if let Some(other) = others
+            .iter()
+            .find(|o| o.spec.selector.is_global() && o.spec.selector.network == selector.network)
+        {
             return Err(Rejection::SecondGlobal {
                 other: other.name.into(),
             });
@@ -362,17 +373,29 @@ mod tests {
     }
 
     #[test]
-    fn case9_a_second_global_pool_on_another_network_is_still_refused() {
-        // The global pool serves every network, so two of them would be ambiguous.
+    fn case9_one_global_pool_per_network_and_family() {
+        // Upstream refuses a second global pool anywhere; here the rule holds per network and
+        // family, and selection prefers the global pool of the load balancer's network.
         let global = mk_spec("192.168.10.0/24", "default/vlan10", 0, &[all()]);
-        let input = mk_spec("192.168.20.0/24", "default/vlan20", 0, &[all()]);
+        let elsewhere = mk_spec("192.168.20.0/24", "default/vlan20", 0, &[all()]);
+        assert_eq!(create(&elsewhere, &[("global", &global)]), Ok(()));
+        let same_network = mk_spec("192.168.30.0/24", "default/vlan10", 0, &[all()]);
         assert_eq!(
-            create(&input, &[("global", &global)]),
+            create(&same_network, &[("global", &global)]),
             Err(
                 "can't create IP pool input because there is already a global IP pool: global"
                     .into()
             )
         );
+        // An IPv6 global pool next to the IPv4 one, and an IPv6 pool with the scope and priority
+        // of an IPv4 one: one address of each family for the same load balancers.
+        let v6 = mk_spec("fd00:10::/64", "default/vlan10", 0, &[all()]);
+        assert_eq!(create(&v6, &[("global", &global)]), Ok(()));
+        let scoped = mk_spec("192.168.40.0/24", "", 0, &[mk_tuple(ALL, "ns1", ALL)]);
+        let scoped_v6 = mk_spec("fd00:40::/64", "", 0, &[mk_tuple(ALL, "ns1", ALL)]);
+        assert_eq!(create(&scoped_v6, &[("scoped", &scoped)]), Ok(()));
+        let scoped_again = mk_spec("192.168.41.0/24", "", 0, &[mk_tuple(ALL, "ns1", ALL)]);
+        assert!(create(&scoped_again, &[("scoped", &scoped)]).is_err());
     }
 
     #[test]

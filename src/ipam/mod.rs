@@ -36,5 +36,5 @@ pub use select::{
     LbRequest, PoolEntry, PoolIndex, PoolPlan, Requirement, SelectError, Selected, SelectedBy,
     WorkloadType, plan_pool, select_pool,
 };
-pub use spec::{ALL, PoolSpec, RangeSpec, Selector, Tuple};
+pub use spec::{ALL, Families, PoolSpec, RangeSpec, Selector, Tuple};
 pub use status::{Condition, PoolStatus};

@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use super::spec::{ALL, PoolSpec, Selector, Tuple};
+use super::Family;
+use super::spec::{ALL, Families, PoolSpec, Selector, Tuple};
 
 /// What the load balancer asks for, from its annotations (`loadbalancer.harvesterhci.io/network`,
 /// `…/project`, `…/namespace`, `…/cluster`).
@@ -66,6 +67,10 @@ pub struct LbRequest {
     pub namespace: String,
     /// Annotation `loadbalancer.harvesterhci.io/cluster`.
     pub cluster: String,
+    /// The address family asked for (annotation `loadbalancer.harvesterhci.io/ipFamily`, or the
+    /// family of the requested address): only pools with ranges of that family are considered.
+    /// `None` considers every pool, as upstream does.
+    pub family: Option<Family>,
 }
 
 impl LbRequest {
@@ -111,6 +116,14 @@ pub struct Selected<'a> {
 pub enum SelectError {
     #[error("no matched IPPool with requirement {requirement}")]
     NoMatch { requirement: Requirement },
+    /// As `NoMatch`, for a request of one family.
+    #[error("no matched IPPool with {family} ranges with requirement {requirement}")]
+    NoMatchOfFamily {
+        requirement: Requirement,
+        family: Family,
+    },
+    #[error("IP pool {pool} has no {family} range")]
+    WrongFamily { pool: String, family: Family },
     /// Upstream reports a named pool that does not exist when it looks for its allocator.
     #[error("fail to get allocator {pool}")]
     UnknownPool { pool: String },
@@ -165,10 +178,49 @@ fn better<'a>(current: Option<PoolEntry<'a>>, candidate: PoolEntry<'a>) -> Optio
     })
 }
 
-fn explicit<'a>(found: Option<&PoolEntry<'a>>, name: &str) -> Result<Selected<'a>, SelectError> {
+/// Among global pools (several may exist, one per network and family): the one on the requirement's
+/// network first, then one with IPv4 ranges (for a request of no family), then priority and name.
+fn better_global<'a>(
+    current: Option<PoolEntry<'a>>,
+    candidate: PoolEntry<'a>,
+    network: &str,
+) -> Option<PoolEntry<'a>> {
+    let rank = |p: &PoolEntry<'a>| {
+        (
+            p.spec.selector.network == network,
+            p.spec.families().v4,
+            p.spec.selector.priority,
+            std::cmp::Reverse(p.name),
+        )
+    };
+    Some(match current {
+        Some(c) if rank(&c) >= rank(&candidate) => c,
+        _ => candidate,
+    })
+}
+
+fn no_match(requirement: Requirement, family: Option<Family>) -> SelectError {
+    match family {
+        None => SelectError::NoMatch { requirement },
+        Some(family) => SelectError::NoMatchOfFamily {
+            requirement,
+            family,
+        },
+    }
+}
+
+fn explicit<'a>(
+    found: Option<&PoolEntry<'a>>,
+    name: &str,
+    family: Option<Family>,
+) -> Result<Selected<'a>, SelectError> {
     match found {
         None => Err(SelectError::UnknownPool { pool: name.into() }),
         Some(p) if p.deleting => Err(SelectError::PoolDeleting { pool: name.into() }),
+        Some(p) if !p.spec.families().serves(family) => Err(SelectError::WrongFamily {
+            pool: name.into(),
+            family: family.unwrap_or(Family::V4),
+        }),
         Some(p) => Ok(Selected {
             pool: p.name,
             by: SelectedBy::Explicit,
@@ -186,15 +238,19 @@ pub fn select_pool<'a>(
         return explicit(
             pools.iter().find(|p| p.name == request.ip_pool),
             &request.ip_pool,
+            request.family,
         );
     }
     let requirement = request.requirement();
     let guest = request.workload_type == WorkloadType::Cluster;
     let (mut strict, mut loose, mut global) = (None, None, None);
-    for &pool in pools.iter().filter(|p| !p.deleting) {
+    for &pool in pools
+        .iter()
+        .filter(|p| !p.deleting && p.spec.families().serves(request.family))
+    {
         let selector = &pool.spec.selector;
         if selector.is_global() {
-            global = better(global, pool);
+            global = better_global(global, pool, &requirement.network);
         } else if selector.matches(&requirement) {
             strict = better(strict, pool);
         } else if guest && selector.matches_loosely(&requirement) {
@@ -208,7 +264,7 @@ pub fn select_pool<'a>(
     ]
     .into_iter()
     .find_map(|(pool, by)| pool.map(|p| Selected { pool: p.name, by }));
-    chosen.ok_or(SelectError::NoMatch { requirement })
+    chosen.ok_or_else(|| no_match(requirement, request.family))
 }
 
 /// The pools indexed for repeated selection: by name, and per network in selection order, so a
@@ -216,27 +272,30 @@ pub fn select_pool<'a>(
 #[derive(Debug, Clone)]
 pub struct PoolIndex<'a> {
     by_name: HashMap<&'a str, PoolEntry<'a>>,
-    /// Non-global, live pools per network, highest priority first, then by name.
-    by_network: HashMap<&'a str, Vec<PoolEntry<'a>>>,
-    global: Option<PoolEntry<'a>>,
+    /// Non-global, live pools per network, highest priority first, then by name, with the families
+    /// of their ranges.
+    by_network: HashMap<&'a str, Vec<(PoolEntry<'a>, Families)>>,
+    /// Live global pools (one per network and family at most, admission permitting).
+    globals: Vec<(PoolEntry<'a>, Families)>,
 }
 
 impl<'a> PoolIndex<'a> {
     pub fn new(pools: &[PoolEntry<'a>]) -> Self {
-        let mut by_network: HashMap<&'a str, Vec<PoolEntry<'a>>> = HashMap::new();
-        let mut global = None;
+        let mut by_network: HashMap<&'a str, Vec<(PoolEntry<'a>, Families)>> = HashMap::new();
+        let mut globals = Vec::new();
         for &pool in pools.iter().filter(|p| !p.deleting) {
+            let families = pool.spec.families();
             if pool.spec.selector.is_global() {
-                global = better(global, pool);
+                globals.push((pool, families));
             } else {
                 by_network
                     .entry(pool.spec.selector.network.as_str())
                     .or_default()
-                    .push(pool);
+                    .push((pool, families));
             }
         }
         for list in by_network.values_mut() {
-            list.sort_by(|a, b| {
+            list.sort_by(|(a, _), (b, _)| {
                 b.spec
                     .selector
                     .priority
@@ -247,23 +306,56 @@ impl<'a> PoolIndex<'a> {
         PoolIndex {
             by_name: pools.iter().map(|p| (p.name, *p)).collect(),
             by_network,
-            global,
+            globals,
         }
+    }
+
+    /// The live pools of the requirement's network that serve the family, in selection order.
+    fn candidates<'s>(
+        &'s self,
+        requirement: &Requirement,
+        family: Option<Family>,
+    ) -> impl Iterator<Item = &'s PoolEntry<'a>> {
+        self.by_network
+            .get(requirement.network.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter(move |(_, f)| f.serves(family))
+            .map(|(p, _)| p)
+    }
+
+    /// The global pools that serve the family, best first.
+    fn globals(&self, requirement: &Requirement, family: Option<Family>) -> Vec<PoolEntry<'a>> {
+        let mut out: Vec<PoolEntry<'a>> = self
+            .globals
+            .iter()
+            .filter(|(_, f)| f.serves(family))
+            .map(|(p, _)| *p)
+            .collect();
+        let mut ordered = Vec::with_capacity(out.len());
+        while !out.is_empty() {
+            let best = out
+                .iter()
+                .fold(None, |acc, p| better_global(acc, *p, &requirement.network));
+            let Some(best) = best else { break };
+            out.retain(|p| p.name != best.name);
+            ordered.push(best);
+        }
+        ordered
     }
 
     pub fn select(&self, request: &LbRequest) -> Result<Selected<'a>, SelectError> {
         if !request.ip_pool.is_empty() {
-            return explicit(self.by_name.get(request.ip_pool.as_str()), &request.ip_pool);
+            return explicit(
+                self.by_name.get(request.ip_pool.as_str()),
+                &request.ip_pool,
+                request.family,
+            );
         }
         let requirement = request.requirement();
-        let candidates = self
-            .by_network
-            .get(requirement.network.as_str())
-            .map(Vec::as_slice)
-            .unwrap_or_default();
         let first = |loose: bool| {
-            candidates
-                .iter()
+            self.candidates(&requirement, request.family)
                 .find(|p| p.spec.selector.matches_with(&requirement, loose))
                 .map(|p| p.name)
         };
@@ -275,11 +367,57 @@ impl<'a> PoolIndex<'a> {
                     .flatten()
                     .map(|pool| (pool, SelectedBy::Loose))
             })
-            .or_else(|| self.global.map(|p| (p.name, SelectedBy::Global)));
+            .or_else(|| {
+                self.globals
+                    .iter()
+                    .filter(|(_, f)| f.serves(request.family))
+                    .fold(None, |acc, (p, _)| {
+                        better_global(acc, *p, &requirement.network)
+                    })
+                    .map(|p| (p.name, SelectedBy::Global))
+            });
         match chosen {
             Some((pool, by)) => Ok(Selected { pool, by }),
-            None => Err(SelectError::NoMatch { requirement }),
+            None => Err(no_match(requirement, request.family)),
         }
+    }
+
+    /// Every pool that could serve `request`, in the order selection prefers them: the explicit pool
+    /// alone; else the strict matches, the loose ones (guest clusters), then the global pools. A
+    /// requested address is taken from the first of these whose ranges hold it.
+    pub fn eligible(&self, request: &LbRequest) -> Result<Vec<&'a str>, SelectError> {
+        if !request.ip_pool.is_empty() {
+            return explicit(
+                self.by_name.get(request.ip_pool.as_str()),
+                &request.ip_pool,
+                request.family,
+            )
+            .map(|s| vec![s.pool]);
+        }
+        let requirement = request.requirement();
+        let mut out: Vec<&'a str> = self
+            .candidates(&requirement, request.family)
+            .filter(|p| p.spec.selector.matches_with(&requirement, false))
+            .map(|p| p.name)
+            .collect();
+        if request.workload_type == WorkloadType::Cluster {
+            let loose: Vec<&'a str> = self
+                .candidates(&requirement, request.family)
+                .filter(|p| p.spec.selector.matches_with(&requirement, true))
+                .map(|p| p.name)
+                .filter(|name| !out.contains(name))
+                .collect();
+            out.extend(loose);
+        }
+        out.extend(
+            self.globals(&requirement, request.family)
+                .into_iter()
+                .map(|p| p.name),
+        );
+        if out.is_empty() {
+            return Err(no_match(requirement, request.family));
+        }
+        Ok(out)
     }
 }
 

@@ -115,6 +115,47 @@ impl Selector {
     }
 }
 
+/// The address families a pool's ranges cover (a pool may mix them, as upstream's may).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Families {
+    pub v4: bool,
+    pub v6: bool,
+}
+
+impl Families {
+    pub fn contains(self, family: super::Family) -> bool {
+        match family {
+            super::Family::V4 => self.v4,
+            super::Family::V6 => self.v6,
+        }
+    }
+
+    /// Whether two pools could serve a load balancer of the same family.
+    pub fn intersects(self, other: Families) -> bool {
+        (self.v4 && other.v4) || (self.v6 && other.v6)
+    }
+
+    /// `None` asks for no family in particular, which any pool serves.
+    pub fn serves(self, family: Option<super::Family>) -> bool {
+        family.is_none_or(|f| self.contains(f))
+    }
+}
+
+impl PoolSpec {
+    /// The families of the ranges whose subnet parses (admission refuses the others).
+    pub fn families(&self) -> Families {
+        let mut families = Families::default();
+        for range in &self.ranges {
+            match super::Cidr::parse(&range.subnet).map(|c| c.family()) {
+                Some(super::Family::V4) => families.v4 = true,
+                Some(super::Family::V6) => families.v6 = true,
+                None => {}
+            }
+        }
+        families
+    }
+}
+
 fn is_zero(value: &u32) -> bool {
     *value == 0
 }

@@ -20,7 +20,7 @@ use tracing::{debug, info, trace, warn};
 
 use super::{
     Shared,
-    pools::{PoolOp, PoolOpError, PoolReply, set_ready},
+    pools::{PoolOp, PoolOpError, PoolReply, Want, set_condition, set_ready},
     vm,
 };
 use crate::{
@@ -29,8 +29,11 @@ use crate::{
         events::{EventType, reason},
         finalizer,
     },
-    crd::{AllocatedAddress, LB_FINALIZER, LoadBalancer, LoadBalancerStatus, keys::DHCP_ADDRESS},
-    ipam::{PoolEntry, PoolIndex, PoolPlan, SelectError, WorkloadType, plan_pool},
+    crd::{
+        AllocatedAddress, LB_FINALIZER, LoadBalancer, LoadBalancerStatus,
+        keys::{CONDITION_ADDRESS_ALLOCATED, DHCP_ADDRESS},
+    },
+    ipam::{PoolEntry, PoolIndex, PoolPlan, RangeSet, SelectError, WorkloadType, plan_pool},
     store::StoreError,
 };
 
@@ -244,11 +247,18 @@ async fn dhcp(
     if status.allocated_address != want {
         status.allocated_address = want;
     }
+    mark_allocated(&mut status.conditions, None);
     Ok(())
 }
 
 /// Pool IPAM (also for an empty `spec.ipam`). The outer error is a failure to retry; the inner one a
 /// refusal to report on the object.
+///
+/// A requested address (`loadbalancer.harvesterhci.io/requestedIP`) is taken from the first pool
+/// selection allows for this load balancer whose ranges hold it ([`PoolIndex::eligible`]), and from
+/// no other: held by another load balancer or outside every such pool, the load balancer is refused
+/// and gets nothing else. A load balancer that holds an address and asks for another moves only once
+/// the new one is its own (in another pool, the old one is released after).
 async fn pool(
     lb: &LoadBalancer,
     key: &str,
@@ -256,34 +266,62 @@ async fn pool(
     ctx: &Shared,
 ) -> Result<Result<Option<Duration>, Refusal>, LbError> {
     let waiter = ObjectRef::from_obj(lb);
-    let held = status.allocated_address.ip_pool.clone();
-    let chosen = match plan_pool(&held, &lb.spec.ip_pool) {
-        PoolPlan::Keep { pool } => pool.to_string(),
-        plan => {
-            if let PoolPlan::Release { pool } = plan {
-                release_from(lb, key, pool, ctx).await?;
-                status.allocated_address = AllocatedAddress::default();
-                status.address.clear();
-            }
-            match select(lb, ctx).await? {
-                Ok(pool) => pool,
-                Err(e) => {
-                    return Ok(Err(ctx.unmatched(
-                        waiter,
-                        reason::NO_MATCHED_IP_POOL,
-                        e.to_string(),
-                    )));
-                }
-            }
+    let (requested, family) = match lb.address_request() {
+        Ok(request) => request,
+        Err(message) => {
+            return Ok(Err(Refusal::new(
+                reason::REQUESTED_ADDRESS_UNAVAILABLE,
+                message,
+                None,
+            )));
         }
+    };
+    if let PoolPlan::Release { pool } = plan_pool(&status.allocated_address.ip_pool, &lb.spec.ip_pool)
+    {
+        let pool = pool.to_string();
+        release_from(lb, key, &pool, ctx).await?;
+        status.allocated_address = AllocatedAddress::default();
+        status.address.clear();
+        mark_allocated(&mut status.conditions, None);
+    }
+    let held = status.allocated_address.ip_pool.clone();
+    let (chosen, want) = match requested {
+        Some(ip) if !held.is_empty() && status.allocated_address.ip == ip.to_string() => {
+            (held.clone(), Want::Exactly(ip))
+        }
+        Some(ip) => match pool_holding(lb, ip, ctx) {
+            Ok(pool) => (pool, Want::Exactly(ip)),
+            Err(refusal) => return Ok(Err(refusal)),
+        },
+        None if !held.is_empty() => (held.clone(), Want::Any(family)),
+        None => match select(lb, ctx).await? {
+            Ok(pool) => (pool, Want::Any(family)),
+            Err(e) => {
+                return Ok(Err(ctx.unmatched(
+                    waiter,
+                    reason::NO_MATCHED_IP_POOL,
+                    e.to_string(),
+                )));
+            }
+        },
     };
     let op = PoolOp::Allocate {
         id: lb.applicant(),
+        want,
         waiter: waiter.clone(),
     };
     match ctx.pools.call(&chosen, op).await {
         Ok(PoolReply::Allocated(a)) => {
+            if !held.is_empty() && held != chosen {
+                // Moved to a requested address of another pool: the old one goes now that the new
+                // one is held (a crash in between leaves both to the owner; the next pass releases).
+                release_from(lb, key, &held, ctx).await?;
+            }
             let ip = a.ip.to_string();
+            mark_allocated(
+                &mut status.conditions,
+                Some(&format!("{ip} from IP pool {chosen}")),
+            );
             status.allocated_address = AllocatedAddress {
                 ip_pool: chosen,
                 ip: ip.clone(),
@@ -302,6 +340,23 @@ async fn pool(
             message: e.to_string(),
             recheck: Some(EXHAUSTED_RECHECK),
         })),
+        Err(e) if e.holder().is_some() => {
+            let holder = e.holder().unwrap_or_default();
+            let ip = requested.map(|ip| ip.to_string()).unwrap_or_default();
+            let keeps = if held.is_empty() {
+                String::new()
+            } else {
+                format!("; keeps {}", status.allocated_address.ip)
+            };
+            Ok(Err(Refusal {
+                reason: reason::REQUESTED_ADDRESS_TAKEN,
+                message: format!(
+                    "requested address {ip} is held by {holder} in IP pool {chosen}{keeps}"
+                ),
+                // The pool's next release wakes it; this is a fallback.
+                recheck: Some(EXHAUSTED_RECHECK),
+            }))
+        }
         Err(e @ (PoolOpError::Missing { .. } | PoolOpError::Deleting { .. })) => Ok(Err(
             ctx.unmatched(waiter, reason::ALLOCATION_FAILED, e.to_string())
         )),
@@ -315,6 +370,52 @@ async fn pool(
             source,
         }),
     }
+}
+
+/// The `AddressAllocated` condition: when the current address was allocated (`None`: there is none).
+/// A new address starts the condition afresh, so its transition time is the allocation's.
+fn mark_allocated(conditions: &mut Vec<crate::ipam::Condition>, message: Option<&str>) {
+    let kind = CONDITION_ADDRESS_ALLOCATED;
+    match message {
+        None => conditions.retain(|c| c.r#type != kind),
+        Some(message) => {
+            conditions.retain(|c| c.r#type != kind || c.message == message);
+            set_condition(conditions, kind, "True", "", message);
+        }
+    }
+}
+
+/// The pool a requested address comes from: the first pool selection allows whose ranges hold it.
+fn pool_holding(lb: &LoadBalancer, ip: IpAddr, ctx: &Shared) -> Result<String, Refusal> {
+    let waiter = ObjectRef::from_obj(lb);
+    let pools = ctx.pool_cache.state();
+    let entries: Vec<PoolEntry<'_>> = pools.iter().map(|p| p.entry()).collect();
+    let eligible = match PoolIndex::new(&entries).eligible(&lb.request()) {
+        Ok(eligible) => eligible,
+        Err(e) => {
+            return Err(ctx.unmatched(
+                waiter,
+                reason::REQUESTED_ADDRESS_UNAVAILABLE,
+                format!("requested address {ip}: {e}"),
+            ));
+        }
+    };
+    let holds = |name: &str| {
+        entries.iter().any(|p| {
+            p.name == name && RangeSet::parse(&p.spec.ranges).is_ok_and(|r| r.contains(ip))
+        })
+    };
+    if let Some(pool) = eligible.iter().find(|name| holds(name)) {
+        return Ok(pool.to_string());
+    }
+    Err(ctx.unmatched(
+        waiter,
+        reason::REQUESTED_ADDRESS_UNAVAILABLE,
+        format!(
+            "requested address {ip} is not in any IP pool this load balancer may use (eligible: {})",
+            eligible.join(", ")
+        ),
+    ))
 }
 
 /// Chooses the pool from the cached pools (the controller starts once that cache has its first

@@ -194,12 +194,13 @@ pub async fn run_controllers(
     let (vm_reader, vm_writer) = reflector::store::<VirtualMachine>();
     let (vmi_reader, vmi_writer) = reflector::store::<VirtualMachineInstance>();
     let prober = vm::prober::Prober::start(wake_tx.clone(), stop.clone());
+    let events = Recorder::start(store.clone(), &settings.identity, stop.clone());
     let ctx = Arc::new(Shared {
         lbs: lb_api(store.clone()),
         pools_api: pool_api(store.clone()),
         pool_cache: pool_reader.clone(),
-        pools: Pools::new(store.clone(), wake_tx.clone(), stop.clone()),
-        events: Recorder::start(store.clone(), &settings.identity, stop.clone()),
+        pools: Pools::new(store.clone(), wake_tx.clone(), events.clone(), stop.clone()),
+        events,
         accounts: settings
             .revoke_accounts_of_removed_clusters
             .then(|| crate::kubeconfig::accounts::Accounts::new(store.clone())),

@@ -9,8 +9,12 @@
 //! conflict (another replica, a hand edit) the task re-reads the pool, rebuilds the allocator from its
 //! status and applies the round again. Allocation and release are idempotent, so re-applying is safe.
 //!
-//! A load balancer refused because the pool is exhausted is remembered by the task that refused it;
-//! the first release of that pool wakes every such waiter.
+//! A load balancer refused because the pool is exhausted, or because the address it asks for is
+//! held, is remembered by the task that refused it; the first release of that pool wakes every such
+//! waiter.
+//!
+//! A pool whose usage reaches 90% gets a Warning Event (once per crossing), and its
+//! `ippool_usage_ratio` metric follows every durable change.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -24,9 +28,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
+    controller::events::{EventType, Recorder, reason},
     crd::{IPPool, LoadBalancer, pool_api},
     ipam::{
-        self, AllocateError, Allocation, Condition, ManualRelease, ManualReleaseOutcome,
+        self, AllocateError, Allocation, Condition, Family, ManualRelease, ManualReleaseOutcome,
         PoolAllocator, PoolError, PoolStatus,
     },
     store::{Api, ObjectStore, StoreError},
@@ -37,6 +42,18 @@ use crate::{
 const ROUND: usize = 1024;
 /// Rounds retried after conflicting writes before the requests fail.
 const ATTEMPTS: usize = 10;
+/// The share of a pool's addresses in use at which it gets a Warning Event.
+pub const USAGE_WARNING: f64 = 0.9;
+
+/// What an allocation asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// Any address; of this family only, when one is given.
+    Any(Option<Family>),
+    /// Exactly this address. An id holding another address of the pool moves to it only when it is
+    /// free.
+    Exactly(IpAddr),
+}
 
 /// What a pool task is asked to do.
 #[derive(Debug)]
@@ -44,6 +61,7 @@ pub enum PoolOp {
     /// Give `id` an address; `waiter` is woken when the pool frees one, if it is exhausted now.
     Allocate {
         id: String,
+        want: Want,
         waiter: ObjectRef<LoadBalancer>,
     },
     /// Release whatever `id` holds into the history.
@@ -116,6 +134,17 @@ impl PoolOpError {
             })
         )
     }
+
+    /// The applicant holding a requested address, when that is why the request failed.
+    pub fn holder(&self) -> Option<&str> {
+        match self {
+            PoolOpError::Pool(PoolError::Allocate {
+                source: AllocateError::Taken { holder, .. },
+                ..
+            }) => Some(holder),
+            _ => None,
+        }
+    }
 }
 
 struct Request {
@@ -131,15 +160,22 @@ pub struct Pools {
     store: Arc<dyn ObjectStore>,
     tasks: Mutex<HashMap<String, mpsc::UnboundedSender<Request>>>,
     wake: Wake,
+    events: Recorder,
     stop: CancellationToken,
 }
 
 impl Pools {
-    pub fn new(store: Arc<dyn ObjectStore>, wake: Wake, stop: CancellationToken) -> Self {
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        wake: Wake,
+        events: Recorder,
+        stop: CancellationToken,
+    ) -> Self {
         Pools {
             store,
             tasks: Mutex::new(HashMap::new()),
             wake,
+            events,
             stop,
         }
     }
@@ -157,6 +193,8 @@ impl Pools {
             loaded: None,
             waiters: HashSet::new(),
             wake: self.wake.clone(),
+            events: self.events.clone(),
+            crowded: false,
         };
         tokio::spawn(
             task.run(rx, self.stop.clone())
@@ -204,6 +242,10 @@ struct PoolTask {
     loaded: Option<Loaded>,
     waiters: HashSet<ObjectRef<LoadBalancer>>,
     wake: Wake,
+    events: Recorder,
+    /// The pool's usage was at or above [`USAGE_WARNING`] after the last durable change (and the
+    /// Warning Event said so).
+    crowded: bool,
 }
 
 /// The outcome of applying one round, before the write.
@@ -374,15 +416,28 @@ impl PoolTask {
         }
         // Counts as durable now: this runs after the status write (or when nothing changed).
         if let Some(Loaded {
-            allocator: Ok(a), ..
+            allocator: Ok(a),
+            pool,
+            ..
         }) = &self.loaded
         {
-            crate::metrics::set_pool_addresses(
-                &self.name,
-                a.total() as f64,
-                a.available() as f64,
-                a.in_use() as f64,
-            );
+            let (total, in_use) = (a.total() as f64, a.in_use() as f64);
+            crate::metrics::set_pool_addresses(&self.name, total, a.available() as f64, in_use);
+            let crowded = total > 0.0 && in_use / total >= USAGE_WARNING;
+            if crowded && !self.crowded {
+                let message = format!(
+                    "IP pool {} is {:.0}% used: {} of {} addresses allocated, {} available",
+                    self.name,
+                    100.0 * in_use / total,
+                    a.in_use(),
+                    a.total(),
+                    a.available()
+                );
+                warn!(%message, "IP pool nearly full");
+                self.events
+                    .record(pool, EventType::Warning, reason::POOL_NEARLY_FULL, message);
+            }
+            self.crowded = crowded;
         }
         if freed && !self.waiters.is_empty() {
             info!(
@@ -438,11 +493,19 @@ impl PoolTask {
                     })
                 }
                 (_, Err(e)) => Err(PoolOpError::Pool(e.clone())),
-                (PoolOp::Allocate { id, waiter }, Ok(allocator)) => {
-                    if deleting && allocator.address_of(id).is_none() {
+                (PoolOp::Allocate { id, want, waiter }, Ok(allocator)) => {
+                    let keeps = match want {
+                        Want::Any(_) => allocator.address_of(id).is_some(),
+                        Want::Exactly(ip) => allocator.holder(*ip) == Some(id.as_str()),
+                    };
+                    if deleting && !keeps {
                         Err(PoolOpError::Deleting { pool: name.clone() })
                     } else {
-                        match allocator.allocate(id) {
+                        let result = match want {
+                            Want::Any(family) => allocator.allocate_family(id, *family),
+                            Want::Exactly(ip) => allocator.request_ip(id, *ip),
+                        };
+                        match result {
                             Ok(a) => {
                                 self.waiters.remove(waiter);
                                 changed |= a.origin != ipam::Origin::Held;
@@ -450,7 +513,7 @@ impl PoolTask {
                             }
                             Err(e) => {
                                 let e = PoolOpError::Pool(e);
-                                if e.is_exhausted() {
+                                if e.is_exhausted() || e.holder().is_some() {
                                     self.waiters.insert(waiter.clone());
                                 }
                                 Err(e)

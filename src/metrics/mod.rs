@@ -19,6 +19,7 @@
 //! | `cloud_config_failures_total` | `operation`, `reason` | [`cloud_config_failed`] (HTTP handlers) |
 //! | `auth_failures_total` | `reason` ([`crate::auth::AuthError::reason`]) | [`auth_failed`] (`Admin` extractor) |
 //! | `ippool_total_addresses`, `ippool_available_addresses`, `ippool_allocated_addresses` | `pool` | [`set_pool_addresses`], [`remove_pool`] (IPPool reconciler) |
+//! | `ippool_usage_ratio` | `pool` | [`set_pool_addresses`]: allocated ÷ total, 0 to 1 (alert on `>= 0.9`, the level at which the pool also gets a Warning Event) |
 //! | `reconcile_duration_seconds` (histogram) | `controller` | [`observe_reconcile`] (reconcilers) |
 //! | `reconcile_errors_total` | `controller`, `reason` | [`observe_reconcile`] |
 //! | `leader` | none | [`set_leader`] (leader election: 1 while this replica holds the Lease) |
@@ -126,6 +127,7 @@ struct Metrics {
     pool_total: Family<PoolLabels, FloatGauge>,
     pool_available: Family<PoolLabels, FloatGauge>,
     pool_allocated: Family<PoolLabels, FloatGauge>,
+    pool_usage: Family<PoolLabels, FloatGauge>,
     reconcile_duration: HistogramFamily<ControllerLabels>,
     reconcile_errors: Family<ControllerErrorLabels, Counter>,
     leader: Gauge,
@@ -153,6 +155,7 @@ impl Metrics {
             pool_total: Family::default(),
             pool_available: Family::default(),
             pool_allocated: Family::default(),
+            pool_usage: Family::default(),
             reconcile_duration: Family::new_with_constructor(|| Histogram::new(RECONCILE_BUCKETS)),
             reconcile_errors: Family::default(),
             leader: Gauge::default(),
@@ -210,6 +213,11 @@ impl Metrics {
             "ippool_allocated_addresses",
             "Addresses an IPPool has allocated, by pool",
             m.pool_allocated.clone(),
+        );
+        registry.register(
+            "ippool_usage_ratio",
+            "Share of an IPPool's addresses allocated (0 to 1), by pool; at 0.9 or more the pool gets a Warning Event",
+            m.pool_usage.clone(),
         );
         registry.register_with_unit(
             "reconcile_duration",
@@ -370,6 +378,8 @@ pub fn set_pool_addresses(pool: &str, total: f64, available: f64, allocated: f64
     METRICS.pool_total.get_or_create(&labels).set(total);
     METRICS.pool_available.get_or_create(&labels).set(available);
     METRICS.pool_allocated.get_or_create(&labels).set(allocated);
+    let usage = if total > 0.0 { allocated / total } else { 0.0 };
+    METRICS.pool_usage.get_or_create(&labels).set(usage);
 }
 
 /// Forgets a deleted IPPool, so its series end instead of repeating the last value.
@@ -378,6 +388,7 @@ pub fn remove_pool(pool: &str) {
     METRICS.pool_total.remove(&labels);
     METRICS.pool_available.remove(&labels);
     METRICS.pool_allocated.remove(&labels);
+    METRICS.pool_usage.remove(&labels);
 }
 
 /// One reconcile of `controller` (e.g. `loadbalancer`, `ippool`) that took `elapsed`; `error` is a

@@ -245,20 +245,33 @@ impl PoolAllocator {
     /// Gives `id` an address: the one it holds, else the one it held before, else the next free one
     /// after `lastAllocated`.
     pub fn allocate(&mut self, id: &str) -> Result<Allocation, PoolError> {
+        self.allocate_family(id, None)
+    }
+
+    /// As [`allocate`](Self::allocate), taking a remembered or fresh address only from the ranges
+    /// of `family` (`None`: any). An address `id` already holds is kept whatever its family.
+    pub fn allocate_family(
+        &mut self,
+        id: &str,
+        family: Option<Family>,
+    ) -> Result<Allocation, PoolError> {
         if let Some(held) = self.usable_held(id) {
             return Ok(self.allocation(held, Origin::Held));
         }
         // Every history entry is usable and free, so the first one can be taken as is; the loop is a
         // guard against a broken invariant, not a search.
-        let remembered = self
-            .history_by_id
-            .get(id)
-            .and_then(|values| values.as_slice().iter().copied().find(|&v| self.is_free(v)));
+        let remembered = self.history_by_id.get(id).and_then(|values| {
+            values
+                .as_slice()
+                .iter()
+                .copied()
+                .find(|&v| self.is_free(v) && family.is_none_or(|f| family_of(v) == f))
+        });
         if let Some(value) = remembered {
             self.reserve(id, value);
             return Ok(self.allocation(value, Origin::History));
         }
-        match self.next_free() {
+        match self.next_free(family) {
             Some(value) => {
                 self.reserve(id, value);
                 Ok(self.allocation(value, Origin::Fresh))
@@ -314,6 +327,22 @@ impl PoolAllocator {
         }
         self.reserve(id, value);
         Ok(self.allocation(value, Origin::Requested))
+    }
+
+    /// Gives `id` exactly `ip` as [`allocate_ip`](Self::allocate_ip) does, but an `id` that holds
+    /// another address of this pool moves: the old one goes into the history, and only once `ip` is
+    /// known to be free, so a refused move keeps the old address.
+    pub fn request_ip(&mut self, id: &str, ip: IpAddr) -> Result<Allocation, PoolError> {
+        match self.allocate_ip(id, ip) {
+            Err(PoolError::Allocate {
+                source: AllocateError::Duplicate { .. },
+                ..
+            }) => {
+                self.release(id);
+                self.allocate_ip(id, ip)
+            }
+            other => other,
+        }
     }
 
     /// Releases everything `id` holds into the history; returns what was released. Releasing an id
@@ -538,9 +567,11 @@ impl PoolAllocator {
 
     /// Upstream's round robin: start after `lastAllocated` when it lies in a range (else at the first
     /// range's start), walk the ranges in spec order wrapping around, and try `lastAllocated` last.
-    fn next_free(&self) -> Option<u128> {
+    fn next_free(&self, family: Option<Family>) -> Option<u128> {
         let ranges = self.ranges.ranges();
         let count = ranges.len();
+        // A request of one family skips the ranges of the other (a pool may mix them).
+        let serves = |index: usize| family.is_none_or(|f| ranges[index].family() == f);
         let (first, from) = self
             .last_allocated
             .and_then(|last| {
@@ -556,17 +587,22 @@ impl PoolAllocator {
             .unwrap_or((0, ranges[0].bounds().0));
 
         let (start, end) = ranges[first].bounds();
-        if let Some(found) = self.free_in(first, from, end) {
+        if serves(first)
+            && let Some(found) = self.free_in(first, from, end)
+        {
             return Some(found);
         }
         for step in 1..count {
             let index = (first + step) % count;
+            if !serves(index) {
+                continue;
+            }
             let (start, end) = ranges[index].bounds();
             if let Some(found) = self.free_in(index, start, end) {
                 return Some(found);
             }
         }
-        if from > start {
+        if serves(first) && from > start {
             return self.free_in(first, start, from - 1);
         }
         None

@@ -68,6 +68,9 @@ pub enum LbRejection {
     /// Ours: the HTTP(S) health-check annotations cannot be run.
     #[error("{reason}")]
     HealthCheckHttp { reason: String },
+    /// Ours: the requested address or family annotations are not usable.
+    #[error("{reason}")]
+    AddressRequest { reason: String },
     #[error("can't change the IPAM from {old} to {new}")]
     IpamChange { old: String, new: String },
     #[error("can't change the WorkloadType from {old} to {new}")]
@@ -262,17 +265,35 @@ pub fn check_guest_cluster(lb: &LoadBalancer, vms: &[VirtualMachine]) -> Result<
     }
 }
 
+/// Ours: `loadbalancer.harvesterhci.io/requestedIP` and `…/ipFamily` must parse and agree, and a
+/// DHCP load balancer cannot ask for an address (the guest's DHCP server chooses it).
+pub fn check_address_request(lb: &LoadBalancer) -> Result<(), LbRejection> {
+    let (requested, _) = lb
+        .address_request()
+        .map_err(|reason| LbRejection::AddressRequest { reason })?;
+    if let Some(ip) = requested
+        && lb.is_dhcp()
+    {
+        return Err(LbRejection::AddressRequest {
+            reason: format!("requested address {ip} needs pool IPAM, and spec.ipam is dhcp"),
+        });
+    }
+    Ok(())
+}
+
 /// The validating webhook on create.
 pub fn validate_lb_create(
     lb: &LoadBalancer,
     vms: &[VirtualMachine],
 ) -> Result<(), LbAdmissionError> {
     let (namespace, name) = ids(lb);
-    check_listeners(lb).map_err(|source| LbAdmissionError::Create {
-        namespace: namespace.clone(),
-        name: name.clone(),
-        source: Box::new(source),
-    })?;
+    check_listeners(lb)
+        .and_then(|()| check_address_request(lb))
+        .map_err(|source| LbAdmissionError::Create {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            source: Box::new(source),
+        })?;
     check_health_check(lb).map_err(|source| LbAdmissionError::CreateHealthCheck {
         namespace: namespace.clone(),
         name: name.clone(),
@@ -296,7 +317,9 @@ pub fn validate_lb_update(old: &LoadBalancer, new: &LoadBalancer) -> Result<(), 
         name: name.clone(),
         source: Box::new(source),
     };
-    check_listeners(new).map_err(update)?;
+    check_listeners(new)
+        .and_then(|()| check_address_request(new))
+        .map_err(update)?;
     check_health_check(new).map_err(|source| LbAdmissionError::UpdateHealthCheck {
         namespace: namespace.clone(),
         name: name.clone(),
