@@ -11,10 +11,13 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::{
     GuestError,
-    mapping::{self, ExistingLb, GuestContext, LbPlan, annotation, service_key},
+    mapping::{self, Addressing, ExistingLb, GuestContext, LbPlan, annotation, service_key},
     naming, network, share,
 };
-use crate::crd::{LoadBalancer, LoadBalancerSpec, keys};
+use crate::{
+    crd::{LoadBalancer, LoadBalancerSpec, keys},
+    ipam::Family,
+};
 
 /// The `type` of Services this reconciler serves.
 const LOAD_BALANCER: &str = "LoadBalancer";
@@ -48,6 +51,27 @@ pub fn lb_name_of(cluster: &str, svc: &Service) -> Option<String> {
     ))
 }
 
+/// Every LoadBalancer name a Service's LoadBalancers may have (its first, and a dual-stack
+/// Service's second of either family), whatever it asks for now (`None` before it has a UID).
+pub fn lb_names_of(cluster: &str, svc: &Service) -> Option<Vec<String>> {
+    lb_name_of(cluster, svc)?;
+    let mut names = vec![mapping::slot_lb_name(cluster, svc, 0, None)];
+    for family in [Family::V4, Family::V6] {
+        names.push(mapping::slot_lb_name(cluster, svc, 1, Some(family)));
+    }
+    Some(names)
+}
+
+/// The names of the LoadBalancers a Service needs for `addressing`, one per slot.
+pub fn slot_names(cluster: &str, svc: &Service, addressing: &Addressing) -> Vec<String> {
+    addressing
+        .slots
+        .iter()
+        .enumerate()
+        .map(|(i, slot)| mapping::slot_lb_name(cluster, svc, i, slot.family))
+        .collect()
+}
+
 fn existing_view(lb: &LoadBalancer) -> ExistingLb {
     ExistingLb {
         annotations: lb
@@ -79,7 +103,20 @@ pub fn judge_primary(
     ctx: &GuestContext,
     existing: Option<&LoadBalancer>,
 ) -> Result<LbPlan, GuestError> {
-    mapping::plan(svc, ctx, existing.map(existing_view).as_ref())
+    let addressing = mapping::addressing(svc)?;
+    let first = addressing.slots.first().cloned().unwrap_or_default();
+    mapping::plan_slot(svc, ctx, existing.map(existing_view).as_ref(), 0, &first)
+}
+
+/// The plan of the LoadBalancer in slot `index` of a primary Service (see [`mapping::addressing`]).
+pub fn judge_slot(
+    svc: &Service,
+    ctx: &GuestContext,
+    existing: Option<&LoadBalancer>,
+    index: usize,
+    slot: &mapping::Slot,
+) -> Result<LbPlan, GuestError> {
+    mapping::plan_slot(svc, ctx, existing.map(existing_view).as_ref(), index, slot)
 }
 
 /// A secondary of `primary_ref`: the primary's address, if it may share it with `others` (the
@@ -151,8 +188,19 @@ pub fn is_leftover(ctx: &GuestContext, lb: &LoadBalancer, svc: Option<&Service>)
         .annotations
         .as_ref()
         .and_then(|a| a.get(keys::ANNOTATION_SERVICE_UID));
-    recorded.is_some_and(|r| r != uid)
-        || lb_name_of(&ctx.cluster, svc).as_deref() != lb.metadata.name.as_deref()
+    if recorded.is_some_and(|r| r != uid) {
+        return true;
+    }
+    // A name the Service no longer needs (a dual-stack Service become single-stack); while what
+    // it asks for cannot be read, none of its names.
+    let wanted = match mapping::addressing(svc) {
+        Ok(addressing) => Some(slot_names(&ctx.cluster, svc, &addressing)),
+        Err(_) => lb_names_of(&ctx.cluster, svc),
+    };
+    !wanted
+        .unwrap_or_default()
+        .iter()
+        .any(|n| Some(n.as_str()) == lb.metadata.name.as_deref())
 }
 
 /// The LoadBalancer the plan of a primary Service asks for.
@@ -243,14 +291,14 @@ pub fn empty_label(svc: &mut Service, key: &str) -> bool {
     }
 }
 
-/// Sets `status.loadBalancer.ingress` to the one address (none for `None`).
-pub fn set_ingress(svc: &mut Service, ip: Option<&str>) -> bool {
-    let want: Vec<LoadBalancerIngress> = ip
+/// Sets `status.loadBalancer.ingress` to the addresses, in order (none for an empty slice).
+pub fn set_ingress(svc: &mut Service, ips: &[&str]) -> bool {
+    let want: Vec<LoadBalancerIngress> = ips
+        .iter()
         .map(|ip| LoadBalancerIngress {
-            ip: Some(ip.into()),
+            ip: Some((*ip).into()),
             ..Default::default()
         })
-        .into_iter()
         .collect();
     let current = svc
         .status
@@ -493,10 +541,10 @@ mod tests {
     #[test]
     fn ingress_and_annotations_are_written_only_when_they_change() {
         let mut svc = mk_svc("default", "abcd", UID, &[]);
-        assert!(set_ingress(&mut svc, Some("10.0.0.1")));
-        assert!(!set_ingress(&mut svc, Some("10.0.0.1")));
+        assert!(set_ingress(&mut svc, &["10.0.0.1"]));
+        assert!(!set_ingress(&mut svc, &["10.0.0.1"]));
         assert_eq!(mapping::ingress_ip(&svc).as_deref(), Some("10.0.0.1"));
-        assert!(set_ingress(&mut svc, None));
+        assert!(set_ingress(&mut svc, &[]));
         assert_eq!(mapping::ingress_ip(&svc), None);
         assert!(set_annotation(&mut svc, keys::KUBE_VIP_IPS, "10.0.0.1"));
         assert!(!set_annotation(&mut svc, keys::KUBE_VIP_IPS, "10.0.0.1"));

@@ -1,12 +1,12 @@
 //! What the cloud provider writes on the Harvester LoadBalancer of a guest Service, and the changes
 //! it refuses (network and IPAM mode are fixed once the LoadBalancer exists).
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::api::core::v1::Service;
 
 use super::{GuestError, naming};
-use crate::crd::keys;
+use crate::{crd::keys, ipam::Family};
 
 /// Where the guest cluster's LoadBalancers go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +30,136 @@ pub struct ExistingLb {
     pub annotations: BTreeMap<String, String>,
     /// `spec.ipam`; empty means pool.
     pub ipam: String,
+}
+
+/// How a Service's addresses map onto LoadBalancers: one per address family it asks for (a
+/// single-stack Service has one, named as upstream names it; a dual-stack one a second, for its
+/// second family), each asking for at most one address.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Addressing {
+    pub slots: Vec<Slot>,
+    /// `RequireDualStack`: the Service gets its addresses only once every slot has one.
+    /// (`PreferDualStack` gets those there are.)
+    pub require_all: bool,
+}
+
+/// One LoadBalancer of a Service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Slot {
+    /// The family its address must have (`None`: any pool, as upstream chooses).
+    pub family: Option<Family>,
+    /// The address asked for.
+    pub requested: Option<IpAddr>,
+    /// The request is `spec.loadBalancerIP`'s, which stays in force (changing it moves the
+    /// address); one read from `kube-vip.io/loadbalancerIPs` only counts before the LoadBalancer
+    /// exists, since the cloud provider writes that annotation itself once there is an address.
+    pub authoritative: bool,
+}
+
+fn family_name(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "IPv4",
+        Family::V6 => "IPv6",
+    }
+}
+
+/// The addresses a Service asks for: `spec.loadBalancerIP`, else a `kube-vip.io/loadbalancerIPs`
+/// (comma-separated; `0.0.0.0`, the DHCP mark, asks for nothing), one per family at most; and its
+/// families: `spec.ipFamilies` for `PreferDualStack`/`RequireDualStack` (both families when it
+/// lists none), else one LoadBalancer of the requested address's family, or of any.
+pub fn addressing(svc: &Service) -> Result<Addressing, GuestError> {
+    let refuse = |reason: String| GuestError::AddressRequest {
+        service: service_key(svc),
+        reason,
+    };
+    let spec = svc.spec.clone().unwrap_or_default();
+    let from_spec = spec
+        .load_balancer_ip
+        .as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty());
+    let (texts, authoritative): (Vec<&str>, bool) = match from_spec {
+        Some(v) => (vec![v], true),
+        None => (
+            annotation(svc, keys::KUBE_VIP_IPS)
+                .unwrap_or_default()
+                .split(',')
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .collect(),
+            false,
+        ),
+    };
+    let mut requested: Vec<IpAddr> = Vec::new();
+    if service_ipam(svc) != "dhcp" {
+        for text in texts.into_iter().filter(|t| *t != keys::DHCP_ADDRESS) {
+            let ip = text
+                .parse::<IpAddr>()
+                .map_err(|_| refuse(format!("requested address {text:?} is not an IP address")))?
+                .to_canonical();
+            if let Some(other) = requested.iter().find(|o| Family::of(**o) == Family::of(ip)) {
+                return Err(refuse(format!(
+                    "asks for two {} addresses ({other} and {ip}); one per family is served",
+                    Family::of(ip)
+                )));
+            }
+            requested.push(ip);
+        }
+    }
+    let policy = spec.ip_family_policy.as_deref().unwrap_or("SingleStack");
+    let dual = matches!(policy, "PreferDualStack" | "RequireDualStack");
+    if !dual {
+        if requested.len() > 1 {
+            return Err(refuse(format!(
+                "asks for {} addresses, and a {policy} service has one; set spec.ipFamilyPolicy to PreferDualStack or RequireDualStack",
+                requested.len()
+            )));
+        }
+        let requested = requested.first().copied();
+        return Ok(Addressing {
+            slots: vec![Slot {
+                family: requested.map(Family::of),
+                requested,
+                authoritative,
+            }],
+            require_all: false,
+        });
+    }
+    let mut families = Vec::new();
+    for f in spec.ip_families.unwrap_or_default() {
+        families.push(match f.as_str() {
+            "IPv4" => Family::V4,
+            "IPv6" => Family::V6,
+            other => return Err(refuse(format!("unknown IP family {other:?}"))),
+        });
+    }
+    if families.is_empty() {
+        families = vec![Family::V4, Family::V6];
+    }
+    if let Some(ip) = requested
+        .iter()
+        .find(|ip| !families.contains(&Family::of(**ip)))
+    {
+        return Err(refuse(format!(
+            "requested address {ip} is not of the service's IP families ({})",
+            families
+                .iter()
+                .map(|f| family_name(*f))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    Ok(Addressing {
+        slots: families
+            .iter()
+            .map(|f| Slot {
+                family: Some(*f),
+                requested: requested.iter().copied().find(|ip| Family::of(*ip) == *f),
+                authoritative,
+            })
+            .collect(),
+        require_all: policy == "RequireDualStack",
+    })
 }
 
 /// The desired LoadBalancer of a Service.
@@ -113,10 +243,35 @@ pub fn plan(
     ctx: &GuestContext,
     existing: Option<&ExistingLb>,
 ) -> Result<LbPlan, GuestError> {
+    plan_slot(svc, ctx, existing, 0, &Slot::default())
+}
+
+/// The name of the LoadBalancer in slot `index` of a Service: the first as upstream names it, the
+/// second (a dual-stack Service's second family) from the UID and the family.
+pub fn slot_lb_name(cluster: &str, svc: &Service, index: usize, family: Option<Family>) -> String {
+    let ns = svc.metadata.namespace.as_deref().unwrap_or_default();
+    let name = svc.metadata.name.as_deref().unwrap_or_default();
+    let uid = svc.metadata.uid.as_deref().unwrap_or_default();
+    match (index, family) {
+        (0, _) | (_, None) => naming::load_balancer_name(cluster, ns, name, uid),
+        (_, Some(f)) => {
+            naming::load_balancer_name(cluster, ns, name, &format!("{uid}/{}", family_name(f)))
+        }
+    }
+}
+
+/// The plan of the LoadBalancer in slot `index` of a Service.
+pub fn plan_slot(
+    svc: &Service,
+    ctx: &GuestContext,
+    existing: Option<&ExistingLb>,
+    index: usize,
+    slot: &Slot,
+) -> Result<LbPlan, GuestError> {
     let ns = svc.metadata.namespace.clone().unwrap_or_default();
     let name = svc.metadata.name.clone().unwrap_or_default();
     let uid = svc.metadata.uid.clone().unwrap_or_default();
-    let lb_name = naming::load_balancer_name(&ctx.cluster, &ns, &name, &uid);
+    let lb_name = slot_lb_name(&ctx.cluster, svc, index, slot.family);
     let network = annotation(svc, keys::SVC_NETWORK)
         .unwrap_or_default()
         .to_string();
@@ -175,10 +330,24 @@ pub fn plan(
         }
         None => remove_annotations.push(keys::ANNOTATION_MANAGEMENT_NETWORK),
     }
-    let create_annotations = BTreeMap::from([
+    let mut create_annotations = BTreeMap::from([
         (keys::ANNOTATION_NETWORK.to_string(), network.clone()),
         (keys::ANNOTATION_SERVICE_NETWORK.to_string(), network),
     ]);
+    match slot.family {
+        Some(f) => {
+            annotations.insert(keys::ANNOTATION_IP_FAMILY.into(), family_name(f).into());
+        }
+        None => remove_annotations.push(keys::ANNOTATION_IP_FAMILY),
+    }
+    if let Some(ip) = slot.requested {
+        let to = if slot.authoritative {
+            &mut annotations
+        } else {
+            &mut create_annotations
+        };
+        to.insert(keys::ANNOTATION_REQUESTED_IP.into(), ip.to_string());
+    }
     let labels = BTreeMap::from([
         (keys::LABEL_GUEST_CLUSTER.to_string(), ctx.cluster.clone()),
         (keys::LABEL_SERVICE_NAMESPACE.to_string(), ns),

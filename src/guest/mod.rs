@@ -70,4 +70,12 @@ pub enum GuestError {
     },
     #[error("could not delete load balancer for service {primary}: service {primary} is still used by other services [{}]", users.join(" "))]
     PrimaryInUse { primary: String, users: Vec<String> },
+    /// Ours: the addresses or families a Service asks for cannot be served as asked.
+    #[error("service {service}: {reason}")]
+    AddressRequest { service: String, reason: String },
+    /// Ours: a dual-stack primary's two addresses are not shared.
+    #[error(
+        "primary service {primary} is dual-stack; sharing its addresses is not supported: give service {secondary} its own load balancer"
+    )]
+    DualStackPrimary { primary: String, secondary: String },
 }

@@ -62,6 +62,18 @@ pub fn check(
         return Err(GuestError::NotPrimary(p));
     }
     let ip = mapping::ingress_ip(primary).ok_or_else(|| GuestError::PrimaryWithoutIp(p.clone()))?;
+    let dual = primary
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .is_some_and(|i| i.len() > 1);
+    if dual {
+        return Err(GuestError::DualStackPrimary {
+            primary: p,
+            secondary: service_key(secondary),
+        });
+    }
     let mine = ports(secondary);
     for other in std::iter::once(primary).chain(other_secondaries.iter().copied()) {
         if service_key(other) == service_key(secondary) {

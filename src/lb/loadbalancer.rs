@@ -276,7 +276,8 @@ async fn pool(
             )));
         }
     };
-    if let PoolPlan::Release { pool } = plan_pool(&status.allocated_address.ip_pool, &lb.spec.ip_pool)
+    if let PoolPlan::Release { pool } =
+        plan_pool(&status.allocated_address.ip_pool, &lb.spec.ip_pool)
     {
         let pool = pool.to_string();
         release_from(lb, key, &pool, ctx).await?;

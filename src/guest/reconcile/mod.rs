@@ -50,12 +50,12 @@ use tracing::{info, warn};
 
 use super::{
     decide::{
-        empty_label, is_load_balancer, judge_network, judge_primary, judge_secondary, lb_name_of,
-        new_lb, not_ready_message, primary_of, remove_annotation, set_annotation, set_ingress,
-        set_label, update_lb,
+        empty_label, is_load_balancer, judge_network, judge_secondary, judge_slot, lb_name_of,
+        lb_names_of, new_lb, not_ready_message, primary_of, remove_annotation, set_annotation,
+        set_ingress, set_label, slot_names, update_lb,
     },
     index::{Accepted, ShareIndex},
-    mapping::{GuestContext, LbPlan, annotation, label, service_key},
+    mapping::{self, GuestContext, LbPlan, annotation, label, service_key},
     share,
 };
 use crate::{
@@ -361,13 +361,125 @@ async fn ensure(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncError
     }
 }
 
+/// A primary: its LoadBalancers (one per address family it asks for, see
+/// [`mapping::addressing`]), and once they have addresses, the addresses written back in the
+/// order of its families. `RequireDualStack` waits for every family; `PreferDualStack` takes those
+/// there are.
 async fn primary(
     svc: &Service,
     key: &str,
     interface: Option<String>,
     ctx: &Ctx,
 ) -> Result<Action, SyncError> {
-    let lb_name = lb_name_of(&ctx.cluster.cluster, svc).ok_or(missing("metadata.uid"))?;
+    lb_name_of(&ctx.cluster.cluster, svc).ok_or(missing("metadata.uid"))?;
+    let addressing = match mapping::addressing(svc) {
+        Ok(addressing) => addressing,
+        Err(e) => return Ok(ctx.refuse(svc, key, e.to_string())),
+    };
+    let names = slot_names(&ctx.cluster.cluster, svc, &addressing);
+    // The LoadBalancer of a family the Service no longer asks for goes (its finalizer releases
+    // the address); the first one is never among them.
+    for stale in lb_names_of(&ctx.cluster.cluster, svc)
+        .unwrap_or_default()
+        .into_iter()
+        .skip(1)
+        .filter(|n| !names.contains(n))
+    {
+        delete_own_lb(ctx, key, &stale).await?;
+    }
+    let mut lbs = Vec::with_capacity(names.len());
+    for (index, slot) in addressing.slots.iter().enumerate() {
+        match ensure_slot(svc, key, ctx, index, slot).await? {
+            Ok(found) => lbs.push(found),
+            Err(action) => return Ok(action),
+        }
+    }
+    if let Some((lb, plan, lb_key)) = lbs.first() {
+        report_address(lb, plan, lb_key, ctx).await?;
+    }
+    let mut ips = Vec::with_capacity(lbs.len());
+    let mut waiting = None;
+    for (lb, plan, _) in &lbs {
+        let ip = lb
+            .status
+            .as_ref()
+            .map(|s| s.allocated_address.ip.clone())
+            .unwrap_or_default();
+        let refused = not_ready_message(lb);
+        if ip.is_empty() {
+            if waiting.is_none() {
+                waiting = Some((plan.ipam.clone(), refused));
+            }
+            continue;
+        }
+        if let Some(message) = refused {
+            // It keeps its address, and refuses what the Service asks now (a requested address
+            // that is held or outside its pools).
+            ctx.report(svc, key, EventType::Warning, reason::SYNC_FAILED, message);
+        }
+        ips.push(ip);
+    }
+    if let Some((ipam, refused)) = &waiting
+        && (ips.is_empty() || addressing.require_all)
+    {
+        // Still waiting: the LoadBalancer's next change brings this Service back. Nothing is
+        // deleted on a timeout (upstream's delete/recreate churn).
+        if let Some(message) = refused {
+            let prefix = if addressing.require_all && !ips.is_empty() {
+                "RequireDualStack: "
+            } else {
+                ""
+            };
+            let message = format!("{prefix}ip is not allocated, mode: {ipam}, message: {message}");
+            ctx.report(svc, key, EventType::Warning, reason::SYNC_FAILED, message);
+        }
+        return Ok(Action::requeue(WAIT_RECHECK));
+    }
+    let joined = ips.join(",");
+    let ingress: Vec<&str> = ips
+        .iter()
+        .map(String::as_str)
+        .filter(|ip| *ip != keys::DHCP_ADDRESS)
+        .collect();
+    let written = write_back(svc, key, ctx, &ingress, |s| {
+        let mut changed = set_annotation(s, keys::KUBE_VIP_IPS, &joined);
+        if let Some(i) = &interface {
+            changed |= set_annotation(s, keys::KUBE_VIP_INTERFACE, i);
+        }
+        // As upstream: a primary-service label left from a time as a secondary is emptied (not
+        // removed); none is added.
+        changed | empty_label(s, keys::SVC_PRIMARY)
+    })
+    .await?;
+    if written {
+        let lb_keys: Vec<&str> = lbs.iter().map(|(_, _, k)| k.as_str()).collect();
+        info!(service = %key, lb = %lb_keys.join(","), ip = %joined, "service has its address");
+        let message = match lb_keys.as_slice() {
+            [one] => format!("Ensured load balancer {one} with address {joined}"),
+            many => format!(
+                "Ensured load balancers {} with addresses {joined}",
+                many.join(",")
+            ),
+        };
+        ctx.report(svc, key, EventType::Normal, reason::ENSURED, message);
+    }
+    if waiting.is_some() {
+        // PreferDualStack with a family still to come: its LoadBalancer's change brings it.
+        return Ok(Action::requeue(WAIT_RECHECK));
+    }
+    Ok(Action::await_change())
+}
+
+/// Creates or updates the LoadBalancer of one slot of a primary Service: `Ok(Err(action))` when the
+/// Service cannot go on now (refused, or that LoadBalancer is going).
+async fn ensure_slot(
+    svc: &Service,
+    key: &str,
+    ctx: &Ctx,
+    index: usize,
+    slot: &mapping::Slot,
+) -> Result<Result<(LoadBalancer, LbPlan, String), Action>, SyncError> {
+    let lb_name = mapping::slot_lb_name(&ctx.cluster.cluster, svc, index, slot.family);
     let lb_key = ctx.lb_ref(&lb_name);
     let cached = ctx
         .lb_cache
@@ -378,11 +490,11 @@ async fn primary(
     {
         // Its deletion (by hand, or by a garbage collection racing a recreated Service) finishes
         // first; the LoadBalancer's Delete event brings this Service back.
-        return Ok(Action::requeue(WAIT_RECHECK));
+        return Ok(Err(Action::requeue(WAIT_RECHECK)));
     }
-    let plan = match judge_primary(svc, &ctx.cluster, cached.as_deref()) {
+    let plan = match judge_slot(svc, &ctx.cluster, cached.as_deref(), index, slot) {
         Ok(plan) => plan,
-        Err(e) => return Ok(ctx.refuse(svc, key, e.to_string())),
+        Err(e) => return Ok(Err(ctx.refuse(svc, key, e.to_string()))),
     };
     let write_failed = |source| SyncError::WriteLoadBalancer {
         lb: lb_key.clone(),
@@ -412,72 +524,59 @@ async fn primary(
                 }
             }
             Err(source @ (StoreError::Invalid { .. } | StoreError::Refused { .. })) => {
-                return Ok(ctx.refuse(svc, key, write_failed(source).to_string()));
+                return Ok(Err(ctx.refuse(svc, key, write_failed(source).to_string())));
             }
             Err(e) => return Err(write_failed(e)),
         },
         Some(lb) => match modify(&ctx.lbs, &lb, Target::Object, |l| update_lb(l, &plan)).await {
             Ok(lb) => lb.map(|m| m.object),
             Err(source @ (StoreError::Invalid { .. } | StoreError::Refused { .. })) => {
-                return Ok(ctx.refuse(svc, key, write_failed(source).to_string()));
+                return Ok(Err(ctx.refuse(svc, key, write_failed(source).to_string())));
             }
             Err(e) => return Err(write_failed(e)),
         },
     };
-    let Some(lb) = lb else {
+    match lb {
+        Some(lb) => Ok(Ok((lb, plan, lb_key))),
         // Deleted meanwhile: its Delete event brings this Service back.
-        return Ok(Action::requeue(WAIT_RECHECK));
-    };
-    report_address(&lb, &plan, &lb_key, ctx).await?;
-    let ip = lb
-        .status
-        .as_ref()
-        .map(|s| s.allocated_address.ip.clone())
-        .unwrap_or_default();
-    if ip.is_empty() {
-        // Still waiting: the LoadBalancer's next change brings this Service back. Nothing is
-        // deleted on a timeout (upstream's delete/recreate churn).
-        if let Some(message) = not_ready_message(&lb) {
-            let message = format!(
-                "ip is not allocated, mode: {}, message: {message}",
-                plan.ipam
-            );
-            ctx.report(svc, key, EventType::Warning, reason::SYNC_FAILED, message);
-        }
-        return Ok(Action::requeue(WAIT_RECHECK));
+        None => Ok(Err(Action::requeue(WAIT_RECHECK))),
     }
-    let ingress = (ip != keys::DHCP_ADDRESS).then_some(ip.as_str());
-    let written = write_back(svc, key, ctx, ingress, |s| {
-        let mut changed = set_annotation(s, keys::KUBE_VIP_IPS, &ip);
-        if let Some(i) = &interface {
-            changed |= set_annotation(s, keys::KUBE_VIP_INTERFACE, i);
-        }
-        // As upstream: a primary-service label left from a time as a secondary is emptied (not
-        // removed); none is added.
-        changed | empty_label(s, keys::SVC_PRIMARY)
-    })
-    .await?;
-    if written {
-        info!(service = %key, lb = %lb_key, %ip, "service has its address");
-        ctx.report(
-            svc,
-            key,
-            EventType::Normal,
-            reason::ENSURED,
-            format!("Ensured load balancer {lb_key} with address {ip}"),
-        );
+}
+
+/// Deletes one of the Service's own LoadBalancers, if the cache shows it.
+async fn delete_own_lb(ctx: &Ctx, key: &str, name: &str) -> Result<bool, SyncError> {
+    if ctx
+        .lb_cache
+        .get(&ObjectRef::new(name).within(ctx.lb_namespace()))
+        .is_none()
+    {
+        return Ok(false);
     }
-    Ok(Action::await_change())
+    match ctx
+        .lbs
+        .delete(ctx.lb_namespace(), name, &Preconditions::default())
+        .await
+    {
+        Ok(_) => {
+            info!(service = %key, lb = %ctx.lb_ref(name), "deleted a load balancer the service no longer needs");
+            Ok(true)
+        }
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(source) => Err(SyncError::DeleteLoadBalancer {
+            lb: ctx.lb_ref(name),
+            source,
+        }),
+    }
 }
 
 /// Writes the address back to the Service: its annotations (`annotate`), then
-/// `status.loadBalancer.ingress` (`ingress`; none for DHCP, whose lease holder, the guest's kube-vip,
-/// reports it). Returns whether anything was written.
+/// `status.loadBalancer.ingress` (`ingress`, in order; none for DHCP, whose lease holder, the guest's
+/// kube-vip, reports it). Returns whether anything was written.
 async fn write_back(
     svc: &Service,
     key: &str,
     ctx: &Ctx,
-    ingress: Option<&str>,
+    ingress: &[&str],
     annotate: impl Fn(&mut Service) -> bool,
 ) -> Result<bool, SyncError> {
     let failed = |source| SyncError::WriteService {
@@ -491,9 +590,9 @@ async fn write_back(
         return Ok(false);
     };
     let mut changed = annotated.written;
-    if let Some(ip) = ingress {
+    if !ingress.is_empty() {
         let written = modify(&ctx.services, &annotated.object, Target::Status, |s| {
-            set_ingress(s, Some(ip))
+            set_ingress(s, ingress)
         })
         .await
         .map_err(failed)?;
@@ -577,29 +676,10 @@ async fn secondary(
     };
     ctx.accept_secondary(&primary_key, key, svc);
     drop(held);
-    // Its own LoadBalancer, if it had one as a primary, goes (its finalizer releases that address).
-    if let Some(own) = lb_name_of(&ctx.cluster.cluster, svc)
-        && ctx
-            .lb_cache
-            .get(&ObjectRef::new(&own).within(ctx.lb_namespace()))
-            .is_some()
-    {
-        match ctx
-            .lbs
-            .delete(ctx.lb_namespace(), &own, &Preconditions::default())
-            .await
-        {
-            Ok(_) => {
-                info!(service = %key, lb = %ctx.lb_ref(&own), "deleted the load balancer of a service that now shares another's address")
-            }
-            Err(e) if e.is_not_found() => {}
-            Err(source) => {
-                return Err(SyncError::DeleteLoadBalancer {
-                    lb: ctx.lb_ref(&own),
-                    source,
-                });
-            }
-        }
+    // Its own LoadBalancers, if it had any as a primary, go (their finalizers release those
+    // addresses).
+    for own in lb_names_of(&ctx.cluster.cluster, svc).unwrap_or_default() {
+        delete_own_lb(ctx, key, &own).await?;
     }
     let primary_network = primary
         .as_deref()
@@ -607,8 +687,11 @@ async fn secondary(
         .filter(|n| !n.is_empty())
         .map(String::from);
     let label_value = share::primary_label_value(&pns, &pname);
-    let ingress = (ip != keys::DHCP_ADDRESS).then_some(ip.as_str());
-    let written = write_back(svc, key, ctx, ingress, |s| {
+    let ingress: Vec<&str> = (ip != keys::DHCP_ADDRESS)
+        .then_some(ip.as_str())
+        .into_iter()
+        .collect();
+    let written = write_back(svc, key, ctx, &ingress, |s| {
         let mut changed = set_annotation(s, keys::KUBE_VIP_IPS, &ip);
         if let Some(n) = &primary_network {
             changed |= set_annotation(s, keys::SVC_NETWORK, n);
@@ -658,7 +741,17 @@ async fn cleanup(
         }
     }
     let mut deleted_lb = None;
-    if let Some(lb_name) = lb_name_of(&ctx.cluster.cluster, svc) {
+    for (i, lb_name) in lb_names_of(&ctx.cluster.cluster, svc)
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+    {
+        // The first by name whatever the cache shows (as upstream deletes it); a second family's
+        // only when the cache shows it.
+        if i > 0 {
+            delete_own_lb(ctx, key, &lb_name).await?;
+            continue;
+        }
         match ctx
             .lbs
             .delete(ctx.lb_namespace(), &lb_name, &Preconditions::default())
@@ -678,7 +771,7 @@ async fn cleanup(
     // address first, so that once the finalizer is off nothing of it is left.
     let mut current = svc.clone();
     if !deleting
-        && let Some(cleared) = modify(&ctx.services, svc, Target::Status, |s| set_ingress(s, None))
+        && let Some(cleared) = modify(&ctx.services, svc, Target::Status, |s| set_ingress(s, &[]))
             .await
             .map_err(|source| SyncError::WriteService {
                 service: key.into(),

@@ -32,7 +32,7 @@ use crate::{
     controller::{Backoff, events::Recorder},
     crd::{LoadBalancer, keys, lb_api, lb_kind},
     guest::{
-        decide::{in_scope, is_leftover, lb_name_of, service_fingerprint, service_of},
+        decide::{in_scope, is_leftover, lb_names_of, service_fingerprint, service_of},
         index::{Accepted, ShareIndex},
         mapping::{GuestContext, annotation, service_key},
         nad,
@@ -166,7 +166,7 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
                 }
                 Ok(WatchEvent::Apply(svc)) => lock(&index.share_index).apply(svc),
                 Ok(WatchEvent::Delete(svc)) => {
-                    if let Some(lb) = lb_name_of(&name, svc) {
+                    for lb in lb_names_of(&name, svc).unwrap_or_default() {
                         let _ = gc.send(lb);
                     }
                     lock(&index.share_index).delete(svc)
