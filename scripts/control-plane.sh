@@ -248,6 +248,7 @@ up() {
 
     say "step start: kube-apiserver on https://127.0.0.1:$api_port"
     local p="$dir/pki"
+    # Dual-stack Service ranges, so that guest Services may be PreferDualStack or RequireDualStack.
     start kube-apiserver "$bindir/kube-apiserver" \
         --etcd-servers "http://127.0.0.1:$etcd_port" \
         --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
@@ -261,7 +262,7 @@ up() {
         --service-account-issuer https://kubernetes.default.svc.cluster.local \
         --service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
         --api-audiences https://kubernetes.default.svc.cluster.local \
-        --service-cluster-ip-range 10.96.0.0/16 \
+        --service-cluster-ip-range 10.96.0.0/16,fd00:10:96::/112 \
         --cert-dir "$dir/apiserver-certs" \
         --max-requests-inflight 1600 --max-mutating-requests-inflight 800 \
         --profiling=false --v 1

@@ -66,7 +66,8 @@ fn family_name(family: Family) -> &'static str {
 /// The addresses a Service asks for: `spec.loadBalancerIP`, else a `kube-vip.io/loadbalancerIPs`
 /// (comma-separated; `0.0.0.0`, the DHCP mark, asks for nothing), one per family at most; and its
 /// families: `spec.ipFamilies` for `PreferDualStack`/`RequireDualStack` (both families when it
-/// lists none), else one LoadBalancer of the requested address's family, or of any.
+/// lists none), else one LoadBalancer of the requested address's family, else IPv6 for an IPv6-only
+/// Service, else of any.
 pub fn addressing(svc: &Service) -> Result<Addressing, GuestError> {
     let refuse = |reason: String| GuestError::AddressRequest {
         service: service_key(svc),
@@ -90,14 +91,26 @@ pub fn addressing(svc: &Service) -> Result<Addressing, GuestError> {
             false,
         ),
     };
+    let policy = spec.ip_family_policy.as_deref().unwrap_or("SingleStack");
+    let dual = matches!(policy, "PreferDualStack" | "RequireDualStack");
     let mut requested: Vec<IpAddr> = Vec::new();
     if service_ipam(svc) != "dhcp" {
         for text in texts.into_iter().filter(|t| *t != keys::DHCP_ADDRESS) {
-            let ip = text
-                .parse::<IpAddr>()
-                .map_err(|_| refuse(format!("requested address {text:?} is not an IP address")))?
-                .to_canonical();
-            if let Some(other) = requested.iter().find(|o| Family::of(**o) == Family::of(ip)) {
+            let parsed = text.parse::<IpAddr>().map(|ip| ip.to_canonical());
+            let twice = parsed.as_ref().ok().and_then(|ip| {
+                requested
+                    .iter()
+                    .find(|o| Family::of(**o) == Family::of(*ip))
+            });
+            if !authoritative && (parsed.is_err() || twice.is_some()) {
+                // kube-vip's annotation is a request only as a user left it before there was an
+                // address (the LoadBalancer is made with it); afterwards it is what this cloud
+                // provider wrote, so what does not read as a request is no request.
+                return Ok(default_addressing(&spec, None, false));
+            }
+            let ip = parsed
+                .map_err(|_| refuse(format!("requested address {text:?} is not an IP address")))?;
+            if let Some(other) = twice {
                 return Err(refuse(format!(
                     "asks for two {} addresses ({other} and {ip}); one per family is served",
                     Family::of(ip)
@@ -106,27 +119,24 @@ pub fn addressing(svc: &Service) -> Result<Addressing, GuestError> {
             requested.push(ip);
         }
     }
-    let policy = spec.ip_family_policy.as_deref().unwrap_or("SingleStack");
-    let dual = matches!(policy, "PreferDualStack" | "RequireDualStack");
     if !dual {
         if requested.len() > 1 {
+            if !authoritative {
+                return Ok(default_addressing(&spec, None, false));
+            }
             return Err(refuse(format!(
                 "asks for {} addresses, and a {policy} service has one; set spec.ipFamilyPolicy to PreferDualStack or RequireDualStack",
                 requested.len()
             )));
         }
-        let requested = requested.first().copied();
-        return Ok(Addressing {
-            slots: vec![Slot {
-                family: requested.map(Family::of),
-                requested,
-                authoritative,
-            }],
-            require_all: false,
-        });
+        return Ok(default_addressing(
+            &spec,
+            requested.first().copied(),
+            authoritative,
+        ));
     }
     let mut families = Vec::new();
-    for f in spec.ip_families.unwrap_or_default() {
+    for f in spec.ip_families.clone().unwrap_or_default() {
         families.push(match f.as_str() {
             "IPv4" => Family::V4,
             "IPv6" => Family::V6,
@@ -160,6 +170,27 @@ pub fn addressing(svc: &Service) -> Result<Addressing, GuestError> {
             .collect(),
         require_all: policy == "RequireDualStack",
     })
+}
+
+/// A single-stack Service's one LoadBalancer, asking for `requested`. A Service that is IPv6 only
+/// says so; an IPv4 one may be so only by the guest cluster's default, so it takes any pool (as
+/// upstream does, and as IPv4 guest clusters with IPv6 pools rely on).
+fn default_addressing(
+    spec: &k8s_openapi::api::core::v1::ServiceSpec,
+    requested: Option<IpAddr>,
+    authoritative: bool,
+) -> Addressing {
+    let ipv6_only = spec.ip_families.as_deref() == Some(&["IPv6".to_string()][..]);
+    Addressing {
+        slots: vec![Slot {
+            family: requested
+                .map(Family::of)
+                .or(ipv6_only.then_some(Family::V6)),
+            requested,
+            authoritative,
+        }],
+        require_all: false,
+    }
 }
 
 /// The desired LoadBalancer of a Service.
@@ -443,7 +474,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.ipam, "dhcp");
-        assert_eq!(p.remove_annotations, [keys::ANNOTATION_MANAGEMENT_NETWORK]);
+        assert_eq!(
+            p.remove_annotations,
+            [
+                keys::ANNOTATION_MANAGEMENT_NETWORK,
+                keys::ANNOTATION_IP_FAMILY
+            ]
+        );
     }
 
     #[test]
