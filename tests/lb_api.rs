@@ -1083,6 +1083,159 @@ pub mod cases {
         );
     }
 
+    /// `loadbalancer.harvesterhci.io/requestedIP` and `…/ipFamily`: a free requested address is
+    /// given (and its allocation time recorded), a held one is refused naming the holder with
+    /// nothing else allocated, one outside every eligible pool is refused, two racing for one
+    /// address get it once, the holder's release hands it over; an IPv6 pool serves next to an
+    /// IPv4 one (one global pool per network and family), a family asks for it; bad annotations
+    /// are refused by admission.
+    pub async fn requested_address_and_family<B: Backend>(b: B) {
+        let r = Reconcilers::start(b.service_store());
+        create_pool(
+            &b,
+            mk_pool(
+                "ask4",
+                range("192.168.110.0/24", "192.168.110.10", "192.168.110.20"),
+                global(),
+            ),
+        )
+        .await;
+        create_pool(
+            &b,
+            mk_pool(
+                "ask6",
+                range("fd00:110::/64", "fd00:110::10", "fd00:110::20"),
+                global(),
+            ),
+        )
+        .await;
+        let asking = |name: &str, annotations: &[(&str, &str)]| {
+            with_annotations(
+                mk_lb("default", name, json!({"workloadType": "cluster"})),
+                annotations,
+            )
+        };
+        const IP: &str = "loadbalancer.harvesterhci.io/requestedIP";
+        const FAMILY: &str = "loadbalancer.harvesterhci.io/ipFamily";
+        create_lb(&b, asking("want15", &[(IP, "192.168.110.15")])).await;
+        let lb = allocated(&b, "default", "want15").await;
+        assert_eq!(ip_of(&lb), "192.168.110.15");
+        let at = lb["status"]["conditions"]
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .find(|c| c["type"] == "AddressAllocated")
+            .expect("the allocation is recorded")
+            .clone();
+        assert_eq!(at["status"], "True");
+        assert_eq!(at["message"], "192.168.110.15 from IP pool ask4");
+        assert!(at["lastTransitionTime"].is_string(), "{at}");
+
+        // Held: refused, naming the holder; nothing else allocated.
+        create_lb(&b, asking("dup15", &[(IP, "192.168.110.15")])).await;
+        let condition = refused(&b, "default", "dup15").await;
+        assert_eq!(condition["reason"], "RequestedAddressTaken");
+        assert_eq!(
+            condition["message"],
+            "requested address 192.168.110.15 is held by default/want15 in IP pool ask4"
+        );
+        assert_eq!(
+            pool(&b, "ask4").await["status"]["allocated"],
+            json!({"192.168.110.15": "default/want15"})
+        );
+        // Outside every pool it may use.
+        create_lb(&b, asking("outside", &[(IP, "10.0.0.1")])).await;
+        let condition = refused(&b, "default", "outside").await;
+        assert_eq!(condition["reason"], "RequestedAddressUnavailable");
+        assert_eq!(
+            condition["message"],
+            "requested address 10.0.0.1 is not in any IP pool this load balancer may use (eligible: ask4)"
+        );
+        // A family: IPv6 from the IPv6 pool; none asked: IPv4 first.
+        create_lb(&b, asking("six", &[(FAMILY, "IPv6")])).await;
+        assert!(ip_of(&allocated(&b, "default", "six").await).starts_with("fd00:110::"));
+        create_lb(&b, asking("any", &[])).await;
+        assert!(ip_of(&allocated(&b, "default", "any").await).starts_with("192.168.110."));
+        create_lb(&b, asking("six-asked", &[(IP, "fd00:110::1a")])).await;
+        assert_eq!(
+            ip_of(&allocated(&b, "default", "six-asked").await),
+            "fd00:110::1a"
+        );
+
+        // Two racing for one address: one gets it.
+        let (x, y) = tokio::join!(
+            call(
+                &b,
+                Method::POST,
+                LBS,
+                Some(asking("race-x", &[(IP, "192.168.110.17")]))
+            ),
+            call(
+                &b,
+                Method::POST,
+                LBS,
+                Some(asking("race-y", &[(IP, "192.168.110.17")]))
+            ),
+        );
+        assert_eq!(x.status, StatusCode::CREATED, "{}", x.text());
+        assert_eq!(y.status, StatusCode::CREATED, "{}", y.text());
+        let loser = eventually("one racer to be refused", async || {
+            for (name, other) in [("race-x", "race-y"), ("race-y", "race-x")] {
+                let lb = get(&b, &format!("{LBS}/default/{name}")).await.json();
+                let refused = ready(&lb).is_some_and(|c| c["reason"] == "RequestedAddressTaken");
+                if refused {
+                    return Some((name, other));
+                }
+            }
+            None
+        })
+        .await;
+        let winner = allocated(&b, "default", loser.1).await;
+        assert_eq!(ip_of(&winner), "192.168.110.17");
+        let lost = get(&b, &format!("{LBS}/default/{}", loser.0)).await.json();
+        assert_eq!(lost["status"]["allocatedAddress"]["ip"], Value::Null);
+
+        // The holder goes: the waiting one gets the address.
+        ok(
+            call(&b, Method::DELETE, &format!("{LBS}/default/want15"), None).await,
+            StatusCode::OK,
+        );
+        let lb = allocated(&b, "default", "dup15").await;
+        assert_eq!(ip_of(&lb), "192.168.110.15");
+        assert_consistent(&b).await;
+
+        // Admission: what cannot be a request is refused.
+        for (annotations, message) in [
+            (
+                vec![(IP, "nope")],
+                "annotation loadbalancer.harvesterhci.io/requestedIP \"nope\" is not an IP address",
+            ),
+            (
+                vec![(FAMILY, "IPv5")],
+                "annotation loadbalancer.harvesterhci.io/ipFamily \"IPv5\" is neither IPv4 nor IPv6",
+            ),
+            (
+                vec![(IP, "192.168.110.11"), (FAMILY, "IPv6")],
+                "requested address 192.168.110.11 is not an IPv6 address, as annotation loadbalancer.harvesterhci.io/ipFamily asks",
+            ),
+        ] {
+            let refusal = call(&b, Method::POST, LBS, Some(asking("bad", &annotations))).await;
+            let text = refusal.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+            assert_eq!(
+                text,
+                format!("create loadbalancer default/bad failed: {message}")
+            );
+        }
+        let mut dhcp = asking("bad", &[(IP, "192.168.110.12")]);
+        dhcp["spec"]["ipam"] = json!("dhcp");
+        let refusal = call(&b, Method::POST, LBS, Some(dhcp)).await;
+        assert_eq!(
+            refusal.error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
+            "create loadbalancer default/bad failed: requested address 192.168.110.12 needs pool IPAM, and spec.ipam is dhcp"
+        );
+        r.stop().await;
+    }
+
     pub async fn validation_messages<B: Backend>(b: B) {
         let refuse = async |method: Method, path: &str, body: Value| {
             call(&b, method, path, Some(body))
@@ -1721,6 +1874,7 @@ suite!(
         restart_resyncs_without_double_assignment,
         only_the_leader_reconciles_and_the_other_takes_over,
         load_balancer_events_are_listed,
+        requested_address_and_family,
     ]
 );
 
