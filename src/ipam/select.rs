@@ -757,4 +757,89 @@ mod tests {
         assert_eq!(WorkloadType::parse("vm"), WorkloadType::Vm);
         assert_eq!(WorkloadType::parse(""), WorkloadType::Vm);
     }
+
+    fn mk_spec_on(subnet: &str, network: &str, priority: u32, scope: &[Tuple]) -> PoolSpec {
+        PoolSpec {
+            ranges: vec![RangeSpec {
+                subnet: subnet.into(),
+                ..RangeSpec::default()
+            }],
+            ..mk_spec(network, priority, scope)
+        }
+    }
+
+    #[test]
+    fn a_family_considers_only_pools_of_that_family() {
+        let v4 = mk_spec_on("10.0.0.0/24", VLAN10, 0, &[mk_tuple(ALL, "default", ALL)]);
+        let v6 = mk_spec_on("fd00::/64", VLAN10, 0, &[mk_tuple(ALL, "default", ALL)]);
+        let global6 = mk_spec_on("fd01::/64", "", 0, &[mk_tuple(ALL, ALL, ALL)]);
+        let pools = [
+            mk_entry("v4", &v4),
+            mk_entry("v6", &v6),
+            mk_entry("global6", &global6),
+        ];
+        let ask = |family| LbRequest {
+            family,
+            ..mk_request(VLAN10, "", "default", "")
+        };
+        assert_eq!(pick(&pools, &ask(Some(Family::V4))).as_deref(), Ok("v4"));
+        assert_eq!(pick(&pools, &ask(Some(Family::V6))).as_deref(), Ok("v6"));
+        // No family: as upstream, every pool (the strict matches tie on priority: the lower name).
+        assert_eq!(pick(&pools, &ask(None)).as_deref(), Ok("v4"));
+        let elsewhere = LbRequest {
+            family: Some(Family::V4),
+            ..mk_request(VLAN10, "", "other", "")
+        };
+        assert_eq!(
+            pick(&pools, &elsewhere),
+            Err("no matched IPPool with IPv4 ranges with requirement &{Network:default/vlan10 Project: Namespace:other Cluster:}".into())
+        );
+        let explicit = LbRequest {
+            ip_pool: "v6".into(),
+            family: Some(Family::V4),
+            ..LbRequest::default()
+        };
+        assert_eq!(
+            pick(&pools, &explicit),
+            Err("IP pool v6 has no IPv4 range".into())
+        );
+        // Every pool that could serve, in selection order: strict, then global.
+        let index = PoolIndex::new(&pools);
+        assert_eq!(
+            index.eligible(&ask(Some(Family::V6))),
+            Ok(vec!["v6", "global6"])
+        );
+        assert_eq!(index.eligible(&ask(None)), Ok(vec!["v4", "v6", "global6"]));
+        assert!(index.eligible(&elsewhere).is_err());
+    }
+
+    #[test]
+    fn global_pools_per_network_and_family() {
+        let g4 = mk_spec_on("10.0.0.0/24", "", 0, &[mk_tuple(ALL, ALL, ALL)]);
+        let g4_vlan = mk_spec_on("10.1.0.0/24", VLAN10, 0, &[mk_tuple(ALL, ALL, ALL)]);
+        let g6 = mk_spec_on("fd00::/64", "", 5, &[mk_tuple(ALL, ALL, ALL)]);
+        let pools = [
+            mk_entry("g4", &g4),
+            mk_entry("g4-vlan", &g4_vlan),
+            mk_entry("g6", &g6),
+        ];
+        // The global pool of the load balancer's network first; with no family, IPv4 first.
+        assert_eq!(
+            pick(&pools, &mk_request(VLAN10, "", "x", "")).as_deref(),
+            Ok("g4-vlan")
+        );
+        assert_eq!(
+            pick(&pools, &mk_request("", "", "x", "")).as_deref(),
+            Ok("g4")
+        );
+        let six = LbRequest {
+            family: Some(Family::V6),
+            ..mk_request(VLAN10, "", "x", "")
+        };
+        assert_eq!(pick(&pools, &six).as_deref(), Ok("g6"));
+        assert_eq!(
+            PoolIndex::new(&pools).eligible(&mk_request(VLAN10, "", "x", "")),
+            Ok(vec!["g4-vlan", "g4", "g6"])
+        );
+    }
 }

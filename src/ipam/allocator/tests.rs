@@ -348,3 +348,69 @@ fn an_allocated_address_that_became_the_gateway_stays_held() {
     );
     assert!(pool.allocate("ns/c").is_err(), "nothing left to hand out");
 }
+
+#[test]
+fn a_requested_address_moves_only_onto_a_free_one() {
+    let mut pool = mk_pool(&[mk_range("192.168.0.0/24", "", "192.168.0.20", "")]);
+    let a = pool
+        .request_ip("default/a", mk_ip("192.168.0.10"))
+        .expect("free");
+    assert_eq!((a.ip, a.origin), (mk_ip("192.168.0.10"), Origin::Requested));
+    assert_eq!(alloc(&mut pool, "default/b"), "192.168.0.11");
+    // Held by another: refused, and the mover keeps what it has.
+    let err = pool
+        .request_ip("default/a", mk_ip("192.168.0.11"))
+        .expect_err("held");
+    assert!(matches!(
+        err,
+        PoolError::Allocate {
+            source: AllocateError::Taken { ref holder, .. },
+            ..
+        } if holder == "default/b"
+    ));
+    assert_eq!(pool.address_of("default/a"), Some(mk_ip("192.168.0.10")));
+    // Free: it moves, and the old address goes into its history.
+    pool.request_ip("default/a", mk_ip("192.168.0.15"))
+        .expect("free");
+    assert_eq!(pool.address_of("default/a"), Some(mk_ip("192.168.0.15")));
+    assert_eq!(pool.holder(mk_ip("192.168.0.10")), None);
+    assert_eq!(pool.history_of("default/a"), vec![mk_ip("192.168.0.10")]);
+    assert_eq!(pool.in_use(), 2);
+    // Another id's history is free to ask for.
+    pool.request_ip("default/c", mk_ip("192.168.0.10"))
+        .expect("history is no hold");
+    assert_eq!(pool.holder(mk_ip("192.168.0.10")), Some("default/c"));
+    assert!(pool.history_of("default/a").is_empty());
+}
+
+#[test]
+fn a_family_takes_only_ranges_of_that_family() {
+    let mut pool = mk_pool(&[
+        mk_range("192.168.0.0/24", "192.168.0.10", "192.168.0.11", ""),
+        mk_range("fd00::/64", "fd00::10", "fd00::11", ""),
+    ]);
+    let six = pool
+        .allocate_family("default/six", Some(Family::V6))
+        .expect("an IPv6 address");
+    assert_eq!(six.ip, mk_ip("fd00::10"));
+    let four = pool
+        .allocate_family("default/four", Some(Family::V4))
+        .expect("an IPv4 address");
+    assert_eq!(four.ip, mk_ip("192.168.0.10"));
+    pool.allocate_family("default/six2", Some(Family::V6))
+        .expect("the last IPv6 address");
+    let err = pool
+        .allocate_family("default/six3", Some(Family::V6))
+        .expect_err("no IPv6 address left");
+    assert!(
+        err.to_string().contains("no IP addresses available"),
+        "{err}"
+    );
+    // The IPv4 range still has one.
+    assert_eq!(
+        pool.allocate_family("default/four2", None)
+            .expect("any family")
+            .ip,
+        mk_ip("192.168.0.11")
+    );
+}
