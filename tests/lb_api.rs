@@ -1083,6 +1083,50 @@ pub mod cases {
         );
     }
 
+    /// A pool that reaches 90% use gets one PoolNearlyFull Warning, and `ippool_usage_ratio`
+    /// follows its allocations.
+    pub async fn nearly_full_pools_warn<B: Backend>(b: B) {
+        let r = Reconcilers::start(b.service_store());
+        ensure_namespace(&b, "crowd", None).await;
+        // Ten addresses (.1 is the gateway, outside the range).
+        create_pool(
+            &b,
+            mk_pool(
+                "crowded",
+                range("192.168.120.0/24", "192.168.120.10", "192.168.120.19"),
+                json!({"scope": [{"project": "*", "namespace": "crowd", "guestCluster": "*"}]}),
+            ),
+        )
+        .await;
+        for i in 0..9 {
+            create_lb(
+                &b,
+                mk_lb(
+                    "crowd",
+                    &format!("lb{i}"),
+                    json!({"workloadType": "cluster"}),
+                ),
+            )
+            .await;
+            allocated(&b, "crowd", &format!("lb{i}")).await;
+        }
+        let events = events_about(&b, "crowded", "PoolNearlyFull").await;
+        assert_eq!(events.len(), 1, "one warning per crossing: {events:?}");
+        assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+        assert_eq!(
+            events[0].message.as_deref(),
+            Some("IP pool crowded is 90% used: 9 of 10 addresses allocated, 1 available")
+        );
+        let key = r#"harvester_cloud_ippool_usage_ratio{pool="crowded"}"#;
+        eventually("the usage ratio to be 0.9", async || {
+            (harvester_cloud::metrics::sample(&harvester_cloud::metrics::encode(), key)
+                == Some(0.9))
+            .then_some(())
+        })
+        .await;
+        r.stop().await;
+    }
+
     /// `loadbalancer.harvesterhci.io/requestedIP` and `…/ipFamily`: a free requested address is
     /// given (and its allocation time recorded), a held one is refused naming the holder with
     /// nothing else allocated, one outside every eligible pool is refused, two racing for one
@@ -1875,6 +1919,7 @@ suite!(
         only_the_leader_reconciles_and_the_other_takes_over,
         load_balancer_events_are_listed,
         requested_address_and_family,
+        nearly_full_pools_warn,
     ]
 );
 
