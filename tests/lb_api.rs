@@ -2024,6 +2024,8 @@ mod replicas {
             .await
             .expect("lists events")
             .into_iter()
+            // The API server's own controllers report Events too (its Service IP repair).
+            .filter(|e| e.reporting_component.as_deref() == Some("harvester-cloud-lb"))
             .filter_map(|e| e.reporting_instance)
             .collect();
         who.sort();

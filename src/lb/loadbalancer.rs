@@ -10,8 +10,11 @@
 //! Differences from upstream, on purpose: an empty `spec.ipam` is pool everywhere, including the
 //! release on deletion (upstream leaks it); a load balancer refused by an exhausted pool is woken by
 //! the pool's next release instead of backing off; Events are emitted; the Ready condition carries a
-//! reason (`NoMatchedIPPool`, `PoolExhausted`, `AllocationFailed`) next to upstream's message; a
-//! deletion whose pool is already gone completes instead of blocking on "fail to get allocator".
+//! reason (`NoMatchedIPPool`, `PoolExhausted`, `AllocationFailed`, `RequestedAddressTaken`,
+//! `RequestedAddressUnavailable`) next to upstream's message; a deletion whose pool is already gone
+//! completes instead of blocking on "fail to get allocator". Beyond upstream: a requested address
+//! (`loadbalancer.harvesterhci.io/requestedIP`) and an address family (`…/ipFamily`), and an
+//! `AddressAllocated` condition that says when the current address was allocated.
 
 use std::{net::IpAddr, sync::Arc, time::Duration};
 
