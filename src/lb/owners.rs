@@ -19,7 +19,7 @@ use crate::{
         IPPool, LoadBalancer,
         keys::{LABEL_GUEST_CLUSTER, LABEL_SERVICE_NAME, LABEL_SERVICE_NAMESPACE},
     },
-    ipam::WorkloadType,
+    ipam::{PoolStatus, WorkloadType},
 };
 
 /// steve's type name of the answer.
@@ -75,7 +75,8 @@ pub struct Released {
 /// The owners of `pool`'s addresses, joined with `lbs` (every LoadBalancer; others are ignored).
 pub fn addresses(pool: &IPPool, lbs: &[LoadBalancer]) -> PoolAddresses {
     let by_id: HashMap<String, &LoadBalancer> = lbs.iter().map(|lb| (lb.applicant(), lb)).collect();
-    let status = pool.status.clone().unwrap_or_default();
+    let no_status = PoolStatus::default();
+    let status = pool.status.as_ref().unwrap_or(&no_status);
     let addresses = in_address_order(&status.allocated)
         .map(|(ip, holder)| {
             let lb = by_id.get(holder).copied();
@@ -167,7 +168,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::ipam::{Condition, PoolStatus};
+    use crate::ipam::Condition;
 
     fn mk_pool(name: &str, allocated: &[(&str, &str)], history: &[(&str, &str)]) -> IPPool {
         let map = |entries: &[(&str, &str)]| {
