@@ -15,11 +15,16 @@ use kube::core::{DynamicObject, admission::AdmissionReview};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::{Admin, ApiError, AppState, body_bytes, path::ApiPath};
-use crate::lb::webhook;
+use super::{Admin, ApiError, AppState, Caller, body_bytes, path::ApiPath};
+use crate::{
+    auth,
+    lb::{owners, webhook},
+};
 
 pub const POOLS_PATH: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
 pub const POOL_PATH: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools/{name}";
+pub const POOL_ADDRESSES_PATH: &str =
+    "/v1/harvester/loadbalancer.harvesterhci.io.ippools/{name}/addresses";
 pub const LBS_PATH: &str = "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers";
 pub const LBS_NAMESPACE_PATH: &str =
     "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers/{namespace}";
@@ -105,6 +110,26 @@ pub async fn get_pool(
 ) -> Result<Json<Value>, ApiError> {
     let pool = state.objects.get_pool(&name).await?;
     Ok(Json(resource(POOL_TYPE, &pool)?))
+}
+
+/// Who holds each of the pool's addresses ([`owners`]): the pool, then one list of every
+/// LoadBalancer to join it with.
+pub async fn pool_addresses(
+    State(state): State<AppState>,
+    admin: Admin,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Json<owners::PoolAddresses>, ApiError> {
+    // `Admin` checked `get` on the pool; the answer also tells the labels of LoadBalancers in every
+    // namespace, so a Kubernetes user must be allowed to list those too.
+    let list_lbs = auth::Action::Object {
+        verb: "list",
+        resource: "loadbalancers",
+        namespace: None,
+    };
+    Caller(admin.0).authorize(&state, list_lbs).await?;
+    let pool = state.objects.get_pool(&name).await?;
+    let (lbs, _) = state.objects.list_lbs(None).await?;
+    Ok(Json(owners::addresses(&pool, &lbs)))
 }
 
 pub async fn update_pool(

@@ -179,6 +179,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
                 .delete(lb::delete_pool),
         ),
     )
+    .add(lb::POOL_ADDRESSES_PATH, &["GET"], get(lb::pool_addresses))
     .add(
         lb::LBS_PATH,
         &["GET", "POST"],
@@ -393,7 +394,9 @@ fn object_permission(parts: &Parts) -> Option<(&'static str, &'static str, Optio
     let after: Vec<&str> = segments.collect();
     let (namespace, named) = match (namespaced, after.as_slice()) {
         (false, []) => (None, false),
-        (false, [_]) => (None, true),
+        // Who holds a pool's addresses is read as the pool is: `get` on it (and the handler checks
+        // `list` on LoadBalancers).
+        (false, [_]) | (false, [_, "addresses"]) => (None, true),
         (true, []) => (None, false),
         (true, [ns]) => (Some(ns.to_string()), false),
         // A LoadBalancer's Events are read as the LoadBalancer is: `get` on it.

@@ -14,6 +14,7 @@ pub mod guest;
 pub mod ippool;
 pub mod loadbalancer;
 pub mod objects;
+pub mod owners;
 pub mod pools;
 pub mod vm;
 pub mod webhook;
