@@ -28,7 +28,7 @@ pub const ADDRESSES_TYPE: &str = "loadbalancer.harvesterhci.io.ippool.addresses"
 /// The LoadBalancer condition saying which address it was given and when
 /// (`message: "<ip> from IP pool <pool>"`, `lastTransitionTime`: the allocation). Upstream's
 /// controller and older versions of ours write none; their addresses have no allocation time.
-pub const ADDRESS_ALLOCATED: &str = "AddressAllocated";
+pub use crate::crd::keys::CONDITION_ADDRESS_ALLOCATED as ADDRESS_ALLOCATED;
 
 /// The owners of a pool's addresses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
