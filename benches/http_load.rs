@@ -2,7 +2,7 @@
 //! `GET /healthz`, `GET /v1/harvester/kubeconfig` for an existing account, and `POST` for new
 //! accounts. Run with `cargo bench --bench http_load` (options after `--`: `--seconds N`,
 //! `--connections N`; `HTTP_LOAD_SECONDS` in the environment sets the seconds too, as the test
-//! script's short smoke run does). Prints requests/s and latency percentiles per scenario, and the
+//! script's short smoke run does; `HTTP_LOAD_SERVER` runs another build's binary instead). Prints requests/s and latency percentiles per scenario, and the
 //! ratios the README reports; it fails only when a request fails, never on a figure.
 //!
 //! The load generator is a minimal hyper HTTP/1.1 client (one task per keep-alive connection) so
@@ -38,7 +38,10 @@ impl Drop for Server {
 
 fn start_server() -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_harvester-cloud"))
+    // Another build's binary, to compare two builds on the same machine in the same hour.
+    let binary = std::env::var("HTTP_LOAD_SERVER")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_harvester-cloud").to_string());
+    let mut child = Command::new(binary)
         .arg("--data-dir")
         .arg(dir.path())
         .args([
