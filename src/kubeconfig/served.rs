@@ -131,6 +131,13 @@ impl ServedCache {
         lock(&self.entries).get(&key).cloned()
     }
 
+    /// Drops an account's entry (revoked, or found gone), so its token is not kept in memory
+    /// longer than needed. Correctness never depends on it: an entry is only served while the
+    /// objects it was made from are there unchanged.
+    pub(super) fn forget(&self, namespace: &str, service_account: &str) {
+        lock(&self.entries).remove(&(namespace.to_string(), service_account.to_string()));
+    }
+
     fn put(&self, names: &AccountNames, served: Served) {
         let mut entries = lock(&self.entries);
         if entries.len() >= CAPACITY {
@@ -179,6 +186,7 @@ impl CloudConfig {
             .read_shared::<ServiceAccount>(ns, &names.service_account, GET_SA)
             .await?
             .ok_or_else(|| {
+                self.served.forget(ns, &names.service_account);
                 not_found(
                     GET_SA,
                     format!("serviceaccount \"{}\" not found", names.service_account),
