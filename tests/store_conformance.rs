@@ -464,6 +464,119 @@ pub mod cases {
         s.create(&k, mk_cm("after-reopen", "1")).await.unwrap();
     }
 
+    /// Objects created buffered (several for one request, then one sync) are what plain creates
+    /// are: read back, seen by watchers, conflicts alike, and on disk once `sync` returns.
+    pub async fn buffered_creates_are_durable_once_synced<H: Harness>(h: H) {
+        let k = cm_kind();
+        let s = h.store();
+        let mut made = Vec::new();
+        for i in 0..5 {
+            made.push(
+                s.create_buffered(&k, mk_cm(&format!("b{i}"), "1"))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let again = s.create_buffered(&k, mk_cm("b0", "2")).await;
+        assert!(
+            matches!(again, Err(StoreError::AlreadyExists { .. })),
+            "{again:?}"
+        );
+        let mut w = s
+            .watch(&k, Some("ns1"), &(rv(&made[0]) - 1).to_string())
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        while seen.len() < made.len() {
+            let ev = tokio::time::timeout(Duration::from_secs(5), w.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            // Only ours (a control plane writes ConfigMaps of its own into namespaces).
+            if ev.object["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with('b'))
+            {
+                seen.push(ev.object["metadata"]["name"].clone());
+            }
+        }
+        let names: Vec<&Value> = made.iter().map(|m| &m["metadata"]["name"]).collect();
+        assert_eq!(seen.iter().collect::<Vec<_>>(), names);
+        s.sync().await.unwrap();
+        assert_eq!(
+            s.get(&k, "ns1", "b4").await.unwrap().as_ref(),
+            Some(&made[4])
+        );
+        drop((s, w));
+        let h = h.reopen().await;
+        let s = h.store();
+        for m in &made {
+            let name = m["metadata"]["name"].as_str().unwrap();
+            assert_eq!(s.get(&k, "ns1", name).await.unwrap().as_ref(), Some(m));
+        }
+    }
+
+    /// An owner and its dependents created together are there all together or not at all (a
+    /// backend that cannot answers `None`, and its callers create them one by one).
+    pub async fn created_together_or_not_at_all<H: Harness>(h: H) {
+        use harvester_cloud::store::Dependents;
+        let k = cm_kind();
+        let s = h.store();
+        s.create(&k, mk_cm("t-taken", "1")).await.unwrap();
+        let deps = |names: Vec<&'static str>| -> Dependents {
+            Box::new(move |owner: &Value| {
+                let uid = owner["metadata"]["uid"].clone();
+                assert!(uid.is_string(), "the owner's uid is known: {owner}");
+                Ok(names
+                    .iter()
+                    .map(|n| {
+                        let mut c = mk_cm(n, "1");
+                        c["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1",
+                            "kind": "ConfigMap", "name": "t-owner", "uid": uid}]);
+                        (cm_kind(), c)
+                    })
+                    .collect())
+            })
+        };
+        match s
+            .create_together(&k, mk_cm("t-owner", "1"), deps(vec!["t-a", "t-taken"]))
+            .await
+        {
+            Ok(None) => return,
+            Err(StoreError::AlreadyExists { .. }) => {}
+            other => panic!("a taken name must refuse the whole: {other:?}"),
+        }
+        for name in ["t-owner", "t-a"] {
+            assert_eq!(s.get(&k, "ns1", name).await.unwrap(), None, "{name}");
+        }
+        let made = s
+            .create_together(&k, mk_cm("t-owner", "1"), deps(vec!["t-a", "t-b"]))
+            .await
+            .unwrap()
+            .unwrap();
+        let names: Vec<&str> = made
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["t-owner", "t-a", "t-b"]);
+        assert!(rv(&made[0]) < rv(&made[1]) && rv(&made[1]) < rv(&made[2]));
+        for d in &made[1..] {
+            assert_eq!(
+                d["metadata"]["ownerReferences"][0]["uid"],
+                made[0]["metadata"]["uid"]
+            );
+        }
+        s.sync().await.unwrap();
+        drop(s);
+        let h = h.reopen().await;
+        let s = h.store();
+        for m in &made {
+            let name = m["metadata"]["name"].as_str().unwrap();
+            assert_eq!(s.get(&k, "ns1", name).await.unwrap().as_ref(), Some(m));
+        }
+    }
+
     pub async fn restart_keeps_objects_and_versions<H: Harness>(h: H) {
         let k = cm_kind();
         let a = h.store().create(&k, mk_cm("a", "1")).await.unwrap();
@@ -504,5 +617,7 @@ suite!(
         watch_replays_and_follows,
         restart_keeps_objects_and_versions,
         abandoned_writes_are_whole_or_absent,
+        buffered_creates_are_durable_once_synced,
+        created_together_or_not_at_all,
     ]
 );

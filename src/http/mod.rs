@@ -42,7 +42,7 @@ use metrics::Operation::{Create, Get};
 use crate::{
     auth::{self, Authenticator, Principal},
     issuer::Issuer,
-    kubeconfig::{self, AccountRequest, CloudConfig, OutputFormat, render},
+    kubeconfig::{self, AccountRequest, CloudConfig, OutputFormat, Rendered},
     store::ObjectStore,
 };
 
@@ -327,8 +327,16 @@ impl Caller {
         state: &AppState,
         action: auth::Action<'_>,
     ) -> Result<(), ApiError> {
-        state
-            .authenticator
+        self.authorize_with(state.authenticator.as_ref(), action)
+            .await
+    }
+
+    pub async fn authorize_with(
+        &self,
+        authenticator: &dyn Authenticator,
+        action: auth::Action<'_>,
+    ) -> Result<(), ApiError> {
+        authenticator
             .authorize(&self.0, &action)
             .await
             .inspect_err(|e| crate::metrics::auth_failed(e.reason()))?;
@@ -426,25 +434,16 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
     })
 }
 
-fn cloud_config_response(req: &AccountRequest, kubeconfig: &str) -> Response {
-    match req.output {
-        OutputFormat::CloudInit => (
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/x-yaml; charset=utf-8"),
-            )],
-            render::cloud_init(kubeconfig, req.cloud_config_path.as_deref()),
-        )
-            .into_response(),
-        OutputFormat::Kubeconfig => (
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            render::go_json_string(kubeconfig),
-        )
-            .into_response(),
-    }
+fn cloud_config_response(req: &AccountRequest, kubeconfig: &Rendered) -> Response {
+    let content_type = match req.output {
+        OutputFormat::CloudInit => "application/x-yaml; charset=utf-8",
+        OutputFormat::Kubeconfig => "application/json",
+    };
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
+        kubeconfig.body(req.output, req.cloud_config_path.as_deref()),
+    )
+        .into_response()
 }
 
 async fn post_kubeconfig(
@@ -500,19 +499,35 @@ where
         Ok::<_, ApiError>((req, kubeconfig))
     };
     let (req, kubeconfig) = metrics::cloud_config(operation, |(r, _)| r.output, issued.await)?;
-    Ok(cloud_config_response(&req, &kubeconfig))
+    Ok(cloud_config_response(&req, &Rendered::new(kubeconfig)))
+}
+
+/// What GET needs of the state: taken alone, since cloning the whole [`AppState`] for every
+/// request was a measurable part of a GET (a dozen reference counts, up and down).
+struct GetState {
+    cloud_config: Arc<CloudConfig>,
+    authenticator: Arc<dyn Authenticator>,
+}
+
+impl axum::extract::FromRef<AppState> for GetState {
+    fn from_ref(state: &AppState) -> Self {
+        GetState {
+            cloud_config: state.cloud_config.clone(),
+            authenticator: state.authenticator.clone(),
+        }
+    }
 }
 
 async fn get_kubeconfig(
-    State(state): State<AppState>,
+    State(state): State<GetState>,
     caller: Caller,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let issued = async {
         let req = kubeconfig::request::from_query(query.as_deref())?;
         caller
-            .authorize(
-                &state,
+            .authorize_with(
+                state.authenticator.as_ref(),
                 auth::Action::ReadAccount {
                     namespace: &req.namespace,
                 },

@@ -151,6 +151,8 @@ impl CloudConfig {
                 },
                 e => store_err(ROTATE)(e),
             })?;
+            // The new Secret was created buffered.
+            self.store.sync().await.map_err(store_err(ROTATE))?;
             Ok::<_, CloudConfigError>(kubeconfig)
         }
         .await;

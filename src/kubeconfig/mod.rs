@@ -4,6 +4,7 @@
 
 pub mod accounts;
 pub mod cli;
+mod fresh;
 pub mod lifecycle;
 pub mod naming;
 pub mod objects;
@@ -11,8 +12,10 @@ pub mod render;
 pub mod request;
 pub mod revoke;
 pub mod seed;
+pub mod served;
 pub mod service;
 
 pub use request::{AccountRequest, OutputFormat, RequestError};
 pub use revoke::{Kept, Revocation};
+pub use served::Rendered;
 pub use service::{CloudConfig, CloudConfigError, Settings};

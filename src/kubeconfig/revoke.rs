@@ -40,6 +40,7 @@ impl CloudConfig {
         service_account: &str,
     ) -> Result<Revocation, CloudConfigError> {
         let names = AccountNames::new(namespace, service_account);
+        self.served.forget(namespace, service_account);
         let mut out = Revocation::default();
         let sa = self
             .api::<ServiceAccount>()

@@ -14,7 +14,7 @@ use k8s_openapi::api::{
     core::v1::{ConfigMap, Secret, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding},
 };
-use tracing::{Instrument, debug, info, warn};
+use tracing::{Instrument, info, warn};
 
 use super::{
     naming::AccountNames,
@@ -89,9 +89,9 @@ pub enum CloudConfigError {
 const CREATE_SA: &str = "fail to create serviceAccount";
 const CREATE_RB: &str = "fail to create roleBinding";
 const CREATE_CRB: &str = "fail to create clusterRoleBinding";
-const GET_SA: &str = "fail to get serviceAccount";
-const GET_RB: &str = "fail to get roleBinding";
-const GET_CRB: &str = "fail to get clusterRoleBinding";
+pub(super) const GET_SA: &str = "fail to get serviceAccount";
+pub(super) const GET_RB: &str = "fail to get roleBinding";
+pub(super) const GET_CRB: &str = "fail to get clusterRoleBinding";
 pub(super) const ROTATE: &str = "fail to rotate the token of serviceAccount";
 
 pub(super) fn store_err(step: &'static str) -> impl FnOnce(StoreError) -> CloudConfigError {
@@ -129,6 +129,8 @@ pub struct CloudConfig {
     roles_seen: Mutex<Option<Instant>>,
     /// The server URL from the `vip` ConfigMap, and when it was read.
     vip_url: Mutex<Option<(Instant, String)>>,
+    /// What GET rendered, by the versions of the objects it was made from.
+    pub(super) served: super::served::ServedCache,
 }
 
 /// How long a positive answer about the ClusterRoles or the VIP is reused. Both change rarely, and
@@ -169,6 +171,7 @@ impl CloudConfig {
             settings,
             roles_seen: Mutex::new(None),
             vip_url: Mutex::new(None),
+            served: Default::default(),
             sweep_now: tokio::sync::Notify::new(),
         }
     }
@@ -245,9 +248,16 @@ impl CloudConfig {
         self.check_cluster_roles().await?;
         let server = self.server_url().await?;
         let mut created = Vec::new();
-        let result = self
+        let mut result = self
             .ensure_objects(&names, &server, req.expiration, &mut created)
             .await;
+        if result.is_ok() {
+            // The objects were created buffered: one wait for the disk covers all of them, and
+            // nothing is acknowledged before it.
+            if let Err(e) = self.store.sync().await {
+                result = Err(store_err(CREATE_SA)(e));
+            }
+        }
         if result.is_err() {
             self.roll_back(created).await;
         } else {
@@ -330,6 +340,18 @@ impl CloudConfig {
             )?;
         }
 
+        if sa.is_none()
+            && secret.is_none()
+            && rb.is_none()
+            && crb.is_none()
+            && self
+                .create_fresh(names, expiration, created)
+                .await
+                .map_err(store_err(CREATE_SA))?
+        {
+            let secret = self.wait_for_token(names, CREATE_SA).await?;
+            return self.build(names, server, &secret);
+        }
         let sa = match sa {
             Some(sa) => sa,
             None => self
@@ -470,7 +492,8 @@ impl CloudConfig {
         }
     }
 
-    /// Creates `obj`; if another request created it first, returns that one.
+    /// Creates `obj`; if another request created it first, returns that one. The create is
+    /// buffered ([`ObjectStore::create_buffered`]): the caller syncs the store before it answers.
     pub(super) async fn create_or_get<K: Object>(
         &self,
         api: &Api<K>,
@@ -482,7 +505,7 @@ impl CloudConfig {
             meta.namespace.clone().unwrap_or_default(),
             meta.name.clone().unwrap_or_default(),
         );
-        match api.create(obj).await {
+        match api.create_buffered(obj).await {
             Ok(new) => {
                 created.push(Created {
                     kind: api.kind().clone(),
@@ -530,68 +553,6 @@ impl CloudConfig {
             }
             .instrument(tracing::info_span!("rollback")),
         );
-    }
-
-    /// GET: the kubeconfig of an account that POST made; creates nothing.
-    pub async fn fetch(&self, req: &AccountRequest) -> Result<String, CloudConfigError> {
-        let names = AccountNames::new(&req.namespace, &req.service_account);
-        self.check_cluster_roles().await?;
-        let server = self.server_url().await?;
-        let ns = names.namespace.as_str();
-        let not_found = |step, message| CloudConfigError::NotFound { step, message };
-
-        let sa = self
-            .api::<ServiceAccount>()
-            .get(ns, &names.service_account)
-            .await
-            .map_err(store_err(GET_SA))?
-            .ok_or_else(|| {
-                not_found(
-                    GET_SA,
-                    format!("serviceaccount \"{}\" not found", names.service_account),
-                )
-            })?;
-        let sa_uid = uid_of(&sa)?;
-        let names = names.with_secret(objects::current_token_secret(&sa, &names));
-        let secret = self
-            .api::<Secret>()
-            .get(ns, &names.secret)
-            .await
-            .map_err(store_err(GET_SA))?
-            .ok_or_else(|| not_found(GET_SA, format!("secret \"{}\" not found", names.secret)))?;
-        match objects::check_secret(&secret, &names, Some(&sa_uid)) {
-            SecretCheck::Ours if objects::has_ended(&secret) => {
-                return Err(not_found(
-                    GET_SA,
-                    format!(
-                        "the token in secret \"{}\" has ended (expirationSeconds or a rotation's grace); POST issues a new one",
-                        names.secret
-                    ),
-                ));
-            }
-            SecretCheck::Ours => {}
-            SecretCheck::Foreign(message) => {
-                return Err(CloudConfigError::Foreign {
-                    step: GET_SA,
-                    message,
-                });
-            }
-            SecretCheck::Stale => {
-                return Err(CloudConfigError::Foreign {
-                    step: GET_SA,
-                    message: format!(
-                        "secret {ns}/{} holds the token of an earlier serviceAccount {}; POST to replace it",
-                        names.secret, names.service_account
-                    ),
-                });
-            }
-        }
-        self.check_bindings(&names, &sa_uid).await?;
-        let kubeconfig = self.build(&names, &server, &secret)?;
-        // Debug, not info: reads are frequent and change nothing (creations are logged at info).
-        debug!(namespace = %ns, service_account = %names.service_account,
-            "kubeconfig for service account {ns}/{} is fetched", names.service_account);
-        Ok(kubeconfig)
     }
 
     /// GET's checks of the two bindings: there, owned by the ServiceAccount, and binding what

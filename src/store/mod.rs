@@ -219,6 +219,11 @@ pub struct Change {
 
 pub type ChangeStream = BoxStream<'static, Result<Change, StoreError>>;
 
+/// What [`ObjectStore::create_together`] creates after an owner: made from the owner as it will
+/// be stored (its uid set).
+pub type Dependents =
+    Box<dyn FnOnce(&Value) -> Result<Vec<(Kind, Value)>, StoreError> + Send + 'static>;
+
 /// The port. Namespaces of cluster-scoped kinds are `""`.
 #[async_trait]
 pub trait ObjectStore: Send + Sync + 'static {
@@ -228,6 +233,16 @@ pub trait ObjectStore: Send + Sync + 'static {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Value>, StoreError>;
+    /// [`Self::get`] for a reader that only looks: the embedded backend hands out the object it
+    /// holds instead of a deep copy (GET's cache compares the versions of four objects per request).
+    async fn get_shared(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Value>>, StoreError> {
+        Ok(self.get(kind, namespace, name).await?.map(Arc::new))
+    }
     async fn list(
         &self,
         kind: &Kind,
@@ -236,6 +251,32 @@ pub trait ObjectStore: Send + Sync + 'static {
     ) -> Result<ObjectList, StoreError>;
     /// Creates the object; `AlreadyExists` when the name is taken.
     async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError>;
+    /// [`Self::create`], answered once the object is stored, perhaps before it is durable: a
+    /// caller that makes several objects for one request creates them so and then calls
+    /// [`Self::sync`] once, before it acknowledges the request. Readers and watchers still only
+    /// ever see durable objects. By default (a backend whose every write is durable when
+    /// answered) the same as `create`.
+    async fn create_buffered(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        self.create(kind, object).await
+    }
+    /// Creates `owner` and the objects `dependents` makes once the owner's uid is known, in one
+    /// step: all of them or none (`AlreadyExists` if any name is taken). Buffered as
+    /// [`Self::create_buffered`] is. `Ok(None)` from a backend that cannot (the default): the
+    /// caller creates them one by one. Returns the owner, then the dependents, as stored.
+    async fn create_together(
+        &self,
+        owner_kind: &Kind,
+        owner: Value,
+        dependents: Dependents,
+    ) -> Result<Option<Vec<Value>>, StoreError> {
+        let _ = (owner_kind, owner, dependents);
+        Ok(None)
+    }
+    /// Waits until every write this store has answered so far is durable (after
+    /// [`Self::create_buffered`]); fails if that can no longer be promised.
+    async fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// Replaces the object; `Conflict` when its resourceVersion is stale. A replace that changes nothing
     /// returns the stored object and emits no change.
     async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError>;
@@ -327,6 +368,13 @@ fn encode<K: Object>(kind: &Kind, obj: &K) -> Result<Value, StoreError> {
     Ok(v)
 }
 
+/// `obj` as the store port takes it: its kind, and its JSON with `apiVersion` and `kind`.
+pub fn to_stored<K: Object>(obj: &K) -> Result<(Kind, Value), StoreError> {
+    let kind = Kind::of::<K>();
+    let v = encode(&kind, obj)?;
+    Ok((kind, v))
+}
+
 impl<K: Object> Api<K> {
     pub fn new(store: Arc<dyn ObjectStore>) -> Self {
         Self::with_kind(store, Kind::of::<K>())
@@ -364,6 +412,15 @@ impl<K: Object> Api<K> {
         let v = self
             .store
             .create(&self.kind, encode(&self.kind, obj)?)
+            .await?;
+        decode(&self.kind, v)
+    }
+
+    /// See [`ObjectStore::create_buffered`].
+    pub async fn create_buffered(&self, obj: &K) -> Result<K, StoreError> {
+        let v = self
+            .store
+            .create_buffered(&self.kind, encode(&self.kind, obj)?)
             .await?;
         decode(&self.kind, v)
     }

@@ -13,13 +13,13 @@
 mod semantics;
 mod sql;
 mod state;
+mod together;
+mod token;
 
 pub use sql::open_pool;
 
 use self::{
-    semantics::{
-        checked_key, conflict, meta_mut, meta_str, not_an_object, not_found, now_rfc3339, row_of,
-    },
+    semantics::{checked_key, conflict, meta_mut, meta_str, not_found, now_rfc3339, row_of},
     sql::{commit, create_data_dir, load, migrated_pool, options},
 };
 
@@ -30,9 +30,8 @@ use std::{
 };
 
 use async_trait::async_trait;
-use base64::{Engine, engine::general_purpose::STANDARD as B64};
 use futures::StreamExt;
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::{
     Connection, SqliteConnection,
     sqlite::{SqlitePool, SqliteSynchronous},
@@ -42,16 +41,13 @@ use tracing::{Instrument, info};
 
 use self::state::{Row as StateRow, State};
 use super::{
-    Change, ChangeStream, ChangeType, Deleted, Kind, LabelSelector, ObjectList, ObjectStore,
-    Preconditions, StoreError,
+    Change, ChangeStream, ChangeType, Deleted, Dependents, Kind, LabelSelector, ObjectList,
+    ObjectStore, Preconditions, StoreError,
 };
 use crate::issuer::Issuer;
 
 /// How many changes are kept for watches that resume from an older resourceVersion.
 const HISTORY: usize = 100_000;
-const SA_TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
-const SA_NAME_ANNOTATION: &str = "kubernetes.io/service-account.name";
-const SA_UID_ANNOTATION: &str = "kubernetes.io/service-account.uid";
 
 /// How hard SQLite works to make a commit durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -90,6 +86,15 @@ pub enum OpenError {
         "the database {path} {problem}: restore it from a backup, or start with --reinitialize to begin with an empty store (every object, key and token of the old one is lost)"
     )]
     LostDatabase { path: PathBuf, problem: String },
+}
+
+/// When a write is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ack {
+    /// Once it is on disk (every write of the port but [`ObjectStore::create_buffered`]).
+    Durable,
+    /// Once it is committed to the WAL; the caller syncs later ([`ObjectStore::sync`]).
+    Stored,
 }
 
 fn closed() -> StoreError {
@@ -372,6 +377,15 @@ impl EmbeddedStore {
         &self,
         plan: impl FnOnce(&State) -> Result<(Vec<StateRow>, T), StoreError>,
     ) -> Result<T, StoreError> {
+        self.write_as(Ack::Durable, plan).await
+    }
+
+    /// [`Self::write`], answered when `ack` says.
+    async fn write_as<T>(
+        &self,
+        ack: Ack,
+        plan: impl FnOnce(&State) -> Result<(Vec<StateRow>, T), StoreError>,
+    ) -> Result<T, StoreError> {
         if self.sync_failed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(StoreError::backend(std::io::Error::other(
                 "the write-ahead log could not be synced to disk; restart the service",
@@ -421,88 +435,73 @@ impl EmbeddedStore {
             return Ok(out);
         }
         self.sync_wanted.notify_one();
-        self.await_durable(last_rv).await?;
+        if ack == Ack::Durable {
+            self.await_durable(last_rv).await?;
+        }
         Ok(out)
     }
 
-    fn token_controller(&self) -> Option<Arc<TokenController>> {
-        self.token_controller
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Fills a service-account token Secret as Kubernetes' token controller would.
-    fn fill_token(&self, state: &State, secret: &mut Value) -> Result<(), StoreError> {
-        if secret.get("type").and_then(Value::as_str) != Some(SA_TOKEN_TYPE) {
-            return Ok(());
-        }
-        let Some(controller) = self.token_controller() else {
-            return Ok(());
-        };
-        let (namespace, name) = super::object_key(secret);
-        let annotation = |k: &str| {
-            secret
-                .pointer(&format!("/metadata/annotations/{}", k.replace('/', "~1")))
+    /// Creates the object, answered when `ack` says.
+    async fn create_as(
+        &self,
+        ack: Ack,
+        kind: &Kind,
+        mut object: Value,
+    ) -> Result<Value, StoreError> {
+        // generateName: Kubernetes appends five random characters.
+        {
+            let meta = meta_mut(kind, &mut object)?;
+            let has_name = meta
+                .get("name")
                 .and_then(Value::as_str)
-                .map(str::to_string)
-        };
-        let Some(sa_name) = annotation(SA_NAME_ANNOTATION) else {
-            return Ok(());
-        };
-        let Some(sa) = state.get("v1", "ServiceAccount", &namespace, &sa_name) else {
-            // Kubernetes leaves such a Secret unfilled (and later removes it); so do we.
-            return Ok(());
-        };
-        let sa_uid = sa
-            .pointer("/metadata/uid")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        if annotation(SA_UID_ANNOTATION).is_some_and(|u| u != sa_uid) {
-            return Ok(());
+                .is_some_and(|n| !n.is_empty());
+            if !has_name && let Some(prefix) = meta.get("generateName").and_then(Value::as_str) {
+                let name = format!("{prefix}{}", crate::validation::random_alnum(5));
+                meta.insert("name".into(), Value::from(name));
+            }
         }
-        let secret_uid = secret
-            .pointer("/metadata/uid")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        // A cloud-config token with an end carries it as `exp` too (the sweeper deletes its Secret
-        // then; the claim holds even if the sweeper is late).
-        let exp = annotation(crate::kubeconfig::objects::EXPIRES_AT_ANNOTATION)
-            .and_then(|v| crate::kubeconfig::objects::parse_end(&v))
-            .map(time::OffsetDateTime::unix_timestamp);
-        let token = controller
-            .issuer
-            .mint_secret_token(&namespace, &sa_name, &sa_uid, &name, &secret_uid, exp)
-            .map_err(|e| StoreError::Invalid {
-                kind: "secret".into(),
-                name: name.clone(),
-                reason: format!("cannot mint service-account token: {e}"),
-            })?;
-        let obj = secret
-            .as_object_mut()
-            .ok_or_else(|| not_an_object("secret", &name))?;
-        let meta = obj
-            .entry("metadata")
-            .or_insert_with(|| json!({}))
-            .as_object_mut()
-            .ok_or_else(|| not_an_object("secret", &name))?;
-        let annotations = meta
-            .entry("annotations")
-            .or_insert_with(|| json!({}))
-            .as_object_mut()
-            .ok_or_else(|| not_an_object("secret", &name))?;
-        annotations.insert(SA_UID_ANNOTATION.into(), Value::from(sa_uid));
-        let data = obj
-            .entry("data")
-            .or_insert_with(|| json!({}))
-            .as_object_mut()
-            .ok_or_else(|| not_an_object("secret", &name))?;
-        data.insert("token".into(), Value::from(B64.encode(token)));
-        data.insert("ca.crt".into(), Value::from(B64.encode(&controller.ca_pem)));
-        data.insert("namespace".into(), Value::from(B64.encode(&namespace)));
-        Ok(())
+        let (namespace, name) = checked_key(kind, &mut object)?;
+        let uid = uuid::Uuid::new_v4().to_string();
+        let minted = if kind.api_version == "v1" && kind.kind == "Secret" {
+            meta_mut(kind, &mut object)?.insert("uid".into(), Value::from(uid.clone()));
+            self.premint(&object, None)
+        } else {
+            None
+        };
+        self.write_as(ack, |state| {
+            if state
+                .get(&kind.api_version, &kind.kind, &namespace, &name)
+                .is_some()
+            {
+                return Err(StoreError::AlreadyExists {
+                    kind: kind.singular(),
+                    name: name.clone(),
+                });
+            }
+            let rv = state.rv + 1;
+            semantics::stamp_created(kind, &mut object, &uid, rv)?;
+            if kind.api_version == "v1" && kind.kind == "Secret" {
+                self.fill_token(state, None, &mut object, minted)?;
+            }
+            let row = row_of(
+                kind,
+                &namespace,
+                &name,
+                &uid,
+                rv,
+                ChangeType::Added,
+                object.clone(),
+            );
+            let mut rows = vec![row];
+            // As Kubernetes' garbage collector does, a dependent none of whose owners exists is
+            // deleted (after being created: watchers see both).
+            if semantics::orphaned(state, &object) {
+                let mut next = rv;
+                rows.extend(self.plan_delete(state, kind, &object, &mut next));
+            }
+            Ok((rows, object))
+        })
+        .await
     }
 }
 
@@ -521,11 +520,22 @@ impl ObjectStore for EmbeddedStore {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Value>, StoreError> {
+        Ok(self
+            .get_shared(kind, namespace, name)
+            .await?
+            .map(|v| (*v).clone()))
+    }
+
+    async fn get_shared(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Value>>, StoreError> {
         let namespace = if kind.namespaced { namespace } else { "" };
         let found = self
             .read()
-            .get(&kind.api_version, &kind.kind, namespace, name)
-            .map(|v| (*v).clone());
+            .get(&kind.api_version, &kind.kind, namespace, name);
         if let Some(v) = &found {
             let rv = meta_str(v, "resourceVersion")
                 .and_then(|s| s.parse().ok())
@@ -565,68 +575,28 @@ impl ObjectStore for EmbeddedStore {
         })
     }
 
-    async fn create(&self, kind: &Kind, mut object: Value) -> Result<Value, StoreError> {
-        // generateName: Kubernetes appends five random characters.
-        {
-            let meta = meta_mut(kind, &mut object)?;
-            let has_name = meta
-                .get("name")
-                .and_then(Value::as_str)
-                .is_some_and(|n| !n.is_empty());
-            if !has_name && let Some(prefix) = meta.get("generateName").and_then(Value::as_str) {
-                let name = format!("{prefix}{}", crate::validation::random_alnum(5));
-                meta.insert("name".into(), Value::from(name));
-            }
-        }
-        let (namespace, name) = checked_key(kind, &mut object)?;
-        self.write(|state| {
-            if state
-                .get(&kind.api_version, &kind.kind, &namespace, &name)
-                .is_some()
-            {
-                return Err(StoreError::AlreadyExists {
-                    kind: kind.singular(),
-                    name: name.clone(),
-                });
-            }
-            let rv = state.rv + 1;
-            let uid = uuid::Uuid::new_v4().to_string();
-            {
-                let meta = meta_mut(kind, &mut object)?;
-                meta.insert("uid".into(), Value::from(uid.clone()));
-                meta.insert("creationTimestamp".into(), Value::from(now_rfc3339()));
-                meta.insert("generation".into(), Value::from(1));
-                meta.remove("deletionTimestamp");
-                meta.remove("deletionGracePeriodSeconds");
-                meta.insert("resourceVersion".into(), Value::from(rv.to_string()));
-            }
-            if kind.status_subresource
-                && let Some(o) = object.as_object_mut()
-            {
-                o.remove("status");
-            }
-            if kind.api_version == "v1" && kind.kind == "Secret" {
-                self.fill_token(state, &mut object)?;
-            }
-            let row = row_of(
-                kind,
-                &namespace,
-                &name,
-                &uid,
-                rv,
-                ChangeType::Added,
-                object.clone(),
-            );
-            let mut rows = vec![row];
-            // As Kubernetes' garbage collector does, a dependent none of whose owners exists is
-            // deleted (after being created: watchers see both).
-            if semantics::orphaned(state, &object) {
-                let mut next = rv;
-                rows.extend(self.plan_delete(state, kind, &object, &mut next));
-            }
-            Ok((rows, object))
-        })
-        .await
+    async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        self.create_as(Ack::Durable, kind, object).await
+    }
+
+    async fn create_buffered(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        self.create_as(Ack::Stored, kind, object).await
+    }
+
+    async fn create_together(
+        &self,
+        owner_kind: &Kind,
+        owner: Value,
+        dependents: Dependents,
+    ) -> Result<Option<Vec<Value>>, StoreError> {
+        self.create_all(owner_kind, owner, dependents)
+            .await
+            .map(Some)
+    }
+
+    async fn sync(&self) -> Result<(), StoreError> {
+        let committed = self.read().rv;
+        self.await_durable(committed).await
     }
 
     async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {

@@ -169,6 +169,29 @@ pub(super) fn checked_key(kind: &Kind, obj: &mut Value) -> Result<(String, Strin
     Ok((namespace, name))
 }
 
+/// Gives an object being created what the store sets: its uid, creation time, generation and
+/// resourceVersion, no deletion marks, and no status when that is a subresource.
+pub(super) fn stamp_created(
+    kind: &Kind,
+    object: &mut Value,
+    uid: &str,
+    rv: u64,
+) -> Result<(), StoreError> {
+    let meta = meta_mut(kind, object)?;
+    meta.insert("uid".into(), Value::from(uid));
+    meta.insert("creationTimestamp".into(), Value::from(now_rfc3339()));
+    meta.insert("generation".into(), Value::from(1));
+    meta.remove("deletionTimestamp");
+    meta.remove("deletionGracePeriodSeconds");
+    meta.insert("resourceVersion".into(), Value::from(rv.to_string()));
+    if kind.status_subresource
+        && let Some(o) = object.as_object_mut()
+    {
+        o.remove("status");
+    }
+    Ok(())
+}
+
 /// Whether `obj` names owners and none of them exists: Kubernetes' garbage collector deletes
 /// such a dependent.
 pub(super) fn orphaned(state: &State, obj: &Value) -> bool {
