@@ -778,13 +778,21 @@ pub mod cases {
         let _sweeper = sweeper(&b);
         let user = "system:serviceaccount:gc-test:gc4";
         let a = token_of(&b.post(&account("gc-test", "gc4")).await.kubeconfig());
-        assert!(b.token_works(&a, user).await);
+        // A Kubernetes API server authenticates a new token Secret from its cache, which may lag
+        // behind under load: a new token is waited for, never assumed at once.
+        eventually("the first token to work", async || {
+            b.token_works(&a, user).await.then_some(())
+        })
+        .await;
         let one_hour = serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc4", "gracePeriod": "1h"});
         let r = rotate(&b, one_hour.clone()).await;
         let kb = r.kubeconfig();
         let tb = token_of(&kb);
         assert_ne!(tb, a);
-        assert!(b.token_works(&tb, user).await, "the new token works");
+        eventually("the new token to work", async || {
+            b.token_works(&tb, user).await.then_some(())
+        })
+        .await;
         assert!(
             b.token_works(&a, user).await,
             "the old one, in its grace, too"
@@ -804,7 +812,10 @@ pub mod cases {
         })
         .await;
         assert!(b.token_works(&tb, user).await);
-        assert!(b.token_works(&tc, user).await);
+        eventually("the newest token to work", async || {
+            b.token_works(&tc, user).await.then_some(())
+        })
+        .await;
         let secrets = b
             .store()
             .list(
