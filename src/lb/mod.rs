@@ -223,11 +223,23 @@ pub async fn run_controllers(
     // Readers kept to tell, at shutdown, whether each cache ever filled (see `until_stopped`).
     let (pool_cache, lb_cache, vm_cache) =
         (pool_reader.clone(), lb_reader.clone(), vm_reader.clone());
+    // A pool task's own status writes (one per allocation round) are known to it: reconciling the
+    // pool for each would read and decode its whole status again. A deleting pool's are not
+    // skipped: the release of its last address is what lets it go.
     let pool_stream = reflector::reflector(
         pool_writer,
         watcher::<IPPool>(store.clone(), pool_kind(), None),
     )
-    .applied_objects();
+    .applied_objects()
+    .filter({
+        let ctx = ctx.clone();
+        move |pool| {
+            let own = pool
+                .as_ref()
+                .is_ok_and(|p| !p.is_deleting() && ctx.pools.wrote(p));
+            std::future::ready(!own)
+        }
+    });
     let pools = Controller::for_stream(pool_stream, pool_reader)
         .graceful_shutdown_on(shutdown())
         .run(

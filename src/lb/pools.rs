@@ -130,18 +130,32 @@ pub type Wake = mpsc::UnboundedSender<ObjectRef<LoadBalancer>>;
 pub struct Pools {
     store: Arc<dyn ObjectStore>,
     tasks: Mutex<HashMap<String, mpsc::UnboundedSender<Request>>>,
+    /// The resourceVersion each task last wrote its pool at.
+    written: Written,
     wake: Wake,
     stop: CancellationToken,
 }
+
+type Written = Arc<Mutex<HashMap<String, String>>>;
 
 impl Pools {
     pub fn new(store: Arc<dyn ObjectStore>, wake: Wake, stop: CancellationToken) -> Self {
         Pools {
             store,
             tasks: Mutex::new(HashMap::new()),
+            written: Arc::default(),
             wake,
             stop,
         }
+    }
+
+    /// Whether `pool` is, exactly, the version its task wrote last: such a change (a status write
+    /// of an allocation round) is already known to the task and calls for no pool reconcile.
+    pub fn wrote(&self, pool: &IPPool) -> bool {
+        let Some(version) = pool.metadata.resource_version.as_deref() else {
+            return false;
+        };
+        lock(&self.written).get(pool.name()).map(String::as_str) == Some(version)
     }
 
     fn sender(&self, pool: &str) -> mpsc::UnboundedSender<Request> {
@@ -157,6 +171,7 @@ impl Pools {
             loaded: None,
             waiters: HashSet::new(),
             wake: self.wake.clone(),
+            written: self.written.clone(),
         };
         tokio::spawn(
             task.run(rx, self.stop.clone())
@@ -184,6 +199,7 @@ impl Pools {
     /// Forgets a pool's task (after the pool is gone).
     pub fn forget(&self, pool: &str) {
         lock(&self.tasks).remove(pool);
+        lock(&self.written).remove(pool);
     }
 }
 
@@ -204,6 +220,7 @@ struct PoolTask {
     loaded: Option<Loaded>,
     waiters: HashSet<ObjectRef<LoadBalancer>>,
     wake: Wake,
+    written: Written,
 }
 
 /// The outcome of applying one round, before the write.
@@ -233,6 +250,7 @@ impl PoolTask {
             if stop_after {
                 debug!("pool is gone; allocator stopped");
                 crate::metrics::remove_pool(&self.name);
+                lock(&self.written).remove(&self.name);
                 break;
             }
         }
@@ -298,12 +316,18 @@ impl PoolTask {
                 self.finish(batch, applied.replies, applied.freed);
                 return applied.stop_after;
             };
-            let Some(mut next) = self.loaded.as_ref().map(|l| l.pool.clone()) else {
+            let Some(loaded) = self.loaded.as_mut() else {
                 continue;
             };
+            // The pool without its old status: copying that only to replace it would cost as
+            // much as the write.
+            let old = loaded.pool.status.take();
+            let mut next = loaded.pool.clone();
+            loaded.pool.status = old;
             next.status = Some(status);
             match self.write(&next).await {
                 Ok(resource_version) => {
+                    lock(&self.written).insert(self.name.clone(), resource_version.clone());
                     next.metadata.resource_version = Some(resource_version);
                     if let Some(loaded) = self.loaded.as_mut() {
                         loaded.pool = next;
@@ -503,11 +527,20 @@ impl PoolTask {
                 stop_after,
             };
         }
-        let current = loaded.pool.status.clone().unwrap_or_default();
-        let mut status = current.clone();
-        if let Ok(allocator) = &loaded.allocator {
-            allocator.write_status(&mut status);
-        }
+        // Built afresh rather than from a copy of the stored status: the allocator rewrites all
+        // but the conditions, and a copy of thousands of entries per round would cost as much.
+        let current = loaded.pool.status.as_ref();
+        let mut status = match &loaded.allocator {
+            Ok(allocator) => {
+                let mut status = PoolStatus {
+                    conditions: current.map(|c| c.conditions.clone()).unwrap_or_default(),
+                    ..PoolStatus::default()
+                };
+                allocator.write_status(&mut status);
+                status
+            }
+            Err(_) => current.cloned().unwrap_or_default(),
+        };
         if let Some(ready) = ready {
             let (ok, message) = match ready {
                 Ok(()) => (true, String::new()),
@@ -515,10 +548,14 @@ impl PoolTask {
             };
             set_ready(&mut status.conditions, ok, "", &message);
         }
+        let unchanged = match current {
+            Some(current) => status == *current,
+            None => status == PoolStatus::default(),
+        };
         Applied {
             replies,
             synced,
-            status: (status != current).then_some(status),
+            status: (!unchanged).then_some(status),
             freed,
             stop_after,
         }
