@@ -362,3 +362,26 @@ impl EmbeddedStore {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::same_but_server_fields;
+    use serde_json::json;
+
+    #[test]
+    fn writes_that_change_nothing_but_server_fields_are_the_same() {
+        let a = json!({"metadata": {"name": "a", "resourceVersion": "1", "managedFields": []}, "spec": {"x": 1}});
+        let b = json!({"metadata": {"name": "a", "resourceVersion": "2"}, "spec": {"x": 1}});
+        assert!(same_but_server_fields(&a, &b));
+        let c = json!({"metadata": {"name": "a", "resourceVersion": "2"}, "spec": {"x": 2}});
+        assert!(!same_but_server_fields(&a, &c));
+        let d = json!({"metadata": {"name": "a", "labels": {"l": "v"}}, "spec": {"x": 1}});
+        assert!(!same_but_server_fields(&a, &d));
+        let e = json!({"metadata": {"name": "a"}, "spec": {"x": 1}, "status": {}});
+        assert!(!same_but_server_fields(&a, &e));
+        // A metadata of server fields only is still a metadata, as a missing one is not.
+        let f = json!({"metadata": {"resourceVersion": "1"}});
+        assert!(same_but_server_fields(&f, &json!({"metadata": {}})));
+        assert!(!same_but_server_fields(&f, &json!({})));
+    }
+}
