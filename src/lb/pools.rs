@@ -37,6 +37,13 @@ use crate::{
 const ROUND: usize = 1024;
 /// Rounds retried after conflicting writes before the requests fail.
 const ATTEMPTS: usize = 10;
+/// A busy pool writes its status at most once per this much time per held entry, and at least
+/// once per [`MAX_PAUSE`]: each write copies the whole status (and every version is a new object in
+/// the store and its watchers), so without pacing, many pools with a few requests each write
+/// thousands of entries per allocation. Paced, a round's cost per request stays bounded; a pool
+/// written a while ago (a lone request) is not held back.
+const PAUSE_PER_ENTRY: std::time::Duration = std::time::Duration::from_micros(250);
+const MAX_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What a pool task is asked to do.
 #[derive(Debug)]
@@ -237,6 +244,7 @@ struct Applied {
 impl PoolTask {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Request>, stop: CancellationToken) {
         let mut batch = Vec::with_capacity(ROUND);
+        let mut last_round: Option<std::time::Instant> = None;
         loop {
             let received = tokio::select! {
                 _ = stop.cancelled() => 0,
@@ -245,6 +253,20 @@ impl PoolTask {
             if received == 0 {
                 break;
             }
+            if let Some(pause) = self.pause(last_round)
+                && batch.len() < ROUND
+            {
+                tokio::select! {
+                    _ = stop.cancelled() => {},
+                    _ = tokio::time::sleep(pause) => {},
+                }
+                while batch.len() < ROUND
+                    && let Ok(r) = rx.try_recv()
+                {
+                    batch.push(r);
+                }
+            }
+            last_round = Some(std::time::Instant::now());
             let stop_after = self.round(&mut batch).await;
             batch.clear();
             if stop_after {
@@ -254,6 +276,19 @@ impl PoolTask {
                 break;
             }
         }
+    }
+
+    /// How long the next round waits for more requests: the time a status of this size may be
+    /// written again after the last round began, less what has passed since.
+    fn pause(&self, last_round: Option<std::time::Instant>) -> Option<std::time::Duration> {
+        let status = self.loaded.as_ref()?.pool.status.as_ref()?;
+        let entries = status.allocated.len() + status.allocated_history.len();
+        let interval = PAUSE_PER_ENTRY
+            .saturating_mul(u32::try_from(entries).unwrap_or(u32::MAX))
+            .min(MAX_PAUSE);
+        interval
+            .checked_sub(last_round?.elapsed())
+            .filter(|p| !p.is_zero())
     }
 
     /// Reads the pool; rebuilds the allocator from its status unless the pool is exactly the one the
