@@ -37,11 +37,11 @@ use crate::{
 const ROUND: usize = 1024;
 /// Rounds retried after conflicting writes before the requests fail.
 const ATTEMPTS: usize = 10;
-/// A busy pool writes its status at most once per this much time per held entry, and at least
-/// once per [`MAX_PAUSE`]: each write copies the whole status (and every version is a new object in
+/// A busy pool writes its status at most once per this much time per held entry, waiting
+/// [`MAX_PAUSE`] at most: each write copies the whole status (and every version is a new object in
 /// the store and its watchers), so without pacing, many pools with a few requests each write
-/// thousands of entries per allocation. Paced, a round's cost per request stays bounded; a pool
-/// written a while ago (a lone request) is not held back.
+/// thousands of entries per allocation; paced, their rounds are fewer and larger. A pool written a
+/// while ago (a lone request) is not held back.
 const PAUSE_PER_ENTRY: std::time::Duration = std::time::Duration::from_micros(250);
 const MAX_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
 
