@@ -1,7 +1,7 @@
 //! How long 2,000 Services of type LoadBalancer in one guest cluster take, on the embedded backend
 //! (durability `full`), from their creation to the last address written back.
 //!
-//! Setup (not timed): a fresh data directory, one global IPPool (a /20), the load balancer and guest
+//! Setup (not timed): a fresh data directory, one global IPPool (a /16), the load balancer and guest
 //! reconcilers running as `serve` runs them. Timed: the Services are PUT through the HTTP router (32
 //! requests in flight), until every one carries its address (`kube-vip.io/loadbalancerIPs` and
 //! `status.loadBalancer.ingress`); then every address is checked to be distinct and held in the pool.
@@ -120,7 +120,7 @@ async fn run(services: usize, concurrency: u16) {
     let pool = json!({
         "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
         "metadata": {"name": "bench"},
-        "spec": {"ranges": [{"subnet": "10.100.0.0/20"}],
+        "spec": {"ranges": [{"subnet": "10.100.0.0/16"}],
                  "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
     });
     assert_eq!(

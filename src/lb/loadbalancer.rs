@@ -147,6 +147,7 @@ async fn reconcile_once(lb: Arc<LoadBalancer>, key: &str, ctx: &Shared) -> Resul
             Event::Cleanup(lb, release) => {
                 cleanup(&lb, key, ctx).await?;
                 release.release(&lb).await?;
+                ctx.forget_applied(key);
                 Ok(Action::await_change())
             }
         }
@@ -155,6 +156,7 @@ async fn reconcile_once(lb: Arc<LoadBalancer>, key: &str, ctx: &Shared) -> Resul
 }
 
 async fn apply(lb: LoadBalancer, key: &str, ctx: &Shared) -> Result<Action, LbError> {
+    ctx.applied_at(key, &lb);
     let current = lb.status.clone().unwrap_or_default();
     let mut status = current.clone();
     let outcome = if lb.is_dhcp() {

@@ -96,6 +96,8 @@ pub struct Shared {
     pool_generation: std::sync::atomic::AtomicU64,
     /// Consecutive failures per object.
     backoff: Backoff,
+    /// The resourceVersion each LoadBalancer was last applied at (`namespace/name`).
+    applied: Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Shared {
@@ -113,6 +115,33 @@ impl Shared {
             let _ = self.wake.send(lb);
         }
         loadbalancer::Refusal::unmatched(reason, message)
+    }
+
+    /// Records that `lb` was applied at exactly this version.
+    fn applied_at(&self, key: &str, lb: &LoadBalancer) {
+        if let Some(version) = &lb.metadata.resource_version {
+            lock(&self.applied).insert(key.to_string(), version.clone());
+        }
+    }
+
+    /// The load balancer is gone: nothing to remember of it.
+    fn forget_applied(&self, key: &str) {
+        lock(&self.applied).remove(key);
+    }
+
+    /// Whether this very version of `lb` has been applied already: the change that made it was
+    /// this reconciler's own write (the finalizer, added in the same pass that then applied on
+    /// the object as written), so reconciling it again would only find a cache one write behind
+    /// and conflict.
+    fn already_applied(&self, lb: &LoadBalancer) -> bool {
+        let (Some(namespace), Some(name), Some(version)) = (
+            &lb.metadata.namespace,
+            &lb.metadata.name,
+            &lb.metadata.resource_version,
+        ) else {
+            return false;
+        };
+        lock(&self.applied).get(&format!("{namespace}/{name}")) == Some(version)
     }
 
     fn generation(&self) -> u64 {
@@ -215,6 +244,7 @@ pub async fn run_controllers(
         unmatched: Mutex::new(HashSet::new()),
         pool_generation: std::sync::atomic::AtomicU64::new(0),
         backoff: Backoff::default(),
+        applied: Mutex::default(),
         store: store.clone(),
     });
     let shutdown = || {
@@ -225,11 +255,23 @@ pub async fn run_controllers(
     // Readers kept to tell, at shutdown, whether each cache ever filled (see `until_stopped`).
     let (pool_cache, lb_cache, vm_cache) =
         (pool_reader.clone(), lb_reader.clone(), vm_reader.clone());
+    // A pool task's own status writes (one per allocation round) are known to it: reconciling the
+    // pool for each would read and decode its whole status again. A deleting pool's are not
+    // skipped: the release of its last address is what lets it go.
     let pool_stream = reflector::reflector(
         pool_writer,
         watcher::<IPPool>(store.clone(), pool_kind(), None),
     )
-    .applied_objects();
+    .applied_objects()
+    .filter({
+        let ctx = ctx.clone();
+        move |pool| {
+            let own = pool
+                .as_ref()
+                .is_ok_and(|p| !p.is_deleting() && ctx.pools.wrote(p));
+            std::future::ready(!own)
+        }
+    });
     let pools = Controller::for_stream(pool_stream, pool_reader)
         .graceful_shutdown_on(shutdown())
         .run(
@@ -252,7 +294,16 @@ pub async fn run_controllers(
         watcher::<LoadBalancer>(store.clone(), lb_kind(), None),
     )
     .applied_objects()
-    .predicate_filter(lb_fingerprint, PredicateConfig::default());
+    .predicate_filter(lb_fingerprint, PredicateConfig::default())
+    // After the predicate, which so remembers the version as seen: a later change back (our
+    // finalizer removed by hand) still differs from it.
+    .filter({
+        let ctx = ctx.clone();
+        move |lb| {
+            let own = lb.as_ref().is_ok_and(|lb| ctx.already_applied(lb));
+            std::future::ready(!own)
+        }
+    });
     // VM load balancers: a VMI wakes those that select it and those it was a backend of; their own
     // Services and EndpointSlices wake their owner.
     let vmis = reflector::reflector(

@@ -54,6 +54,13 @@ pub enum Want {
     /// free.
     Exactly(IpAddr),
 }
+/// A busy pool writes its status at most once per this much time per held entry, waiting
+/// [`MAX_PAUSE`] at most: each write copies the whole status (and every version is a new object in
+/// the store and its watchers), so without pacing, many pools with a few requests each write
+/// thousands of entries per allocation; paced, their rounds are fewer and larger. A pool written a
+/// while ago (a lone request) is not held back.
+const PAUSE_PER_ENTRY: std::time::Duration = std::time::Duration::from_micros(250);
+const MAX_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What a pool task is asked to do.
 #[derive(Debug)]
@@ -159,10 +166,14 @@ pub type Wake = mpsc::UnboundedSender<ObjectRef<LoadBalancer>>;
 pub struct Pools {
     store: Arc<dyn ObjectStore>,
     tasks: Mutex<HashMap<String, mpsc::UnboundedSender<Request>>>,
+    /// The resourceVersion each task last wrote its pool at.
+    written: Written,
     wake: Wake,
     events: Recorder,
     stop: CancellationToken,
 }
+
+type Written = Arc<Mutex<HashMap<String, String>>>;
 
 impl Pools {
     pub fn new(
@@ -174,10 +185,20 @@ impl Pools {
         Pools {
             store,
             tasks: Mutex::new(HashMap::new()),
+            written: Arc::default(),
             wake,
             events,
             stop,
         }
+    }
+
+    /// Whether `pool` is, exactly, the version its task wrote last: such a change (a status write
+    /// of an allocation round) is already known to the task and calls for no pool reconcile.
+    pub fn wrote(&self, pool: &IPPool) -> bool {
+        let Some(version) = pool.metadata.resource_version.as_deref() else {
+            return false;
+        };
+        lock(&self.written).get(pool.name()).map(String::as_str) == Some(version)
     }
 
     fn sender(&self, pool: &str) -> mpsc::UnboundedSender<Request> {
@@ -195,6 +216,7 @@ impl Pools {
             wake: self.wake.clone(),
             events: self.events.clone(),
             crowded: false,
+            written: self.written.clone(),
         };
         tokio::spawn(
             task.run(rx, self.stop.clone())
@@ -222,6 +244,7 @@ impl Pools {
     /// Forgets a pool's task (after the pool is gone).
     pub fn forget(&self, pool: &str) {
         lock(&self.tasks).remove(pool);
+        lock(&self.written).remove(pool);
     }
 }
 
@@ -246,6 +269,7 @@ struct PoolTask {
     /// The pool's usage was at or above [`USAGE_WARNING`] after the last durable change (and the
     /// Warning Event said so).
     crowded: bool,
+    written: Written,
 }
 
 /// The outcome of applying one round, before the write.
@@ -262,6 +286,7 @@ struct Applied {
 impl PoolTask {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Request>, stop: CancellationToken) {
         let mut batch = Vec::with_capacity(ROUND);
+        let mut last_round: Option<std::time::Instant> = None;
         loop {
             let received = tokio::select! {
                 _ = stop.cancelled() => 0,
@@ -270,14 +295,42 @@ impl PoolTask {
             if received == 0 {
                 break;
             }
+            if let Some(pause) = self.pause(last_round)
+                && batch.len() < ROUND
+            {
+                tokio::select! {
+                    _ = stop.cancelled() => {},
+                    _ = tokio::time::sleep(pause) => {},
+                }
+                while batch.len() < ROUND
+                    && let Ok(r) = rx.try_recv()
+                {
+                    batch.push(r);
+                }
+            }
+            last_round = Some(std::time::Instant::now());
             let stop_after = self.round(&mut batch).await;
             batch.clear();
             if stop_after {
                 debug!("pool is gone; allocator stopped");
                 crate::metrics::remove_pool(&self.name);
+                lock(&self.written).remove(&self.name);
                 break;
             }
         }
+    }
+
+    /// How long the next round waits for more requests: the time a status of this size may be
+    /// written again after the last round began, less what has passed since.
+    fn pause(&self, last_round: Option<std::time::Instant>) -> Option<std::time::Duration> {
+        let status = self.loaded.as_ref()?.pool.status.as_ref()?;
+        let entries = status.allocated.len() + status.allocated_history.len();
+        let interval = PAUSE_PER_ENTRY
+            .saturating_mul(u32::try_from(entries).unwrap_or(u32::MAX))
+            .min(MAX_PAUSE);
+        interval
+            .checked_sub(last_round?.elapsed())
+            .filter(|p| !p.is_zero())
     }
 
     /// Reads the pool; rebuilds the allocator from its status unless the pool is exactly the one the
@@ -340,12 +393,18 @@ impl PoolTask {
                 self.finish(batch, applied.replies, applied.freed);
                 return applied.stop_after;
             };
-            let Some(mut next) = self.loaded.as_ref().map(|l| l.pool.clone()) else {
+            let Some(loaded) = self.loaded.as_mut() else {
                 continue;
             };
+            // The pool without its old status: copying that only to replace it would cost as
+            // much as the write.
+            let old = loaded.pool.status.take();
+            let mut next = loaded.pool.clone();
+            loaded.pool.status = old;
             next.status = Some(status);
             match self.write(&next).await {
                 Ok(resource_version) => {
+                    lock(&self.written).insert(self.name.clone(), resource_version.clone());
                     next.metadata.resource_version = Some(resource_version);
                     if let Some(loaded) = self.loaded.as_mut() {
                         loaded.pool = next;
@@ -566,11 +625,20 @@ impl PoolTask {
                 stop_after,
             };
         }
-        let current = loaded.pool.status.clone().unwrap_or_default();
-        let mut status = current.clone();
-        if let Ok(allocator) = &loaded.allocator {
-            allocator.write_status(&mut status);
-        }
+        // Built afresh rather than from a copy of the stored status: the allocator rewrites all
+        // but the conditions, and a copy of thousands of entries per round would cost as much.
+        let current = loaded.pool.status.as_ref();
+        let mut status = match &loaded.allocator {
+            Ok(allocator) => {
+                let mut status = PoolStatus {
+                    conditions: current.map(|c| c.conditions.clone()).unwrap_or_default(),
+                    ..PoolStatus::default()
+                };
+                allocator.write_status(&mut status);
+                status
+            }
+            Err(_) => current.cloned().unwrap_or_default(),
+        };
         if let Some(ready) = ready {
             let (ok, message) = match ready {
                 Ok(()) => (true, String::new()),
@@ -578,10 +646,14 @@ impl PoolTask {
             };
             set_ready(&mut status.conditions, ok, "", &message);
         }
+        let unchanged = match current {
+            Some(current) => status == *current,
+            None => status == PoolStatus::default(),
+        };
         Applied {
             replies,
             synced,
-            status: (status != current).then_some(status),
+            status: (!unchanged).then_some(status),
             freed,
             stop_after,
         }

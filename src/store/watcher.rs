@@ -60,7 +60,9 @@ impl Source {
     }
 
     fn decode<K: Object>(&self, value: &serde_json::Value) -> Option<K> {
-        match serde_json::from_value::<K>(value.clone()) {
+        // Decoded from the shared change by reference: a copy of the JSON first would cost as much
+        // again (a pool status holds thousands of entries).
+        match K::deserialize(value) {
             Ok(k) => Some(k),
             Err(e) => {
                 let (namespace, name) = super::object_key(value);

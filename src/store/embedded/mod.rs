@@ -48,6 +48,12 @@ use crate::issuer::Issuer;
 
 /// How many changes are kept for watches that resume from an older resourceVersion.
 const HISTORY: usize = 100_000;
+/// And how much of them, as stored: a watcher resumes within seconds (the reconcilers' watches
+/// start right after their list), so a few MiB of the latest changes cover it; a watcher further
+/// behind lists again, as after a 410 from Kubernetes. Without this bound, 100,000 changes of which
+/// some are large (an IP pool's status holds every allocation and is written once per allocation
+/// round) take gigabytes.
+const HISTORY_BYTES: usize = 16 << 20;
 
 /// How hard SQLite works to make a commit durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -258,15 +264,20 @@ impl EmbeddedStore {
             while state
                 .unpublished
                 .front()
-                .is_some_and(|c| c.resource_version <= target)
+                .is_some_and(|c| c.change.resource_version <= target)
             {
                 if let Some(c) = state.unpublished.pop_front() {
-                    state.history.push_back(c.clone());
-                    ready.push(c);
+                    state.history_bytes += c.bytes;
+                    ready.push(c.change.clone());
+                    state.history.push_back(c);
                 }
             }
-            while state.history.len() > HISTORY {
-                state.history.pop_front();
+            while state.history.len() > HISTORY
+                || (state.history_bytes > HISTORY_BYTES && state.history.len() > 1)
+            {
+                if let Some(c) = state.history.pop_front() {
+                    state.history_bytes -= c.bytes;
+                }
             }
             ready
         };
@@ -415,11 +426,11 @@ impl EmbeddedStore {
         let this = self.me.upgrade().ok_or_else(closed)?;
         let committed = tokio::spawn(async move {
             let conn = guard.as_mut().ok_or_else(closed)?;
-            commit(conn, &rows, last_rv).await?;
+            let sizes = commit(conn, &rows, last_rv).await?;
             {
                 let mut state = this.state.write().unwrap_or_else(|e| e.into_inner());
-                for row in rows {
-                    state.apply(row);
+                for (row, bytes) in rows.into_iter().zip(sizes) {
+                    state.apply(row, bytes);
                 }
             }
             if this.durability == Durability::Normal {
@@ -659,7 +670,7 @@ impl ObjectStore for EmbeddedStore {
             let covered_from = state
                 .history
                 .front()
-                .map(|c| c.resource_version - 1)
+                .map(|c| c.change.resource_version - 1)
                 .unwrap_or(*self.durable.borrow());
             if since < covered_from {
                 return Err(StoreError::Gone);
@@ -667,8 +678,8 @@ impl ObjectStore for EmbeddedStore {
             let replay: Vec<Change> = state
                 .history
                 .iter()
-                .filter(|c| c.resource_version > since)
-                .cloned()
+                .filter(|c| c.change.resource_version > since)
+                .map(|c| c.change.clone())
                 .collect();
             (replay, self.changes.subscribe())
         };

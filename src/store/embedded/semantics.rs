@@ -64,14 +64,31 @@ pub(super) fn finalizers(obj: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The object without the fields the server owns, to detect writes that change nothing.
-pub(super) fn comparable(obj: &Value) -> Value {
-    let mut v = obj.clone();
-    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("resourceVersion");
-        m.remove("managedFields");
-    }
-    v
+/// Metadata fields the server owns, ignored when telling whether a write changes anything.
+const SERVER_OWNED: [&str; 2] = ["resourceVersion", "managedFields"];
+
+/// Whether `a` and `b` are equal but for the metadata fields the server owns, to detect writes that
+/// change nothing. Compared in place: copies of both to strip those fields (a pool status holds
+/// thousands of entries) cost more than the comparison.
+pub(super) fn same_but_server_fields(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a == b;
+    };
+    a.len() == b.len()
+        && a.iter().all(|(k, v)| match b.get(k) {
+            None => false,
+            Some(w) if k == "metadata" => same_metadata(v, w),
+            Some(w) => v == w,
+        })
+}
+
+fn same_metadata(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a == b;
+    };
+    let relevant = |(k, _): &(&String, &Value)| !SERVER_OWNED.contains(&k.as_str());
+    a.iter().filter(relevant).count() == b.iter().filter(relevant).count()
+        && a.iter().filter(relevant).all(|(k, v)| b.get(k) == Some(v))
 }
 
 pub(super) fn invalid(kind: &Kind, name: &str, reason: impl Into<String>) -> StoreError {
@@ -297,16 +314,25 @@ impl EmbeddedStore {
                 return Err(conflict(kind, &name));
             }
             let mut next = if status_only {
-                let mut next = (*current).clone();
-                if let Some(o) = next.as_object_mut() {
-                    match object.get("status") {
-                        Some(s) => o.insert("status".into(), s.clone()),
-                        None => o.remove("status"),
-                    };
+                // The stored object with the new status, moved in: copying the old status only to
+                // replace it would cost as much as the write.
+                let status = object.as_object_mut().and_then(|o| o.remove("status"));
+                match current.as_object() {
+                    Some(fields) => {
+                        let mut next: Map<String, Value> = fields
+                            .iter()
+                            .filter(|(k, _)| *k != "status")
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect();
+                        if let Some(s) = status {
+                            next.insert("status".into(), s);
+                        }
+                        Value::Object(next)
+                    }
+                    None => (*current).clone(),
                 }
-                next
             } else {
-                let mut next = object.clone();
+                let mut next = object;
                 if kind.status_subresource
                     && let Some(o) = next.as_object_mut() {
                         match current.get("status") {
@@ -329,7 +355,7 @@ impl EmbeddedStore {
                 }
                 next
             };
-            if comparable(&next) == comparable(&current) {
+            if same_but_server_fields(&next, &current) {
                 return Ok((Vec::new(), (*current).clone()));
             }
             let terminating = meta_str(&current, "deletionTimestamp").is_some();
@@ -357,5 +383,28 @@ impl EmbeddedStore {
             Ok((rows, next))
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_but_server_fields;
+    use serde_json::json;
+
+    #[test]
+    fn writes_that_change_nothing_but_server_fields_are_the_same() {
+        let a = json!({"metadata": {"name": "a", "resourceVersion": "1", "managedFields": []}, "spec": {"x": 1}});
+        let b = json!({"metadata": {"name": "a", "resourceVersion": "2"}, "spec": {"x": 1}});
+        assert!(same_but_server_fields(&a, &b));
+        let c = json!({"metadata": {"name": "a", "resourceVersion": "2"}, "spec": {"x": 2}});
+        assert!(!same_but_server_fields(&a, &c));
+        let d = json!({"metadata": {"name": "a", "labels": {"l": "v"}}, "spec": {"x": 1}});
+        assert!(!same_but_server_fields(&a, &d));
+        let e = json!({"metadata": {"name": "a"}, "spec": {"x": 1}, "status": {}});
+        assert!(!same_but_server_fields(&a, &e));
+        // A metadata of server fields only is still a metadata, as a missing one is not.
+        let f = json!({"metadata": {"resourceVersion": "1"}});
+        assert!(same_but_server_fields(&f, &json!({"metadata": {}})));
+        assert!(!same_but_server_fields(&f, &json!({})));
     }
 }

@@ -161,14 +161,17 @@ const UPSERT_ROW: &str = "INSERT INTO objects (api_version, kind, namespace, nam
      ON CONFLICT (api_version, kind, namespace, name)
      DO UPDATE SET uid = excluded.uid, resource_version = excluded.resource_version, body = excluded.body;";
 
+/// What a deletion counts for in the history's size (its object is not serialised).
+const DELETED_BYTES: usize = 1024;
+
 /// Stores `rows` and the new resourceVersion in one transaction, sent to SQLite as one
 /// multi-statement query: one round trip to the connection's worker instead of one per statement,
-/// which is most of a small write's cost.
+/// which is most of a small write's cost. Returns each row's stored size.
 pub(super) async fn commit(
     conn: &mut SqliteConnection,
     rows: &[StateRow],
     last_rv: u64,
-) -> Result<(), StoreError> {
+) -> Result<Vec<usize>, StoreError> {
     let mut sql = String::from("BEGIN IMMEDIATE;");
     let mut bodies = Vec::with_capacity(rows.len());
     for row in rows {
@@ -188,6 +191,10 @@ pub(super) async fn commit(
     sql.push_str("UPDATE meta SET value = ? WHERE key = 'resource_version'; COMMIT;");
     // Built only from the constant statements above; every value is a bind, consumed in order
     // across the statements.
+    let sizes = bodies
+        .iter()
+        .map(|b| b.as_ref().map_or(DELETED_BYTES, String::len))
+        .collect();
     let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
     for (row, body) in rows.iter().zip(bodies) {
         q = q
@@ -205,7 +212,7 @@ pub(super) async fn commit(
         let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
         return Err(StoreError::backend(e));
     }
-    Ok(())
+    Ok(sizes)
 }
 
 pub(super) async fn load(pool: &SqlitePool) -> Result<State, StoreError> {

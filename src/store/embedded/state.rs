@@ -36,9 +36,20 @@ pub struct State {
     dependents: HashMap<String, Vec<String>>,
     pub rv: u64,
     /// Committed changes not yet known to be on disk, in resourceVersion order.
-    pub unpublished: VecDeque<Change>,
+    pub unpublished: VecDeque<Retained>,
     /// Published changes retained for watches that resume from an older resourceVersion.
-    pub history: VecDeque<Change>,
+    pub history: VecDeque<Retained>,
+    /// The stored size of the history's objects.
+    pub history_bytes: usize,
+}
+
+/// A change as the history keeps it: with the size of its object as stored (JSON bytes), so that
+/// the history is bounded by memory as well as by count (the versions of one large object, a pool
+/// status written once per allocation round, would otherwise fill it).
+#[derive(Clone, Debug)]
+pub struct Retained {
+    pub change: Change,
+    pub bytes: usize,
 }
 
 fn owner_uids(obj: &Value) -> Vec<String> {
@@ -160,8 +171,9 @@ impl State {
         }
     }
 
-    /// Applies a committed write and queues its change for publication once durable.
-    pub fn apply(&mut self, row: Row) {
+    /// Applies a committed write (its object `bytes` long as stored) and queues its change for
+    /// publication once durable.
+    pub fn apply(&mut self, row: Row, bytes: usize) {
         match row.change {
             ChangeType::Deleted => {
                 if let Some(names) = self
@@ -185,6 +197,6 @@ impl State {
             object: row.object,
             resource_version: row.rv,
         };
-        self.unpublished.push_back(change);
+        self.unpublished.push_back(Retained { change, bytes });
     }
 }

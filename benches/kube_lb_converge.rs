@@ -1,0 +1,279 @@
+//! How long the reconcilers take to converge LoadBalancers from a cold start on the Kubernetes
+//! backend, against a real control plane (kube-apiserver and etcd on loopback), with the service
+//! holding the chart's RBAC; how many API requests each LoadBalancer costs (from the API server's
+//! audit log), our process's memory, and what the API server reports about its own latency.
+//!
+//! Setup (not timed): 7 IPPools, each scoped to one seeded namespace, and 2,000 LoadBalancers spread over
+//! those namespaces, created by the admin as `kubectl apply` would (no finalizer, no status). Timed:
+//! the reconcilers start (list, watch, empty caches) until every LoadBalancer is Ready with an
+//! address.
+//!
+//! `scripts/control-plane.sh with 1 cargo bench --bench kube_lb_converge` (optionally
+//! `-- --lbs N --pools P --concurrency C`).
+
+#[path = "../tests/support/mod.rs"]
+#[allow(unused_imports, unused_macros)]
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use harvester_cloud::{controller::leader::AlwaysLeader, lb};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use serde_json::json;
+use support::{Backend, KubeBackend, kube_env};
+use tokio_util::sync::CancellationToken;
+
+/// Namespaces the seed makes (kube_env::NAMESPACES), one per pool.
+const NAMESPACES: &[&str] = &[
+    "default",
+    "gc-test",
+    "a",
+    "a-b",
+    "ns1",
+    "ns2",
+    "cattle-system",
+];
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// This process's resident set now and at its peak, in MiB (`/proc/self/status`).
+fn rss_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn ready(lb: &DynamicObject) -> bool {
+    let status = &lb.data["status"];
+    let ready = status["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    });
+    ready
+        && status["allocatedAddress"]["ip"]
+            .as_str()
+            .is_some_and(|ip| !ip.is_empty())
+}
+
+/// `apiserver_request_duration_seconds` sums and counts by verb and resource, from `/metrics`.
+async fn apiserver_latency(client: &kube::Client) -> BTreeMap<(String, String), (f64, f64)> {
+    let req = axum::http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("request");
+    let text = client.request_text(req).await.unwrap_or_default();
+    let mut out: BTreeMap<(String, String), (f64, f64)> = BTreeMap::new();
+    for line in text.lines() {
+        let (sum, rest) =
+            if let Some(r) = line.strip_prefix("apiserver_request_duration_seconds_sum{") {
+                (true, r)
+            } else if let Some(r) = line.strip_prefix("apiserver_request_duration_seconds_count{") {
+                (false, r)
+            } else {
+                continue;
+            };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |k: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        let resource = label("resource");
+        if !["loadbalancers", "ippools", "events", "leases"].contains(&resource.as_str()) {
+            continue;
+        }
+        let mut verb = label("verb");
+        let sub = label("subresource");
+        if !sub.is_empty() {
+            verb = format!("{verb} {sub}");
+        }
+        let value: f64 = value.trim().parse().unwrap_or(0.0);
+        let entry = out.entry((resource, verb)).or_default();
+        if sum {
+            entry.0 += value;
+        } else {
+            entry.1 += value;
+        }
+    }
+    out
+}
+
+async fn seed(b: &KubeBackend, lbs: usize, pools: usize) {
+    let pool_ar =
+        kube_env::api_resource("loadbalancer.harvesterhci.io/v1beta1", "IPPool", "ippools");
+    let lb_ar = kube_env::api_resource(
+        "loadbalancer.harvesterhci.io/v1beta1",
+        "LoadBalancer",
+        "loadbalancers",
+    );
+    let pool_api: Api<DynamicObject> = Api::all_with(b.client.clone(), &pool_ar);
+    for p in 0..pools {
+        let pool: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
+            "metadata": {"name": format!("bench{p}")},
+            "spec": {
+                "ranges": [{"subnet": format!("10.{}.0.0/16", 100 + p)}],
+                "selector": {"scope": [{"project": "*", "namespace": NAMESPACES[p % NAMESPACES.len()], "guestCluster": "*"}]}
+            }
+        }))
+        .expect("a pool");
+        pool_api
+            .create(&PostParams::default(), &pool)
+            .await
+            .expect("creates a pool");
+    }
+    let created = futures::stream::iter(0..lbs)
+        .map(|i| {
+            let client = b.client.clone();
+            let lb_ar = lb_ar.clone();
+            async move {
+                let ns = NAMESPACES[i % pools % NAMESPACES.len()];
+                let api: Api<DynamicObject> = Api::namespaced_with(client, ns, &lb_ar);
+                let lb: DynamicObject = serde_json::from_value(json!({
+                    "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+                    "metadata": {"name": format!("bench{i}"), "namespace": ns},
+                    "spec": {"workloadType": "cluster", "ipam": "pool"}
+                }))
+                .expect("a load balancer");
+                api.create(&PostParams::default(), &lb).await.is_ok()
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<bool>>()
+        .await;
+    assert!(created.iter().all(|c| *c), "every load balancer is created");
+}
+
+fn main() {
+    let lbs = arg("--lbs", 2_000);
+    // One pool per seeded namespace at most: each pool is scoped to one.
+    let pools = arg("--pools", NAMESPACES.len()).clamp(1, NAMESPACES.len());
+    let concurrency = u16::try_from(arg(
+        "--concurrency",
+        usize::from(lb::Settings::default().concurrency),
+    ))
+    .unwrap_or(u16::MAX);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let b = KubeBackend::start().await;
+        let version = b.client.apiserver_version().await.expect("a version");
+        let setup = Instant::now();
+        seed(&b, lbs, pools).await;
+        eprintln!(
+            "seeded {lbs} load balancers over {pools} pools in {:.1?}",
+            setup.elapsed()
+        );
+        let ours = || {
+            b.cp.audit()
+                .into_iter()
+                .filter(|r| r.user == kube_env::SERVICE_USER)
+                .collect::<Vec<_>>()
+        };
+        let before = ours().len();
+        let latency_before = apiserver_latency(&b.client).await;
+        let (rss_before, _) = rss_mib();
+
+        let started = Instant::now();
+        let stop = CancellationToken::new();
+        let reconcilers = tokio::spawn(lb::run(
+            b.service_store(),
+            lb::Settings {
+                concurrency,
+                ..lb::Settings::default()
+            },
+            Arc::new(AlwaysLeader),
+            stop.clone(),
+        ));
+        let lb_ar = kube_env::api_resource(
+            "loadbalancer.harvesterhci.io/v1beta1",
+            "LoadBalancer",
+            "loadbalancers",
+        );
+        let all: Api<DynamicObject> = Api::all_with(b.client.clone(), &lb_ar);
+        let mut peak_rss: f64 = 0.0;
+        loop {
+            let list = all.list(&ListParams::default()).await.expect("lists");
+            peak_rss = peak_rss.max(rss_mib().0);
+            let done = list.items.iter().filter(|l| ready(l)).count();
+            if done == lbs {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(600),
+                "did not converge: {done}/{lbs}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let took = started.elapsed();
+        // Events are written behind the reconciles: wait for the queue to drain before counting.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let requests = ours();
+        let requests = &requests[before..];
+        let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+        for r in requests {
+            *by_kind
+                .entry(format!("{} {}", r.verb, r.resource))
+                .or_default() += 1;
+        }
+        let latency_after = apiserver_latency(&b.client).await;
+        stop.cancel();
+        reconcilers.await.expect("reconcilers stop");
+        let (_, hwm) = rss_mib();
+        println!(
+            "kube_lb_converge: {lbs} load balancers over {pools} pools converged in {:.2} s on kube-apiserver {} ({concurrency} reconciles at once); {:.0} load balancers/s",
+            took.as_secs_f64(),
+            version.git_version,
+            lbs as f64 / took.as_secs_f64()
+        );
+        println!(
+            "  API requests of the service: {} in all, {:.2} per load balancer",
+            requests.len(),
+            requests.len() as f64 / lbs as f64
+        );
+        for (what, n) in &by_kind {
+            println!("    {what:<32} {n:>6} ({:.2} per load balancer)", *n as f64 / lbs as f64);
+        }
+        println!(
+            "  our RSS: {rss_before:.0} MiB before the reconcilers, {peak_rss:.0} MiB at most while they converged (process peak {hwm:.0} MiB; the bench's own lists included)"
+        );
+        println!("  kube-apiserver's own latency during the run (apiserver_request_duration_seconds):");
+        for (key, (sum, count)) in &latency_after {
+            let (s0, c0) = latency_before.get(key).copied().unwrap_or_default();
+            let (sum, count) = (sum - s0, count - c0);
+            if count >= 1.0 {
+                println!(
+                    "    {:<32} {:>6} requests, mean {:>6.2} ms",
+                    format!("{} {}", key.1, key.0),
+                    count,
+                    1000.0 * sum / count
+                );
+            }
+        }
+    });
+}
