@@ -29,7 +29,10 @@ use super::{
     objects::{self, SecretCheck},
     render,
     request::{AccountRequest, OutputFormat},
-    service::{CloudConfig, CloudConfigError, GET_CRB, GET_RB, GET_SA, store_err, uid_of},
+    service::{
+        CloudConfig, CloudConfigError, GET_CRB, GET_RB, GET_SA, judge_cluster_role_binding,
+        judge_role_binding, store_err, uid_of,
+    },
 };
 use crate::{
     store::{Kind, Object, StoreError},
@@ -259,38 +262,13 @@ impl CloudConfig {
                 });
             }
         }
-        let rb_value = rb_value.ok_or_else(|| {
-            not_found(
-                GET_RB,
-                format!(
-                    "rolebinding.rbac.authorization.k8s.io \"{}\" not found",
-                    names.binding
-                ),
-            )
-        })?;
-        let rb: RoleBinding = decode(&rb_value, GET_RB)?;
-        objects::check_served_role_binding(&rb, &names, &sa_uid).map_err(|message| {
-            CloudConfigError::Foreign {
-                step: GET_RB,
-                message,
-            }
-        })?;
-        let crb_value = crb_value.ok_or_else(|| {
-            not_found(
-                GET_CRB,
-                format!(
-                    "clusterrolebinding.rbac.authorization.k8s.io \"{}\" not found",
-                    names.binding
-                ),
-            )
-        })?;
-        let crb: ClusterRoleBinding = decode(&crb_value, GET_CRB)?;
-        objects::check_served_cluster_role_binding(&crb, &names, &sa_uid).map_err(|message| {
-            CloudConfigError::Foreign {
-                step: GET_CRB,
-                message,
-            }
-        })?;
+        let rb: Option<RoleBinding> = rb_value.as_deref().map(|v| decode(v, GET_RB)).transpose()?;
+        judge_role_binding(rb.as_ref(), &names, &sa_uid)?;
+        let crb: Option<ClusterRoleBinding> = crb_value
+            .as_deref()
+            .map(|v| decode(v, GET_CRB))
+            .transpose()?;
+        judge_cluster_role_binding(crb.as_ref(), &names, &sa_uid)?;
         let kubeconfig = Arc::new(Rendered::new(self.build(&names, &server, &secret)?));
         // Debug, not info: reads are frequent and change nothing (creations are logged at info).
         debug!(namespace = %ns, service_account = %names.service_account,
@@ -303,8 +281,8 @@ impl CloudConfig {
         ) = (
             Version::of(&sa_value),
             Version::of(&secret_value),
-            Version::of(&rb_value),
-            Version::of(&crb_value),
+            rb_value.as_deref().and_then(Version::of),
+            crb_value.as_deref().and_then(Version::of),
         ) {
             self.served.put(
                 &names,

@@ -563,48 +563,18 @@ impl CloudConfig {
         sa_uid: &str,
     ) -> Result<(), CloudConfigError> {
         let ns = names.namespace.as_str();
-        let not_found = |step, message| CloudConfigError::NotFound { step, message };
         let rb = self
             .api::<RoleBinding>()
             .get(ns, &names.binding)
             .await
-            .map_err(store_err(GET_RB))?
-            .ok_or_else(|| {
-                not_found(
-                    GET_RB,
-                    format!(
-                        "rolebinding.rbac.authorization.k8s.io \"{}\" not found",
-                        names.binding
-                    ),
-                )
-            })?;
-        objects::check_served_role_binding(&rb, names, sa_uid).map_err(|message| {
-            CloudConfigError::Foreign {
-                step: GET_RB,
-                message,
-            }
-        })?;
+            .map_err(store_err(GET_RB))?;
+        judge_role_binding(rb.as_ref(), names, sa_uid)?;
         let crb = self
             .api::<ClusterRoleBinding>()
             .get("", &names.binding)
             .await
-            .map_err(store_err(GET_CRB))?
-            .ok_or_else(|| {
-                not_found(
-                    GET_CRB,
-                    format!(
-                        "clusterrolebinding.rbac.authorization.k8s.io \"{}\" not found",
-                        names.binding
-                    ),
-                )
-            })?;
-        objects::check_served_cluster_role_binding(&crb, names, sa_uid).map_err(|message| {
-            CloudConfigError::Foreign {
-                step: GET_CRB,
-                message,
-            }
-        })?;
-        Ok(())
+            .map_err(store_err(GET_CRB))?;
+        judge_cluster_role_binding(crb.as_ref(), names, sa_uid)
     }
 
     pub(super) fn build(
@@ -635,6 +605,49 @@ pub fn vip_url(vip: &str) -> Result<String, String> {
         .parse()
         .map_err(|_| format!("invalid vip {vip}"))?;
     Ok(format!("https://{}", SocketAddr::new(ip, 6443)))
+}
+
+/// GET's verdict on the RoleBinding: missing is upstream's NotFound; not the ServiceAccount's, or
+/// binding something else, is refused.
+pub(super) fn judge_role_binding(
+    rb: Option<&RoleBinding>,
+    names: &AccountNames,
+    sa_uid: &str,
+) -> Result<(), CloudConfigError> {
+    let rb = rb.ok_or_else(|| CloudConfigError::NotFound {
+        step: GET_RB,
+        message: format!(
+            "rolebinding.rbac.authorization.k8s.io \"{}\" not found",
+            names.binding
+        ),
+    })?;
+    objects::check_served_role_binding(rb, names, sa_uid).map_err(|message| {
+        CloudConfigError::Foreign {
+            step: GET_RB,
+            message,
+        }
+    })
+}
+
+/// GET's verdict on the ClusterRoleBinding, as [`judge_role_binding`]'s.
+pub(super) fn judge_cluster_role_binding(
+    crb: Option<&ClusterRoleBinding>,
+    names: &AccountNames,
+    sa_uid: &str,
+) -> Result<(), CloudConfigError> {
+    let crb = crb.ok_or_else(|| CloudConfigError::NotFound {
+        step: GET_CRB,
+        message: format!(
+            "clusterrolebinding.rbac.authorization.k8s.io \"{}\" not found",
+            names.binding
+        ),
+    })?;
+    objects::check_served_cluster_role_binding(crb, names, sa_uid).map_err(|message| {
+        CloudConfigError::Foreign {
+            step: GET_CRB,
+            message,
+        }
+    })
 }
 
 #[cfg(test)]
