@@ -185,18 +185,24 @@ fn better_global<'a>(
     candidate: PoolEntry<'a>,
     network: &str,
 ) -> Option<PoolEntry<'a>> {
-    let rank = |p: &PoolEntry<'a>| {
-        (
-            p.spec.selector.network == network,
-            p.spec.families().v4,
-            p.spec.selector.priority,
-            std::cmp::Reverse(p.name),
-        )
-    };
     Some(match current {
-        Some(c) if rank(&c) >= rank(&candidate) => c,
+        Some(c) if global_rank(&c, network) >= global_rank(&candidate, network) => c,
         _ => candidate,
     })
+}
+
+/// A global pool's rank for [`better_global`]: higher is better, and no two pools tie (names are
+/// unique).
+fn global_rank<'a>(
+    p: &PoolEntry<'a>,
+    network: &str,
+) -> (bool, bool, u32, std::cmp::Reverse<&'a str>) {
+    (
+        p.spec.selector.network == network,
+        p.spec.families().v4,
+        p.spec.selector.priority,
+        std::cmp::Reverse(p.name),
+    )
 }
 
 fn no_match(requirement: Requirement, family: Option<Family>) -> SelectError {
@@ -333,16 +339,8 @@ impl<'a> PoolIndex<'a> {
             .filter(|(_, f)| f.serves(family))
             .map(|(p, _)| *p)
             .collect();
-        let mut ordered = Vec::with_capacity(out.len());
-        while !out.is_empty() {
-            let best = out
-                .iter()
-                .fold(None, |acc, p| better_global(acc, *p, &requirement.network));
-            let Some(best) = best else { break };
-            out.retain(|p| p.name != best.name);
-            ordered.push(best);
-        }
-        ordered
+        out.sort_by_key(|p| std::cmp::Reverse(global_rank(p, &requirement.network)));
+        out
     }
 
     pub fn select(&self, request: &LbRequest) -> Result<Selected<'a>, SelectError> {
@@ -371,9 +369,8 @@ impl<'a> PoolIndex<'a> {
                 self.globals
                     .iter()
                     .filter(|(_, f)| f.serves(request.family))
-                    .fold(None, |acc, (p, _)| {
-                        better_global(acc, *p, &requirement.network)
-                    })
+                    .map(|(p, _)| p)
+                    .max_by_key(|p| global_rank(p, &requirement.network))
                     .map(|p| (p.name, SelectedBy::Global))
             });
         match chosen {
