@@ -9,9 +9,9 @@
 //! `cargo bench --bench guest_converge` (optionally `-- <services> <guest concurrency>`).
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     sync::Arc,
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use axum::{body::Body, http::Request};
@@ -27,9 +27,10 @@ use harvester_cloud::{
         clusters::{ClusterKey, ClusterStore},
     },
     lb,
-    store::{Api, LabelSelector, ObjectStore},
+    store::{Kind, ObjectStore},
 };
 use k8s_openapi::api::core::v1::Service;
+use kube::runtime::watcher::Event as E;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -70,25 +71,15 @@ async fn call(router: &axum::Router, token: &str, method: &str, uri: &str, body:
         .as_u16()
 }
 
-/// How many Services carry their address, and those addresses.
-async fn addressed(guest: &Api<Service>) -> (usize, Vec<String>) {
-    let services = guest
-        .list(None, &LabelSelector::everything())
-        .await
-        .expect("lists");
-    let ips: Vec<String> = services
-        .iter()
-        .filter_map(|s| {
-            let annotated = s
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(keys::KUBE_VIP_IPS))?;
-            let ingress = guest::mapping::ingress_ip(s)?;
-            (*annotated == ingress).then_some(ingress)
-        })
-        .collect();
-    (ips.len(), ips)
+/// The address a Service carries, when it carries one: the annotation and the ingress agree.
+fn address_of(s: &Service) -> Option<String> {
+    let annotated = s
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(keys::KUBE_VIP_IPS))?;
+    let ingress = guest::mapping::ingress_ip(s)?;
+    (*annotated == ingress).then_some(ingress)
 }
 
 async fn run(services: usize, concurrency: u16) {
@@ -150,10 +141,37 @@ async fn run(services: usize, concurrency: u16) {
         },
         stop.clone(),
     ));
-    let guest_api = Api::<Service>::new(Arc::new(ClusterStore::new(
+    let guest_view: Arc<dyn ObjectStore> = Arc::new(ClusterStore::new(
         embedded.service.state.store.clone(),
         ClusterKey::new(NS, CLUSTER).expect("valid"),
-    )) as Arc<dyn ObjectStore>);
+    ));
+
+    // The end is seen on a watch of the guest cluster's Services (a list of every Service each
+    // time would be a load of its own at 10,000).
+    let (seen_tx, mut seen_rx) = tokio::sync::watch::channel(0usize);
+    let addresses = tokio::spawn(async move {
+        let mut ips: HashMap<String, String> = HashMap::new();
+        let events = harvester_cloud::store::watcher::watcher::<Service>(
+            guest_view,
+            Kind::of::<Service>(),
+            None,
+        );
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            let (E::Apply(s) | E::InitApply(s)) = event.expect("watches") else {
+                continue;
+            };
+            let key = format!("{:?}/{:?}", s.metadata.namespace, s.metadata.name);
+            if let Some(ip) = address_of(&s) {
+                ips.insert(key, ip);
+                seen_tx.send_replace(ips.len());
+                if ips.len() == services {
+                    return ips.into_values().collect::<Vec<String>>();
+                }
+            }
+        }
+        panic!("the watch ended");
+    });
 
     let started = Instant::now();
     let created = futures::stream::iter(0..services)
@@ -180,14 +198,12 @@ async fn run(services: usize, concurrency: u16) {
         .await;
     assert!(created.iter().all(|s| *s == 201), "every PUT creates");
     let all_created = started.elapsed();
-    let ips = loop {
-        let (done, ips) = addressed(&guest_api).await;
-        if done == services {
-            break ips;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    seen_rx
+        .wait_for(|n| *n == services)
+        .await
+        .expect("the watch runs until every Service has its address");
     let converged = started.elapsed();
+    let ips = addresses.await.expect("the watch task ends");
 
     let distinct: HashSet<&String> = ips.iter().collect();
     assert_eq!(distinct.len(), services, "no address given twice");
@@ -206,6 +222,26 @@ async fn run(services: usize, concurrency: u16) {
         all_created.as_secs_f64(),
         converged.as_secs_f64(),
         services as f64 / converged.as_secs_f64()
+    );
+    let relists: Vec<String> = harvester_cloud::metrics::encode()
+        .lines()
+        .filter(|l| l.starts_with("harvester_cloud_watch_relists_total"))
+        .map(str::to_string)
+        .collect();
+    println!("watchers that listed again: {relists:?}");
+    let writes: u64 = embedded
+        .service
+        .state
+        .store
+        .list(&Kind::of::<Service>(), Some("none"), &Default::default())
+        .await
+        .expect("lists")
+        .resource_version
+        .parse()
+        .expect("a number");
+    println!(
+        "store writes (resourceVersions) per Service: {:.1}",
+        writes as f64 / services as f64
     );
     stop.cancel();
     let _ = lb_task.await;

@@ -785,7 +785,7 @@ pub mod cases {
         })
         .await;
         let one_hour = serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc4", "gracePeriod": "1h"});
-        let r = rotate(&b, one_hour.clone()).await;
+        let r = rotate(&b, one_hour).await;
         let kb = r.kubeconfig();
         let tb = token_of(&kb);
         assert_ne!(tb, a);
@@ -805,8 +805,11 @@ pub mod cases {
         assert_eq!(got, kb);
         assert_eq!(b.post(&account("gc-test", "gc4")).await.kubeconfig(), kb);
 
-        // Again: the token before the replaced one stops now.
-        let tc = token_of(&rotate(&b, one_hour).await.kubeconfig());
+        // Again, with the optional fields null (as absent: the default grace, an hour, so the
+        // replaced token keeps working): the token before the replaced one stops now.
+        let nulls = serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc4",
+            "gracePeriod": null, "cloudConfigPath": null, "expirationSeconds": null});
+        let tc = token_of(&rotate(&b, nulls).await.kubeconfig());
         eventually("the oldest token to be refused", async || {
             (!b.token_works(&a, user).await).then_some(())
         })

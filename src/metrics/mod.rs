@@ -18,6 +18,7 @@
 //! | `kubeconfig_tokens_total` | `event` (`issued`, `rotated`, `expired`, `retired`) | [`kubeconfig_token`] (the cloud-config service and its sweeper) |
 //! | `cloud_config_failures_total` | `operation`, `reason` | [`cloud_config_failed`] (HTTP handlers) |
 //! | `auth_failures_total` | `reason` ([`crate::auth::AuthError::reason`]) | [`auth_failed`] (`Admin` extractor) |
+//! | `watch_relists_total` | `kind` (the kinds the reconcilers watch) | [`watch_relisted`] (store watchers, after a `Gone`) |
 //! | `ippool_total_addresses`, `ippool_available_addresses`, `ippool_allocated_addresses` | `pool` | [`set_pool_addresses`], [`remove_pool`] (IPPool reconciler) |
 //! | `ippool_usage_ratio` | `pool` | [`set_pool_addresses`]: allocated ÷ total, 0 to 1 (alert on `>= 0.9`, the level at which the pool also gets a Warning Event) |
 //! | `reconcile_duration_seconds` (histogram) | `controller` | [`observe_reconcile`] (reconcilers) |
@@ -87,6 +88,11 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolLabels {
     pool: String,
 }
@@ -124,6 +130,7 @@ struct Metrics {
     kubeconfig_tokens: Family<EventLabels, Counter>,
     cloud_config_failures: Family<FailureLabels, Counter>,
     auth_failures: Family<ReasonLabels, Counter>,
+    watch_relists: Family<KindLabels, Counter>,
     pool_total: Family<PoolLabels, FloatGauge>,
     pool_available: Family<PoolLabels, FloatGauge>,
     pool_allocated: Family<PoolLabels, FloatGauge>,
@@ -152,6 +159,7 @@ impl Metrics {
             kubeconfig_tokens: Family::default(),
             cloud_config_failures: Family::default(),
             auth_failures: Family::default(),
+            watch_relists: Family::default(),
             pool_total: Family::default(),
             pool_available: Family::default(),
             pool_allocated: Family::default(),
@@ -198,6 +206,11 @@ impl Metrics {
             "auth_failures",
             "Requests refused by authentication, by reason",
             m.auth_failures.clone(),
+        );
+        registry.register(
+            "watch_relists",
+            "Lists a watcher made again because its watch position was gone (it fell behind the changes the store retains), by kind",
+            m.watch_relists.clone(),
         );
         registry.register(
             "ippool_total_addresses",
@@ -368,6 +381,16 @@ pub fn auth_failed(reason: &'static str) {
     METRICS
         .auth_failures
         .get_or_create(&ReasonLabels { reason })
+        .inc();
+}
+
+/// A watcher of `kind` lists again: its watch position was gone.
+pub fn watch_relisted(kind: &str) {
+    METRICS
+        .watch_relists
+        .get_or_create(&KindLabels {
+            kind: kind.to_string(),
+        })
         .inc();
 }
 

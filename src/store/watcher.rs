@@ -149,7 +149,11 @@ async fn step<K: Object + Debug>(
                         stream: Some(stream),
                     },
                 ),
-                Err(StoreError::Gone) => (Vec::new(), State::Listing),
+                Err(StoreError::Gone) => {
+                    debug!(kind = %source.kind.kind, "watch position is gone; listing again");
+                    crate::metrics::watch_relisted(&source.kind.kind);
+                    (Vec::new(), State::Listing)
+                }
                 Err(e) => (
                     vec![Err(source.failed("watch", &e))],
                     State::Watching { rv, stream: None },
@@ -174,6 +178,7 @@ async fn step<K: Object + Debug>(
             }
             Some(Err(StoreError::Gone)) => {
                 debug!(kind = %source.kind.kind, "watch position is gone; listing again");
+                crate::metrics::watch_relisted(&source.kind.kind);
                 (Vec::new(), State::Listing)
             }
             Some(Err(e)) => (
@@ -256,5 +261,67 @@ mod tests {
             seen.push(events.next().await.expect("event").expect("ok"));
         }
         assert_eq!(names(&seen), ["apply:b", "delete:a"]);
+    }
+
+    fn relists() -> f64 {
+        // Each test runs in a process of its own (nextest), so the count is this test's.
+        crate::metrics::sample(
+            &crate::metrics::encode(),
+            "harvester_cloud_watch_relists_total{kind=\"ConfigMap\"}",
+        )
+        .unwrap_or(0.0)
+    }
+
+    /// Creates `count` ConfigMaps of `bytes` each while the watcher reads nothing (it has
+    /// subscribed: a poll that times out left it waiting on the store's changes), then reads until
+    /// it has seen them all; whether it listed again.
+    async fn fall_behind(count: usize, bytes: usize) -> bool {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .expect("opens");
+        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        let api = Api::<ConfigMap>::new(dyn_store.clone());
+        let events = watcher::<ConfigMap>(dyn_store, Kind::of::<ConfigMap>(), None);
+        tokio::pin!(events);
+        for _ in 0..2 {
+            events.next().await.expect("event").expect("ok");
+        }
+        let idle = tokio::time::timeout(Duration::from_millis(50), events.next()).await;
+        assert!(idle.is_err(), "nothing to see yet");
+        let data = "x".repeat(bytes);
+        for i in 0..count {
+            let mut cm = mk_cm(&format!("cm{i}"));
+            cm.data = Some([("d".to_string(), data.clone())].into());
+            api.create(&cm).await.expect("create");
+        }
+        let mut relisted = false;
+        let mut seen = std::collections::HashSet::new();
+        while seen.len() < count {
+            match events.next().await.expect("event").expect("ok") {
+                Event::Init => relisted = true,
+                Event::InitApply(c) | Event::Apply(c) => {
+                    seen.insert(c.metadata.name.unwrap_or_default());
+                }
+                _ => {}
+            }
+        }
+        relisted
+    }
+
+    /// A watcher further behind than the store's change channel holds (4,096 changes) resumes
+    /// from the history and misses nothing, without listing again.
+    #[tokio::test]
+    async fn a_watcher_behind_the_channel_resumes_from_the_history() {
+        assert!(!fall_behind(5_000, 10).await, "no list again");
+        assert_eq!(relists(), 0.0);
+    }
+
+    /// A watcher further behind than the history reaches (16 MiB of changes) lists again, as
+    /// after a 410 from Kubernetes, misses nothing, and is counted.
+    #[tokio::test]
+    async fn a_watcher_behind_the_history_lists_again_and_is_counted() {
+        assert!(fall_behind(4_200, 8 << 10).await, "listed again");
+        assert!(relists() >= 1.0, "and the relist was counted");
     }
 }

@@ -694,15 +694,18 @@ impl ObjectStore for EmbeddedStore {
                     .is_none_or(|ns| super::object_key(&c.object).0 == ns)
         };
         let matches2 = matches.clone();
-        let live = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |r| {
-            let out = match r {
-                Ok(c) if matches2(&c) => Some(Ok(c)),
-                Ok(_) => None,
-                // A watcher that fell behind must relist, as after a 410 from Kubernetes.
-                Err(_) => Some(Err(StoreError::Gone)),
-            };
-            async move { out }
-        });
+        // A watcher that fell behind the channel ends this watch: it watches again from the last
+        // change it saw, which the history replays (a list again only when the history no longer
+        // reaches back that far, as after a 410 from Kubernetes).
+        let live = tokio_stream::wrappers::BroadcastStream::new(rx)
+            .take_while(|r| futures::future::ready(r.is_ok()))
+            .filter_map(move |r| {
+                let out = match r {
+                    Ok(c) if matches2(&c) => Some(Ok(c)),
+                    _ => None,
+                };
+                async move { out }
+            });
         let replay = futures::stream::iter(replay.into_iter().filter(matches).map(Ok));
         Ok(replay.chain(live).boxed())
     }
