@@ -236,13 +236,18 @@ mod tests {
             .collect()
     }
 
-    #[tokio::test]
-    async fn lists_then_follows_changes() {
+    /// A fresh embedded store (the directory lives as long as the first half).
+    async fn open() -> (tempfile::TempDir, Arc<dyn ObjectStore>) {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = EmbeddedStore::open(dir.path(), Durability::Normal)
             .await
             .expect("opens");
-        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        (dir, store)
+    }
+
+    #[tokio::test]
+    async fn lists_then_follows_changes() {
+        let (_dir, dyn_store) = open().await;
         let api = Api::<ConfigMap>::new(dyn_store.clone());
         api.create(&mk_cm("a")).await.expect("create");
         let events = watcher::<ConfigMap>(dyn_store, Kind::of::<ConfigMap>(), None);
@@ -276,11 +281,7 @@ mod tests {
     /// subscribed: a poll that times out left it waiting on the store's changes), then reads until
     /// it has seen them all; whether it listed again.
     async fn fall_behind(count: usize, bytes: usize) -> bool {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = EmbeddedStore::open(dir.path(), Durability::Normal)
-            .await
-            .expect("opens");
-        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        let (_dir, dyn_store) = open().await;
         let api = Api::<ConfigMap>::new(dyn_store.clone());
         let events = watcher::<ConfigMap>(dyn_store, Kind::of::<ConfigMap>(), None);
         tokio::pin!(events);
