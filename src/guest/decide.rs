@@ -428,6 +428,28 @@ mod tests {
             .insert(keys::ANNOTATION_CLUSTER.into(), "other".into());
         assert!(update_lb(&mut edited, &plan));
         assert_eq!(edited, lb);
+        // As Harvester's mutator stores it (the LoadBalancer's namespace, the namespace's
+        // project): a Service that gives neither has nothing to write again.
+        let mut mutated = lb.clone();
+        let a = mutated.metadata.annotations.get_or_insert_default();
+        a.insert(keys::ANNOTATION_NAMESPACE.into(), "gc-ns".into());
+        a.insert(keys::ANNOTATION_PROJECT.into(), "c-1/p-1".into());
+        assert!(!update_lb(&mut mutated.clone(), &plan));
+        // One the Service gives is written again, as upstream writes it.
+        let given = mk_svc(
+            "default",
+            "abcd",
+            UID,
+            &[
+                (keys::SVC_NETWORK, "default/vlan1"),
+                (keys::SVC_PROJECT, "c-2/p-2"),
+            ],
+        );
+        let plan = judge_primary(&given, &mk_ctx(), None).expect("plan");
+        assert!(update_lb(&mut mutated, &plan));
+        let a = mutated.metadata.annotations.expect("annotations");
+        assert_eq!(a[keys::ANNOTATION_PROJECT], "c-2/p-2");
+        assert_eq!(a[keys::ANNOTATION_NAMESPACE], "gc-ns");
     }
 
     #[test]

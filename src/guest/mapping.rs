@@ -345,14 +345,24 @@ pub fn plan_slot(
             ctx.identity.clone(),
         ),
     ]);
-    // As upstream's constructLB: always written, empty when the Service has none (Harvester's
-    // mutator overwrites both anyway).
-    for (from, to) in [
-        (keys::SVC_PROJECT, keys::ANNOTATION_PROJECT),
-        (keys::SVC_NAMESPACE, keys::ANNOTATION_NAMESPACE),
+    // As upstream's constructLB: from the Service's, empty when it has none. Harvester's mutator
+    // then overwrites both on every write of a cluster LoadBalancer (the namespace always, the
+    // project when the namespace exists), so only a value the Service gives is worth writing
+    // again: an empty one, sent on every sync as upstream sends it, would be a write that the
+    // mutator turns back into the stored object (a full admission round trip per reconcile, for
+    // nothing). The namespace is the mutator's outright: written only at creation.
+    let mut create_annotations = BTreeMap::new();
+    for (from, to, always_mutated) in [
+        (keys::SVC_PROJECT, keys::ANNOTATION_PROJECT, false),
+        (keys::SVC_NAMESPACE, keys::ANNOTATION_NAMESPACE, true),
     ] {
         let v = annotation(svc, from).unwrap_or_default();
-        annotations.insert(to.to_string(), v.to_string());
+        let into = if always_mutated || v.is_empty() {
+            &mut create_annotations
+        } else {
+            &mut annotations
+        };
+        into.insert(to.to_string(), v.to_string());
     }
     let mut remove_annotations = Vec::new();
     match &ctx.management_network {
@@ -361,7 +371,7 @@ pub fn plan_slot(
         }
         None => remove_annotations.push(keys::ANNOTATION_MANAGEMENT_NETWORK),
     }
-    let mut create_annotations = BTreeMap::from([
+    create_annotations.extend([
         (keys::ANNOTATION_NETWORK.to_string(), network.clone()),
         (keys::ANNOTATION_SERVICE_NETWORK.to_string(), network),
     ]);
@@ -453,8 +463,9 @@ mod tests {
         );
         assert_eq!(p.annotations[keys::ANNOTATION_PROJECT], "p1");
         // pkg/cloud-controller-manager/loadbalancer.go (constructLB): the namespace annotation is
-        // written from the Service's, empty when it has none.
-        assert_eq!(p.annotations[keys::ANNOTATION_NAMESPACE], "");
+        // written from the Service's, empty when it has none; Harvester's mutator owns it after.
+        assert_eq!(p.create_annotations[keys::ANNOTATION_NAMESPACE], "");
+        assert!(!p.annotations.contains_key(keys::ANNOTATION_NAMESPACE));
         assert_eq!(
             p.annotations[keys::ANNOTATION_GUEST_CLUSTER_ID],
             "guest-uid"
