@@ -80,6 +80,18 @@ fn mk_pool(name: &str, ranges: Value, selector: Value) -> Value {
     })
 }
 
+/// Creates an IPPool through the API (a 201, or the test fails with the answer).
+async fn create_pool<B: Backend>(b: &B, name: &str, ranges: Value, selector: Value) {
+    let r = call(
+        b,
+        Method::POST,
+        POOLS,
+        Some(mk_pool(name, ranges, selector)),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED, "pool {name}: {}", r.text());
+}
+
 fn global() -> Value {
     json!({"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]})
 }
@@ -362,37 +374,23 @@ pub mod cases {
     /// a LoadBalancer that does not exist) listed with `exists: false` until released by hand.
     pub async fn owners_are_listed<B: Backend>(b: B) {
         let _r = Reconcilers::start(b.service_store());
-        ok(
-            call(
-                &b,
-                Method::POST,
-                POOLS,
-                Some(mk_pool(
-                    "p4",
-                    range("10.0.0.0/24", "10.0.0.8", "10.0.0.18"),
-                    global(),
-                )),
-            )
-            .await,
-            StatusCode::CREATED,
-        );
+        create_pool(
+            &b,
+            "p4",
+            range("10.0.0.0/24", "10.0.0.8", "10.0.0.18"),
+            global(),
+        )
+        .await;
         // Not global (one global pool only): reached by naming it.
         let v6_scope =
             json!({"scope": [{"project": "p", "namespace": "ns9", "guestCluster": "*"}]});
-        ok(
-            call(
-                &b,
-                Method::POST,
-                POOLS,
-                Some(mk_pool(
-                    "p6",
-                    range("2001:db8::/64", "2001:db8::10", "2001:db8::20"),
-                    v6_scope,
-                )),
-            )
-            .await,
-            StatusCode::CREATED,
-        );
+        create_pool(
+            &b,
+            "p6",
+            range("2001:db8::/64", "2001:db8::10", "2001:db8::20"),
+            v6_scope,
+        )
+        .await;
         let empty = addresses(&b, "p4").await;
         assert_eq!(empty["addresses"], json!([]));
         assert_eq!(empty["history"], json!([]));
@@ -533,20 +531,13 @@ pub mod cases {
         let _r = Reconcilers::start(b.service_store());
         // 14 addresses for at most 10 LoadBalancers: never exhausted. One and two digits in the last
         // octet, so that text order is not address order.
-        ok(
-            call(
-                &b,
-                Method::POST,
-                POOLS,
-                Some(mk_pool(
-                    "churn",
-                    range("10.9.0.0/24", "10.9.0.5", "10.9.0.18"),
-                    global(),
-                )),
-            )
-            .await,
-            StatusCode::CREATED,
-        );
+        create_pool(
+            &b,
+            "churn",
+            range("10.9.0.0/24", "10.9.0.5", "10.9.0.18"),
+            global(),
+        )
+        .await;
         let mut live: BTreeSet<String> = BTreeSet::new();
         for step in 0..40 {
             let name = format!("lb{}", rng.random_range(0..10));
@@ -651,20 +642,13 @@ pub mod cases {
             .await
             .error(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed");
         // And a pool that existed is not found once deleted.
-        ok(
-            call(
-                &b,
-                Method::POST,
-                POOLS,
-                Some(mk_pool(
-                    "short-lived",
-                    range("10.8.0.0/24", "10.8.0.10", "10.8.0.20"),
-                    global(),
-                )),
-            )
-            .await,
-            StatusCode::CREATED,
-        );
+        create_pool(
+            &b,
+            "short-lived",
+            range("10.8.0.0/24", "10.8.0.10", "10.8.0.20"),
+            global(),
+        )
+        .await;
         addresses(&b, "short-lived").await;
         ok(
             call(&b, Method::DELETE, &format!("{POOLS}/short-lived"), None).await,
@@ -699,20 +683,13 @@ suite!(
 async fn kube_users_need_the_pool_and_every_load_balancer() {
     use support::kube_env::apply;
     let b = KubeBackend::start().await;
-    ok(
-        call(
-            &b,
-            Method::POST,
-            POOLS,
-            Some(mk_pool(
-                "p",
-                range("10.7.0.0/24", "10.7.0.10", "10.7.0.20"),
-                global(),
-            )),
-        )
-        .await,
-        StatusCode::CREATED,
-    );
+    create_pool(
+        &b,
+        "p",
+        range("10.7.0.0/24", "10.7.0.10", "10.7.0.20"),
+        global(),
+    )
+    .await;
     let grant = async |user: &str, rules: Value| {
         let name = format!("{user}-addresses");
         let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
