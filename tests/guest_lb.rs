@@ -2432,11 +2432,23 @@ mod kube_only {
     use super::*;
 
     /// A DHCP lease the guest's kube-vip reports cannot be written to the LoadBalancer's status with
-    /// Harvester's `harvesterhci.io:cloudprovider` role (no `loadbalancers/status`): the ccm skips
-    /// it and keeps serving.
+    /// Harvester's `harvesterhci.io:cloudprovider` role where the CRD has a status subresource (the
+    /// role has no `loadbalancers/status`): the ccm skips it and keeps serving.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lease_is_not_reported_without_the_status_permission() {
+        lease_reported(true).await;
+    }
+
+    /// On Harvester's own CRDs (no status subresource) the status is part of the LoadBalancer, which
+    /// the role allows: the lease is reported.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_is_reported_on_harvester_s_crds() {
+        lease_reported(false).await;
+    }
+
+    async fn lease_reported(status_subresource: bool) {
         let env = KubeEnv::start().await;
+        support::kube_env::install_lb_crds(&env.b.client, status_subresource).await;
         create_pool(
             &env,
             "p1",
@@ -2463,6 +2475,16 @@ mod kube_only {
         api.replace_status("leased", &PostParams::default(), &current)
             .await
             .expect("kube-vip writes the status");
+        if !status_subresource {
+            let lb = eventually("the lease reported on the LoadBalancer", async || {
+                let lb = lb_of(&env, &svc).await?;
+                (lb["status"]["address"] == "192.168.50.7").then_some(lb)
+            })
+            .await;
+            // Its allocation is the pool's business: DHCP has none.
+            assert_eq!(lb["spec"]["ipam"], "dhcp");
+            return;
+        }
         // The ccm tries (as the cloud-config's service account) and is refused.
         let status_path = format!(
             "/apis/loadbalancer.harvesterhci.io/v1beta1/namespaces/{NS}/loadbalancers/{}/status",

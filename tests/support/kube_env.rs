@@ -372,3 +372,44 @@ pub async fn bind_global_role(client: &Client, user: &str, role: &str) {
     );
     create(&api, obj).await;
 }
+
+/// Applies the shipped IPPool and LoadBalancer CRDs with or without a status subresource (Harvester
+/// installs them without; the project's earlier CRDs had one) and waits until discovery serves that
+/// shape. The next lease's seed restores the shipped ones.
+pub async fn install_lb_crds(client: &Client, status_subresource: bool) {
+    use harvester_cloud::store::kubernetes::{KubeStore, StatusShape};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        CustomResourceSubresourceStatus, CustomResourceSubresources,
+    };
+    let mut crds = harvester_cloud::crd::crds();
+    for v in crds.iter_mut().flat_map(|c| c.spec.versions.iter_mut()) {
+        v.subresources = Some(CustomResourceSubresources {
+            status: status_subresource.then(|| CustomResourceSubresourceStatus(json!({}))),
+            ..Default::default()
+        });
+    }
+    for crd in crds {
+        let mut v = serde_json::to_value(&crd).expect("JSON");
+        v["apiVersion"] = json!("apiextensions.k8s.io/v1");
+        v["kind"] = json!("CustomResourceDefinition");
+        apply(client, &v, "customresourcedefinitions").await;
+    }
+    let want = if status_subresource {
+        StatusShape::Subresource
+    } else {
+        StatusShape::Field
+    };
+    for kind in [
+        harvester_cloud::crd::pool_kind(),
+        harvester_cloud::crd::lb_kind(),
+    ] {
+        super::eventually(
+            &format!("{} served with {want:?}", kind.plural),
+            async || {
+                let shape = KubeStore::new(client.clone()).require(&kind).await.ok()?;
+                (shape == want).then_some(())
+            },
+        )
+        .await;
+    }
+}
