@@ -837,13 +837,12 @@ pub mod cases {
 
         // A node of guest cluster gc1, as Rancher's node driver makes it.
         let vms = Api::<VirtualMachine>::new(b.store());
-        let vm: VirtualMachine = serde_json::from_value(json!({
-            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-            "metadata": {"name": "gc1-pool1-abcde", "namespace": "default", "labels": {
-                "harvesterhci.io/creator": "docker-machine-driver-harvester",
-                "guestcluster.harvesterhci.io/name": "gc1"}},
-            "spec": {"running": true}
-        }))
+        let vm: VirtualMachine = serde_json::from_value(
+            support::foreign::vm("gc1-pool1-abcde")
+                .label("harvesterhci.io/creator", "docker-machine-driver-harvester")
+                .label("guestcluster.harvesterhci.io/name", "gc1")
+                .build(),
+        )
         .expect("vm");
         vms.create(&vm).await.expect("creates the vm");
         let vm = eventually("the VM to get the cleanup finalizer", async || {

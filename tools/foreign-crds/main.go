@@ -12,6 +12,9 @@
 //	    printed as JSON: what a test creates when it needs a VMI, so that the fields are KubeVirt's
 //	    by construction.
 //
+//	foreign-crds vm [flags]
+//	    A VirtualMachine (running, with a minimal template), built the same way.
+//
 // It is test tooling: scripts/control-plane.sh builds it, runs `crds` into its cache, and `up`
 // copies the result into each control plane's directory.
 package main
@@ -55,6 +58,8 @@ func main() {
 		err = writeCRDs(os.Args[2])
 	case "vmi":
 		err = writeVMI(os.Args[2:])
+	case "vm":
+		err = writeVM(os.Args[2:])
 	default:
 		usage()
 	}
@@ -65,7 +70,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: foreign-crds crds DIR | foreign-crds vmi [flags] (foreign-crds vmi -h)")
+	fmt.Fprintln(os.Stderr, "usage: foreign-crds crds DIR | foreign-crds vmi|vm [flags] (foreign-crds vmi -h)")
 	os.Exit(2)
 }
 
@@ -185,7 +190,8 @@ func writeVMI(args []string) error {
 	fs.Var(&ifaces, "interface", "NAME[=NETWORK][:IP,IP...][@GUEST-IFACE]: a network and its interface "+
 		"(repeatable, in order); NETWORK ns/name makes it a Multus network, none the pod network; the "+
 		"first IP is the interface's ipAddress, all are its ipAddresses")
-	if err := fs.Parse(args); err != nil {
+	err := fs.Parse(args)
+	if err != nil {
 		return err
 	}
 	if *name == "" || fs.NArg() != 0 {
@@ -199,15 +205,8 @@ func writeVMI(args []string) error {
 		ObjectMeta: metav1.ObjectMeta{Name: *name, Namespace: *namespace},
 		Status:     kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.VirtualMachineInstancePhase(*phase)},
 	}
-	for _, l := range labels {
-		k, v, ok := strings.Cut(l, "=")
-		if !ok {
-			return fmt.Errorf("vmi: -label %q is not KEY=VALUE", l)
-		}
-		if vmi.Labels == nil {
-			vmi.Labels = map[string]string{}
-		}
-		vmi.Labels[k] = v
+	if vmi.Labels, err = keyValues(labels); err != nil {
+		return err
 	}
 	for _, spec := range ifaces {
 		if err := addInterface(&vmi, spec); err != nil {
@@ -219,19 +218,98 @@ func writeVMI(args []string) error {
 			MigrationUID: "migration-under-way",
 		}
 	}
-	out, err := json.Marshal(&vmi)
+	return printObject(&vmi)
+}
+
+func writeVM(args []string) error {
+	fs := flag.NewFlagSet("vm", flag.ContinueOnError)
+	name := fs.String("name", "", "metadata.name (required)")
+	namespace := fs.String("namespace", "default", "metadata.namespace")
+	var labels, annotations repeated
+	fs.Var(&labels, "label", "KEY=VALUE, a label (repeatable)")
+	fs.Var(&annotations, "annotation", "KEY=VALUE, an annotation (repeatable)")
+	err := fs.Parse(args)
 	if err != nil {
 		return err
 	}
-	var obj map[string]any
-	if err := json.Unmarshal(out, &obj); err != nil {
+	if *name == "" || fs.NArg() != 0 {
+		return errors.New("vm: -name is required, and no arguments besides the flags")
+	}
+	always := kubevirtv1.RunStrategyAlways
+	vm := kubevirtv1.VirtualMachine{
+		TypeMeta: metav1.TypeMeta{
+			APIVersion: kubevirtv1.GroupVersion.String(),
+			Kind:       kubevirtv1.VirtualMachineGroupVersionKind.Kind,
+		},
+		ObjectMeta: metav1.ObjectMeta{Name: *name, Namespace: *namespace},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: &always,
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+				Spec: kubevirtv1.VirtualMachineInstanceSpec{
+					Networks: []kubevirtv1.Network{*kubevirtv1.DefaultPodNetwork()},
+				},
+			},
+		},
+	}
+	vm.Spec.Template.Spec.Domain.Devices.Interfaces = []kubevirtv1.Interface{
+		*kubevirtv1.DefaultMasqueradeNetworkInterface(),
+	}
+	if vm.Labels, err = keyValues(labels); err != nil {
 		return err
 	}
-	// The API server sets creationTimestamp; a null one is not an object a client sends.
-	if meta, ok := obj["metadata"].(map[string]any); ok {
-		delete(meta, "creationTimestamp")
+	if vm.Annotations, err = keyValues(annotations); err != nil {
+		return err
 	}
-	return json.NewEncoder(os.Stdout).Encode(obj)
+	return printObject(&vm)
+}
+
+// keyValues reads KEY=VALUE pairs; none gives nil (no field).
+func keyValues(pairs []string) (map[string]string, error) {
+	var out map[string]string
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok {
+			return nil, fmt.Errorf("%q is not KEY=VALUE", p)
+		}
+		if out == nil {
+			out = map[string]string{}
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// printObject prints obj as one line of JSON, as a client would send it.
+func printObject(obj any) error {
+	out, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(out, &m); err != nil {
+		return err
+	}
+	// The API server sets creationTimestamp; a null one is not what a client sends (and the
+	// template's is not either).
+	dropNullTimestamps(m)
+	return json.NewEncoder(os.Stdout).Encode(m)
+}
+
+func dropNullTimestamps(v any) {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, x := range v {
+			if k == "creationTimestamp" && x == nil {
+				delete(v, k)
+				continue
+			}
+			dropNullTimestamps(x)
+		}
+	case []any:
+		for _, x := range v {
+			dropNullTimestamps(x)
+		}
+	}
 }
 
 // addInterface adds one network to the spec (network and domain interface, as KubeVirt pairs them
