@@ -14,6 +14,7 @@ use std::{
 };
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 /// Names the directory `scripts/control-plane.sh foreign` prints, to use instead of the one the
 /// control planes carry.
@@ -50,7 +51,12 @@ pub fn dir() -> &'static Path {
     })
 }
 
-/// The CRDs of `dir` (a control plane's `foreign/`, or [`dir`]), by name.
+/// The annotation [`crds`] puts on each CRD: a digest of its file, so that a seed applies a CRD
+/// only when the control plane does not have that one (an apply of KubeVirt's VM CRD, 0.7 MB of
+/// schema, takes seconds, and every lease seeds).
+pub const DIGEST: &str = "test.harvester-cloud.io/foreign-crd-digest";
+
+/// The CRDs of `dir` (a control plane's `foreign/`, or [`dir`]), by name, each with its [`DIGEST`].
 pub fn crds(dir: &Path) -> Vec<Value> {
     let crds = dir.join("crds");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&crds)
@@ -69,7 +75,14 @@ pub fn crds(dir: &Path) -> Vec<Value> {
         .iter()
         .map(|f| {
             let text = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-            serde_json::from_slice(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()))
+            let mut crd: Value =
+                serde_json::from_slice(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let digest: String = Sha256::digest(&text)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            crd["metadata"]["annotations"][DIGEST] = Value::from(digest);
+            crd
         })
         .collect()
 }

@@ -231,8 +231,20 @@ pub async fn seed(cp: &ControlPlane) {
     set_vip(client, super::VIP).await;
     let crd_api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in crds(cp) {
-        apply(client, &crd, "customresourcedefinitions").await;
         let name = crd["metadata"]["name"].as_str().expect("named").to_string();
+        let digest = &crd["metadata"]["annotations"][super::foreign::DIGEST];
+        let installed = match digest {
+            Value::String(want) => crd_api
+                .get_opt(&name)
+                .await
+                .unwrap_or_else(|e| panic!("reads {name}: {e}"))
+                .and_then(|c| c.metadata.annotations?.remove(super::foreign::DIGEST))
+                .is_some_and(|have| &have == want),
+            _ => false,
+        };
+        if !installed {
+            apply(client, &crd, "customresourcedefinitions").await;
+        }
         tokio::time::timeout(
             super::PATIENCE,
             await_condition(crd_api.clone(), &name, conditions::is_crd_established()),
