@@ -824,11 +824,11 @@ fn on_network(network: &str) -> Value {
 async fn create_nads<E: GuestEnv>(env: &E, names: &[&str]) {
     let nads = Api::<NetworkAttachmentDefinition>::new(env.harvester().store());
     for name in names {
-        let nad: NetworkAttachmentDefinition = serde_json::from_value(json!({
-            "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"config": "{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\"}"}
-        }))
+        let nad: NetworkAttachmentDefinition = serde_json::from_value(
+            support::foreign::nad(name)
+                .config(r#"{"cniVersion":"0.3.1","type":"bridge"}"#)
+                .build(),
+        )
         .expect("nad");
         nads.create(&nad).await.expect("creates");
     }

@@ -3,8 +3,8 @@
 //!
 //! `tools/foreign-crds` (built and cached by `scripts/control-plane.sh`, copied into each control
 //! plane's `foreign/`) writes their CRDs as upstream's own code makes them, and prints VMs and VMIs
-//! built from `kubevirt.io/api`'s Go types. Tests make their VMs and VMIs here rather than writing
-//! KubeVirt's JSON by hand: a hand-written fixture agrees with our code by construction, which is
+//! built from `kubevirt.io/api`'s Go types and NADs from network-attachment-definition-client's.
+//! Tests make their objects of these kinds here rather than writing upstream's JSON by hand: a hand-written fixture agrees with our code by construction, which is
 //! how a VMI address read from a field KubeVirt does not have (`ip`) passed every test.
 
 use std::{
@@ -198,6 +198,43 @@ impl Vm {
 
     pub fn annotation(self, key: &str, value: &str) -> Self {
         self.arg("-annotation", format!("{key}={value}"))
+    }
+
+    pub fn build(&self) -> Value {
+        run(&self.args)
+    }
+}
+
+/// A NetworkAttachmentDefinition (a Harvester VM network), in `default` by default.
+#[derive(Clone, Debug)]
+pub struct Nad {
+    args: Vec<String>,
+}
+
+pub fn nad(name: &str) -> Nad {
+    Nad {
+        args: vec!["nad".into(), "-name".into(), name.into()],
+    }
+}
+
+impl Nad {
+    fn arg(mut self, flag: &str, value: impl Into<String>) -> Self {
+        self.args.push(flag.into());
+        self.args.push(value.into());
+        self
+    }
+
+    pub fn namespace(self, ns: &str) -> Self {
+        self.arg("-namespace", ns)
+    }
+
+    pub fn label(self, key: &str, value: &str) -> Self {
+        self.arg("-label", format!("{key}={value}"))
+    }
+
+    /// `spec.config`, the CNI configuration as written (not necessarily JSON).
+    pub fn config(self, config: &str) -> Self {
+        self.arg("-config", config)
     }
 
     pub fn build(&self) -> Value {

@@ -15,6 +15,9 @@
 //	foreign-crds vm [flags]
 //	    A VirtualMachine (running, with a minimal template), built the same way.
 //
+//	foreign-crds nad [flags]
+//	    A NetworkAttachmentDefinition, built from network-attachment-definition-client's Go types.
+//
 // It is test tooling: scripts/control-plane.sh builds it, runs `crds` into its cache, and `up`
 // copies the result into each control plane's directory.
 package main
@@ -31,6 +34,7 @@ import (
 	"runtime/debug"
 	"strings"
 
+	nadv1 "github.com/k8snetworkplumbingwg/network-attachment-definition-client/pkg/apis/k8s.cni.cncf.io/v1"
 	extv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -60,6 +64,8 @@ func main() {
 		err = writeVMI(os.Args[2:])
 	case "vm":
 		err = writeVM(os.Args[2:])
+	case "nad":
+		err = writeNAD(os.Args[2:])
 	default:
 		usage()
 	}
@@ -70,7 +76,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: foreign-crds crds DIR | foreign-crds vmi|vm [flags] (foreign-crds vmi -h)")
+	fmt.Fprintln(os.Stderr, "usage: foreign-crds crds DIR | foreign-crds vmi|vm|nad [flags] (foreign-crds vmi -h)")
 	os.Exit(2)
 }
 
@@ -261,6 +267,34 @@ func writeVM(args []string) error {
 		return err
 	}
 	return printObject(&vm)
+}
+
+func writeNAD(args []string) error {
+	fs := flag.NewFlagSet("nad", flag.ContinueOnError)
+	name := fs.String("name", "", "metadata.name (required)")
+	namespace := fs.String("namespace", "default", "metadata.namespace")
+	config := fs.String("config", "", "spec.config, the CNI configuration (JSON text, kept as given)")
+	var labels repeated
+	fs.Var(&labels, "label", "KEY=VALUE, a label (repeatable)")
+	err := fs.Parse(args)
+	if err != nil {
+		return err
+	}
+	if *name == "" || fs.NArg() != 0 {
+		return errors.New("nad: -name is required, and no arguments besides the flags")
+	}
+	nad := nadv1.NetworkAttachmentDefinition{
+		TypeMeta: metav1.TypeMeta{
+			APIVersion: nadv1.SchemeGroupVersion.String(),
+			Kind:       "NetworkAttachmentDefinition",
+		},
+		ObjectMeta: metav1.ObjectMeta{Name: *name, Namespace: *namespace},
+		Spec:       nadv1.NetworkAttachmentDefinitionSpec{Config: *config},
+	}
+	if nad.Labels, err = keyValues(labels); err != nil {
+		return err
+	}
+	return printObject(&nad)
 }
 
 // keyValues reads KEY=VALUE pairs; none gives nil (no field).
