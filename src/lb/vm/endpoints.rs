@@ -240,7 +240,7 @@ fn ports(lb: &LoadBalancer) -> Vec<EndpointPort> {
         .iter()
         .map(|l| EndpointPort {
             name: Some(l.name.clone()),
-            protocol: Some(l.protocol.clone()),
+            protocol: Some(l.effective_protocol().to_string()),
             port: Some(l.backend_port),
             ..Default::default()
         })
