@@ -647,7 +647,7 @@ pub mod cases {
         assert_eq!(long_sa.len(), 253);
         b.post(&account("gc-test", &long_sa)).await.kubeconfig();
     }
-    fn token_of(kubeconfig: &str) -> String {
+    pub fn token_of(kubeconfig: &str) -> String {
         yaml(kubeconfig)["users"][0]["user"]["token"]
             .as_str()
             .expect("a token")
@@ -1179,6 +1179,41 @@ mod embedded_only {
     use super::*;
     use harvester_cloud::auth::tokens;
     use jsonwebtoken::{DecodingKey, Validation, jwk::JwkSet};
+
+    /// A cloud-config token on the routes only admins use: 403, saying the route is not its
+    /// caller's (not that Rancher's role bindings are missing: there is no Rancher here).
+    #[tokio::test]
+    async fn a_cloud_config_token_is_refused_admin_routes() {
+        let b = EmbeddedBackend::start().await;
+        let token = super::cases::token_of(&b.post(&account("gc-test", "gc1")).await.kubeconfig());
+        for path in [
+            "/v1/harvester/kubevirt.io.virtualmachineinstances",
+            "/v1/harvester/services",
+            "/v1/harvester/discovery.k8s.io.endpointslices",
+            "/v1/harvester/guestclusters/gc-test/gc1/services",
+        ] {
+            let m = b
+                .call(Method::GET, path, Some(&token), Body::empty())
+                .await
+                .error(StatusCode::FORBIDDEN, "PermissionDenied");
+            assert_eq!(
+                m,
+                "user \"system:serviceaccount:gc-test:gc1\" may not use this route: it is for the service's admin tokens and Rancher administrators",
+                "{path}"
+            );
+        }
+        // A LoadBalancer's Events are the LoadBalancer's: the permission it lacks is named.
+        let m = b
+            .call(
+                Method::GET,
+                "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers/default/lb/events",
+                Some(&token),
+                Body::empty(),
+            )
+            .await
+            .error(StatusCode::FORBIDDEN, "PermissionDenied");
+        assert!(m.contains("cannot get resource \"loadbalancers\""), "{m}");
+    }
 
     /// Refusing an unknown token name does the work refusing a known one does: no query of the
     /// token table per request (the table is in memory), and a hash verified either way.

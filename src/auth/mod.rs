@@ -142,6 +142,12 @@ pub enum AuthError {
     UserDisabled { user: String },
     #[error("user {user:?} is not a Rancher administrator (no GlobalRoleBinding to {roles})")]
     NotAdmin { user: String, roles: String },
+    /// A route only admins use, asked by an authenticated user who is none (a cloud-config
+    /// token, on either backend): not a question of Rancher's roles.
+    #[error(
+        "user {user:?} may not use this route: it is for the service's admin tokens and Rancher administrators"
+    )]
+    AdminOnly { user: String },
     #[error(
         "user {user:?} cannot {verb} resource {resource:?} in API group {group:?}{}",
         namespace.as_ref().map(|n| format!(" in the namespace {n:?}")).unwrap_or_else(|| " at the cluster scope".into())
@@ -176,6 +182,7 @@ impl AuthError {
             AuthError::Disabled { .. } => "disabled",
             AuthError::UserDisabled { .. } => "user_disabled",
             AuthError::NotAdmin { .. } => "not_admin",
+            AuthError::AdminOnly { .. } => "admin_only",
             AuthError::Forbidden { .. } => "forbidden",
             AuthError::Unidentified { .. } => "unidentified",
             AuthError::Busy(_) => "busy",
@@ -188,6 +195,7 @@ impl AuthError {
         matches!(
             self,
             AuthError::NotAdmin { .. }
+                | AuthError::AdminOnly { .. }
                 | AuthError::Forbidden { .. }
                 | AuthError::Unidentified { .. }
         )

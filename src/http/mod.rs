@@ -369,9 +369,8 @@ impl FromRequestParts<AppState> for Admin {
                     caller.authorize(state, action).await?;
                     return Ok(Admin(caller.0));
                 }
-                let refused = auth::AuthError::NotAdmin {
+                let refused = auth::AuthError::AdminOnly {
                     user: username.clone(),
-                    roles: "admin".into(),
                 };
                 crate::metrics::auth_failed(refused.reason());
                 Err(refused.into())
