@@ -155,12 +155,14 @@ func (c cacheView) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func main() {
-	kubeconfigPath := flag.String("kubeconfig", "", "kubeconfig of the control plane (Harvester runs with cluster-wide rights)")
-	listen := flag.String("listen", "127.0.0.1:0", "address to listen on")
-	addrFile := flag.String("addr-file", "", "file to write host:port to once ready")
-	namespace := flag.String("namespace", "harvester-system", "Harvester's namespace (the vip ConfigMap's)")
-	printVersion := flag.Bool("version", false, "print the harvester version this was built against and exit")
-	flag.Parse()
+	// A flag set of our own: a dependency registers -kubeconfig on the global one in its init.
+	flags := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	kubeconfigPath := flags.String("kubeconfig", "", "kubeconfig of the control plane (Harvester runs with cluster-wide rights)")
+	listen := flags.String("listen", "127.0.0.1:0", "address to listen on")
+	addrFile := flags.String("addr-file", "", "file to write host:port to once ready")
+	namespace := flags.String("namespace", "harvester-system", "Harvester's namespace (the vip ConfigMap's)")
+	printVersion := flags.Bool("version", false, "print the harvester version this was built against and exit")
+	_ = flags.Parse(os.Args[1:])
 
 	version := moduleVersion()
 	if *printVersion {
