@@ -7,9 +7,10 @@
 #                                                       pinned in tools/upstream-cloudconfig/go.mod,
 #                                                       from the Go module proxy
 #   scripts/upstream-cloudconfig.sh build-checkout DIR  against a harvester/harvester checkout in DIR
-#                                                       (its vendor/ when it has one, offline; else the
-#                                                       module proxy), VERSION naming its version
-#                                                       (default: DIR's git describe, else "v1.9.0")
+#                                                       (its vendor/ when it has one and it is whole,
+#                                                       offline; else the module proxy), VERSION
+#                                                       naming its version (default: DIR's git
+#                                                       describe, else "v1.9.0")
 #
 # The binary is cached outside the repository, keyed by the harvester version and a hash of the
 # module files that decide the build (our main.go, and go.mod/go.sum: ours, or the checkout's):
@@ -67,7 +68,9 @@ build() {
 
 build_checkout() {
     local src="${1:?usage: $0 build-checkout DIR}"
-    [ -f "$src/go.mod" ] && [ -d "$src/pkg/api/kubeconfig" ] || die "$src is not a harvester/harvester checkout"
+    if [ ! -f "$src/go.mod" ] || [ ! -d "$src/pkg/api/kubeconfig" ]; then
+        die "$src is not a harvester/harvester checkout"
+    fi
     src="$(cd "$src" && pwd)"
     local version="${VERSION:-}"
     if [ -z "$version" ]; then
@@ -83,18 +86,32 @@ build_checkout() {
         local cmd="$src/cmd/harvester-cloud-upstream-cloudconfig"
         mkdir -p "$cmd"
         cp "$mod/main.go" "$cmd/main.go"
-        local flags=(-ldflags "-X main.harvesterVersion=$version")
+        local pkg=./cmd/harvester-cloud-upstream-cloudconfig
+        local ldflags="-X main.harvesterVersion=$version"
+        local mode=mod
+        mkdir -p "$(dirname "$bindir")"
         if [ -d "$src/vendor" ]; then
-            say "building against the checkout $src ($version) from its vendor/, offline"
-            flags+=(-mod=vendor)
-            export GOFLAGS=-mod=vendor GOPROXY=off
-        else
-            say "building against the checkout $src ($version) from the Go module proxy"
-            (cd "$src" && go mod download) || die "step download: go mod download failed in $src"
+            # A checkout whose vendor/ lacks files (a fetched mirror may leave out its largest
+            # blobs) cannot build offline: then the module proxy serves what its go.sum names.
+            if (cd "$src" && GOFLAGS=-mod=vendor GOPROXY=off go list -deps "$pkg" >/dev/null 2>"$bindir.vendor-check"); then
+                mode=vendor
+            else
+                say "vendor/ of $src is incomplete ($(grep -m1 . "$bindir.vendor-check" || true))"
+            fi
+            rm -f "$bindir.vendor-check"
         fi
         mkdir -p "$bindir.partial"
-        go_build "$src" "$bindir.partial/upstream-cloudconfig" ./cmd/harvester-cloud-upstream-cloudconfig "${flags[@]}" ||
-            die "step build: go build failed in $src"
+        if [ "$mode" = vendor ]; then
+            say "building against the checkout $src ($version) from its vendor/, offline"
+            GOFLAGS=-mod=vendor GOPROXY=off go_build "$src" "$bindir.partial/upstream-cloudconfig" "$pkg" -ldflags "$ldflags" ||
+                die "step build: go build failed in $src"
+        else
+            # go build downloads only the modules of the packages it builds, far fewer than
+            # `go mod download` would for harvester's whole graph.
+            say "building against the checkout $src ($version) from the Go module proxy"
+            GOFLAGS=-mod=mod go_build "$src" "$bindir.partial/upstream-cloudconfig" "$pkg" -ldflags "$ldflags" ||
+                die "step build: go build failed in $src"
+        fi
         rm -rf "$bindir"
         mv "$bindir.partial" "$bindir"
         say "built in $((SECONDS - start)) s"

@@ -904,7 +904,10 @@ pub mod cases {
         )
         .await;
         let msg = r.error(StatusCode::NOT_FOUND, "NotFound");
-        assert!(msg.contains("serviceaccounts \"nobody\" not found"), "{msg}");
+        assert!(
+            msg.contains("serviceaccounts \"nobody\" not found"),
+            "{msg}"
+        );
         // A ServiceAccount someone else made.
         let sas = harvester_cloud::store::Api::<ServiceAccount>::new(b.store());
         sas.create(&ServiceAccount {
