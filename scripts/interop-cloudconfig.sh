@@ -27,5 +27,9 @@ echo "interop-cloudconfig: building Harvester's handler from $checkout ($VERSION
 bin="$("$root/scripts/upstream-cloudconfig.sh" build-checkout "$checkout")"
 echo "interop-cloudconfig: peer $bin" >&2
 cd "$root"
-HARVESTER_CLOUD_UPSTREAM_CLOUDCONFIG="$bin" scripts/control-plane.sh with 1 \
-    cargo nextest run --test cloud_config_upstream --no-capture
+# nextest where it is installed (scripts/test-tools.sh installs it), else the same test through libtest.
+runner=(cargo nextest run --test cloud_config_upstream --no-capture)
+if ! cargo nextest --version >/dev/null 2>&1; then
+    runner=(cargo test --test cloud_config_upstream -- --nocapture)
+fi
+HARVESTER_CLOUD_UPSTREAM_CLOUDCONFIG="$bin" scripts/control-plane.sh with 1 "${runner[@]}"
