@@ -26,7 +26,7 @@ use std::{
 use axum::http::Method;
 use base64::{Engine, engine::general_purpose::STANDARD as B64};
 use k8s_openapi::api::{
-    core::v1::{Secret, ServiceAccount},
+    core::v1::{ConfigMap, Secret, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding},
 };
 use kube::{
@@ -62,6 +62,9 @@ enum Setup {
     Nothing,
     /// The ClusterRole `harvesterhci.io:cloudprovider` is deleted for the case, then restored.
     NoCloudProviderRole,
+    /// Harvester's `vip` ConfigMap holds this `ip` for the case (`None`: there is no ConfigMap),
+    /// then the seeded VIP again.
+    Vip(Option<&'static str>),
 }
 
 struct Case {
@@ -223,6 +226,18 @@ fn corpus() -> Vec<Case> {
             setup: Setup::NoCloudProviderRole,
             accounts: vec![("gc-test".into(), "norole".into())],
             steps: vec![post(dashboard("gc-test", "norole"))],
+        },
+        Case {
+            id: "post-invalid-vip",
+            setup: Setup::Vip(Some("not-an-ip")),
+            accounts: vec![("gc-test".into(), "badvip".into())],
+            steps: vec![post(dashboard("gc-test", "badvip"))],
+        },
+        Case {
+            id: "post-missing-vip-configmap",
+            setup: Setup::Vip(None),
+            accounts: vec![("gc-test".into(), "novip".into())],
+            steps: vec![post(dashboard("gc-test", "novip"))],
         },
         case(
             "post-invalid-name",
@@ -892,6 +907,30 @@ fn summarize(raw: &[Answer], found: &[Obj], ca_b64: &str, seen: &mut Seen, upstr
     }
 }
 
+/// Sets the `vip` ConfigMap's `ip` (`None`: deletes the ConfigMap) and waits for the peer to see it.
+async fn set_vip(client: &kube::Client, peer: &Peer, vip: Option<&str>) {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "harvester-system");
+    match vip {
+        Some(ip) => support::kube_env::set_vip(client, ip).await,
+        None => match cms.delete("vip", &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => panic!("deletes the vip ConfigMap: {e}"),
+        },
+    }
+    let now = match cms.get_opt("vip").await.expect("reads the vip ConfigMap") {
+        Some(cm) => obj("configmap", &cm),
+        None => Obj {
+            kind: "configmap",
+            ns: "harvester-system".into(),
+            name: "vip".into(),
+            version: None,
+            value: Value::Null,
+        },
+    };
+    peer.catch_up(&[now]).await;
+}
+
 /// Deletes the ClusterRole for the case; returns it, to restore.
 async fn drop_cloudprovider_role(client: &kube::Client, peer: &Peer) -> ClusterRole {
     let roles: Api<ClusterRole> = Api::all(client.clone());
@@ -1028,19 +1067,26 @@ async fn upstream_handler_and_ours_differ_only_as_listed() {
     }
 
     for c in &cases {
+        if c.setup != Setup::Nothing {
+            // Ours reuses an answer about the roles and the VIP for a few seconds: a new process
+            // has none.
+            b = b.restart().await;
+        }
         let role = match c.setup {
-            Setup::Nothing => None,
-            Setup::NoCloudProviderRole => {
-                // Ours reuses a positive answer about the roles for a few seconds: a new process
-                // has none.
-                b = b.restart().await;
-                Some(drop_cloudprovider_role(&client, &peer).await)
+            Setup::NoCloudProviderRole => Some(drop_cloudprovider_role(&client, &peer).await),
+            Setup::Vip(vip) => {
+                set_vip(&client, &peer, vip).await;
+                None
             }
+            Setup::Nothing => None,
         };
         let our = run_ours(&b, &peer, c, &ca_b64, &mut seen).await;
         let up = run_upstream(&client, &peer, c, &ca_b64, &mut seen).await;
         if let Some(role) = role {
             restore_role(&client, &peer, role).await;
+        }
+        if let Setup::Vip(_) = c.setup {
+            set_vip(&client, &peer, Some(support::VIP)).await;
         }
 
         let mut differs = BTreeSet::new();
