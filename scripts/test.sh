@@ -27,6 +27,12 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "real control plane: kube-apiserver, kube-controller-manager, etcd, and the foreign kinds (KubeVirt's and Multus's CRDs from tools/foreign-crds); built once, cached by version"
 scripts/control-plane.sh build >/dev/null
 
+# The differential peer of tests/cloud_config_upstream.rs: Harvester's own cloud-config handler, built
+# from harvester/harvester on the Go module proxy (cached by version); the test finds it by this path.
+step "Harvester's cloud-config handler for the differential test (built once, cached by version)"
+HARVESTER_CLOUD_UPSTREAM_CLOUDCONFIG="$(scripts/upstream-cloudconfig.sh build)"
+export HARVESTER_CLOUD_UPSTREAM_CLOUDCONFIG
+
 step "cargo nextest run --workspace (Kubernetes tests against ${HARVESTER_CLOUD_CONTROL_PLANES_COUNT:-3} real control planes)"
 scripts/control-plane.sh with "${HARVESTER_CLOUD_CONTROL_PLANES_COUNT:-3}" \
     cargo nextest run --workspace --no-fail-fast

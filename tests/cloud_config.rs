@@ -125,7 +125,7 @@ pub mod cases {
             .error(StatusCode::NOT_FOUND, "NotFound");
         assert_eq!(
             m,
-            "fail to get serviceAccount: serviceaccount \"nobody\" not found"
+            "fail to get serviceAccount: serviceaccounts \"nobody\" not found"
         );
         // GET creates nothing: a POST afterwards is the first to create the account.
         let m2 = b
@@ -295,7 +295,7 @@ pub mod cases {
             .get("namespace=a&serviceAccountName=b-c")
             .await
             .error(StatusCode::NOT_FOUND, "NotFound");
-        assert!(m.contains("serviceaccount \"b-c\" not found"), "{m}");
+        assert!(m.contains("serviceaccounts \"b-c\" not found"), "{m}");
         // The first account is untouched.
         b.get("namespace=a-b&serviceAccountName=c")
             .await
@@ -954,7 +954,10 @@ pub mod cases {
         )
         .await;
         let msg = r.error(StatusCode::NOT_FOUND, "NotFound");
-        assert!(msg.contains("serviceaccount \"nobody\" not found"), "{msg}");
+        assert!(
+            msg.contains("serviceaccounts \"nobody\" not found"),
+            "{msg}"
+        );
         // A ServiceAccount someone else made.
         let sas = harvester_cloud::store::Api::<ServiceAccount>::new(b.store());
         sas.create(&ServiceAccount {
@@ -1081,7 +1084,7 @@ pub mod cases {
             .await
             .error(StatusCode::NOT_FOUND, "NotFound");
         assert!(
-            msg.contains("secret \"short-token\" not found")
+            msg.contains("secrets \"short-token\" not found")
                 || msg.contains("the token in secret \"short-token\" has ended"),
             "{msg}"
         );

@@ -96,7 +96,7 @@ async fn a_missing_cluster_role_is_422_as_upstream() {
     // found", ...) around the cache's NotFound.
     assert_eq!(
         m,
-        "clusterRole harvesterhci.io:cloudprovider is not found: clusterrole.rbac.authorization.k8s.io \"harvesterhci.io:cloudprovider\" not found"
+        "clusterRole harvesterhci.io:cloudprovider is not found: clusterroles.rbac.authorization.k8s.io \"harvesterhci.io:cloudprovider\" not found"
     );
 }
 
@@ -139,7 +139,7 @@ async fn the_vip_configmap_is_read_as_upstream_reads_it() {
         .post(&account("gc-test", "gc4"))
         .await
         .error(StatusCode::INTERNAL_SERVER_ERROR, "ServerError");
-    assert_eq!(m, "failed to get server url: configmap \"vip\" not found");
+    assert_eq!(m, "failed to get server url: configmaps \"vip\" not found");
     // Nothing was made by the failed requests.
     assert!(
         b.cp.object("", "serviceaccounts", "gc-test", "gc4")

@@ -81,7 +81,7 @@ impl CloudConfig {
             .ok_or_else(|| CloudConfigError::NotFound {
                 step: ROTATE,
                 message: format!(
-                    "serviceaccount \"{}\" not found; POST /v1/harvester/kubeconfig issues its first cloud-config",
+                    "serviceaccounts \"{}\" not found; POST /v1/harvester/kubeconfig issues its first cloud-config",
                     base.service_account
                 ),
             })?;

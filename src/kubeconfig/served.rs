@@ -192,7 +192,7 @@ impl CloudConfig {
                 self.served.forget(ns, &names.service_account);
                 not_found(
                     GET_SA,
-                    format!("serviceaccount \"{}\" not found", names.service_account),
+                    format!("serviceaccounts \"{}\" not found", names.service_account),
                 )
             })?;
         let cached = self
@@ -211,7 +211,7 @@ impl CloudConfig {
         let secret_value = self
             .read_shared::<Secret>(ns, &names.secret, GET_SA)
             .await?
-            .ok_or_else(|| not_found(GET_SA, format!("secret \"{}\" not found", names.secret)))?;
+            .ok_or_else(|| not_found(GET_SA, format!("secrets \"{}\" not found", names.secret)))?;
         let rb_value = self
             .read_shared::<RoleBinding>(ns, &names.binding, GET_RB)
             .await?;

@@ -54,9 +54,10 @@ impl Settings {
 /// except `Store` whose source is for the log.
 #[derive(Debug, thiserror::Error)]
 pub enum CloudConfigError {
-    /// Upstream wraps the cache's NotFound: `clusterRole X is not found: clusterrole.rbac… "X" not found`.
+    /// Upstream wraps its cache's NotFound: `clusterRole X is not found: clusterroles.rbac… "X" not
+    /// found` (wrangler's cache names the resource in the plural, as the API server does).
     #[error(
-        "clusterRole {name} is not found: clusterrole.rbac.authorization.k8s.io \"{name}\" not found"
+        "clusterRole {name} is not found: clusterroles.rbac.authorization.k8s.io \"{name}\" not found"
     )]
     ClusterRoleNotFound { name: String },
     #[error("failed to get server url: {reason}")]
@@ -220,7 +221,7 @@ impl CloudConfig {
             .await
             .map_err(|e| reason(format!("cannot read configmap {ns}/vip: {e}")))?
             // Upstream's words (a cache's NotFound), harvester pkg/api/kubeconfig getServerURL.
-            .ok_or_else(|| reason("configmap \"vip\" not found".into()))?;
+            .ok_or_else(|| reason("configmaps \"vip\" not found".into()))?;
         // Upstream decodes the data with mapstructure, which matches the key `ip` whatever its
         // case; an exact `ip` wins.
         let data = cm.data.unwrap_or_default();
@@ -617,7 +618,7 @@ pub(super) fn judge_role_binding(
     let rb = rb.ok_or_else(|| CloudConfigError::NotFound {
         step: GET_RB,
         message: format!(
-            "rolebinding.rbac.authorization.k8s.io \"{}\" not found",
+            "rolebindings.rbac.authorization.k8s.io \"{}\" not found",
             names.binding
         ),
     })?;
@@ -638,7 +639,7 @@ pub(super) fn judge_cluster_role_binding(
     let crb = crb.ok_or_else(|| CloudConfigError::NotFound {
         step: GET_CRB,
         message: format!(
-            "clusterrolebinding.rbac.authorization.k8s.io \"{}\" not found",
+            "clusterrolebindings.rbac.authorization.k8s.io \"{}\" not found",
             names.binding
         ),
     })?;
