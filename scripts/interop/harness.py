@@ -104,20 +104,23 @@ class Env:
         return k
 
     # --- the peers ------------------------------------------------------------------------
+    PROBE = {"apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
+             "metadata": {"name": "interop-probe", "labels": {"loadbalancer.harvesterhci.io/global-ip-pool": "false",
+                                                               "loadbalancer.harvesterhci.io/vid": "0"}},
+             "spec": {"ranges": [{"subnet": "198.18.255.0/30"}],
+                      "selector": {"scope": [{"project": "none", "namespace": "none", "guestCluster": "none"}]}}}
+
     def start_upstream_lb(self, k, tag):
         p = Proc(f"{tag}-upstream-lb", [self.lb_bin, "--threadiness", "2"], self.work,
                  env={"KUBECONFIG": k.kubeconfig})
         self.procs.append(p)
-        # Ready once it has taken its Lease and its IPPool controller answers (a probe pool).
-        probe = {"apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
-                 "metadata": {"name": "interop-probe", "labels": {"loadbalancer.harvesterhci.io/global-ip-pool": "false",
-                                                                   "loadbalancer.harvesterhci.io/vid": "0"}},
-                 "spec": {"ranges": [{"subnet": "198.18.255.0/30"}],
-                          "selector": {"scope": [{"project": "none", "namespace": "none", "guestCluster": "none"}]}}}
-        self._probe_pool(k, p, probe)
+        # Ready once it has taken its Lease and its IPPool controller answers.
+        self.probe(k, p)
         return p
 
     def start_ours(self, k, tag):
+        """Starts this service on the kube backend with the chart's ServiceAccount; ready once it
+        listens (whether it reconciles is what the checks find out)."""
         token = k.sa_token(NS, "harvester-cloud")
         kc = k.kubeconfig_for_token(token, os.path.join(self.work, f"{tag}-ours.kubeconfig"))
         data = os.path.join(self.work, f"{tag}-ours-data")
@@ -128,31 +131,44 @@ class Env:
                                   "--metrics-listen", f"127.0.0.1:{free_port()}", "--leader-elect=false",
                                   "--harvester-namespace", NS], self.work)
         self.procs.append(p)
-        probe = {"apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
-                 "metadata": {"name": "interop-probe", "labels": {"loadbalancer.harvesterhci.io/global-ip-pool": "false",
-                                                                   "loadbalancer.harvesterhci.io/vid": "0"}},
-                 "spec": {"ranges": [{"subnet": "198.18.255.0/30"}],
-                          "selector": {"scope": [{"project": "none", "namespace": "none", "guestCluster": "none"}]}}}
-        self._probe_pool(k, p, probe)
+
+        def listening():
+            if not p.alive():
+                raise RuntimeError(f"{p.name} exited:\n{p.tail()}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+        eventually(f"{p.name} listens on {port}", listening, timeout=60)
         return p
 
-    def _probe_pool(self, k, p, probe):
+    def probe(self, k, p):
+        """A throw-away IPPool: does `p` reconcile it (status.total written) within 30 s?"""
         path = k.pool_path("interop-probe")
         if k.get(path) is None:
-            k.create(k.pool_path(), probe)
+            k.create(k.pool_path(), self.PROBE)
 
         def ready():
             if not p.alive():
                 raise RuntimeError(f"{p.name} exited:\n{p.tail()}")
             return (k.get(path) or {}).get("status", {}).get("total") == 1
         try:
-            eventually(f"{p.name} reconciles a probe IPPool", ready, timeout=60)
+            eventually(f"{p.name} writes a new IPPool's status.total", ready, timeout=30)
         finally:
             k.delete(path)
             try:
-                eventually("probe pool gone", lambda: k.get(path) is None, timeout=20)
+                eventually("probe pool gone", lambda: k.get(path) is None, timeout=15)
             except TimeoutError:
                 k.merge(path, {"metadata": {"finalizers": None}})
+
+    def probe_row(self, res, label, k, p):
+        t = time.monotonic()
+        try:
+            self.probe(k, p)
+            res.add(f"{label}: {p.name} reconciles an IPPool", True, time.monotonic() - t)
+        except (TimeoutError, ApiError, RuntimeError) as e:
+            res.add(f"{label}: {p.name} reconciles an IPPool", False, time.monotonic() - t, str(e))
 
     def stop(self, p):
         p.stop()
@@ -323,10 +339,11 @@ def check_a(env, res, crds):
         h = env.harvester(f"{tag}-h", crds)
         (g,) = env.control_planes(f"{tag}-g")
         seed_guest(g)
-        env.start_ours(h, tag)
+        ours = env.start_ours(h, tag)
     except Exception as e:  # noqa: BLE001 - reported as the check's failure
         res.add(f"a upstream CCM vs ours, {crds} CRDs: set-up", False, time.monotonic() - t, str(e))
         return
+    env.probe_row(res, f"a upstream CCM vs ours, {crds} CRDs", h, ours)
     rows = guest_pair(env, tag, h, g, "upstream")
     run_rows(res, [(f"a upstream CCM vs ours, {crds} CRDs: {n}", fn) for n, fn in rows])
     env.down(h)
@@ -413,6 +430,8 @@ def handover(env, res, tag, label, first, second):
     try:
         k = env.harvester(f"{tag}-h", "harvester")
         p1 = starters[first](k, f"{tag}-1")
+        if first == "ours":
+            env.probe(k, p1)
     except Exception as e:  # noqa: BLE001
         res.add(f"{label}: set-up", False, time.monotonic() - t, str(e))
         return
@@ -430,6 +449,8 @@ def handover(env, res, tag, label, first, second):
     def start_second():
         env.stop(p1)
         st["p2"] = starters[second](k, f"{tag}-2")
+        if second == "ours":
+            env.probe(k, st["p2"])
         # Let it work through every object (its probe pool proved it watches); then settle.
         time.sleep(5)
         prev = None
@@ -509,10 +530,11 @@ def check_c(env, res, only_seqs=None):
         up = env.harvester("c-upstream", "harvester")
         ours = env.harvester("c-ours", env.diff_crds)
         env.start_upstream_lb(up, "c")
-        env.start_ours(ours, "c")
+        our_proc = env.start_ours(ours, "c")
     except Exception as e:  # noqa: BLE001
         res.add("c differential corpus: set-up", False, time.monotonic() - t, str(e))
         return
+    env.probe_row(res, "c differential corpus", ours, our_proc)
     report = corpus.run(up, ours, only_seqs, say)
     with open(os.path.join(env.work, "diff-report.json"), "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)
