@@ -47,6 +47,8 @@ KNOWN = {
                             "`fail to get allocator <pool>`; ours reports its own message",
     "exhaustion-wakeup": "a LoadBalancer waiting on an exhausted pool: ours is woken by the next release; upstream "
                          "retries with exponential back-off, so for a while it still shows the error",
+    "service-gc": "when a VM load balancer is gone, ours has deleted its Service and EndpointSlice; upstream "
+                  "leaves them to the garbage collector (owner references), which takes longer than a step",
     "vmi-label-change": "a VMI that stops matching a selector: ours drops it from the EndpointSlice at once; "
                         "upstream wakes only the LoadBalancers matching the VMI's new labels",
 }
@@ -244,8 +246,9 @@ def sequences():
             what="the id is namespace/name"))
     # --- exhaustion ---
     add(Seq("exhaustion", [P("g", "10.3.0.0/24", "10.3.0.10", "10.3.0.11"), L("ns1", "a"), L("ns1", "b"), L("ns1", "c")],
-            known={r"lb/ns1/c/aa$": "empty-allocated-address"},
-            what="a third load balancer on a two-address pool"))
+            known={r"lb/ns1/c/aa$": "empty-allocated-address",
+                   r"pool/g/(allocatedHistory|lastAllocated)$": "exhaustion-wakeup"},
+            what="a third load balancer on a two-address pool (then all three deleted at once)"))
     add(Seq("exhaustion-release", [P("g", "10.3.1.0/24", "10.3.1.10", "10.3.1.11"), L("ns1", "a"), L("ns1", "b"),
                                    L("ns1", "c"), DL("ns1", "a"), WAIT("ns1", "c")],
             known={r"lb/ns1/c/aa$": "empty-allocated-address", r"lb/ns1/c/ready$": "exhaustion-wakeup"},
@@ -394,6 +397,14 @@ def apply_step(k, step):
         pass
     else:
         raise ValueError(f"unknown step {kind}")
+
+
+def step_label(step):
+    kind = step[0]
+    if kind in ("pool", "lb", "lb-nowait"):
+        m = step[1]["metadata"]
+        return f"{kind} {m.get('namespace', '') + '/' if m.get('namespace') else ''}{m['name']}"
+    return f"{kind} " + " ".join(str(x) if not isinstance(x, (dict, list)) else json.dumps(x) for x in step[1:])
 
 
 def ready_of(obj):
@@ -555,6 +566,8 @@ def diff(seq, up, ours):
         kid = None
         if key.endswith("/aa") and a == {} and b == "<absent>":
             kid = "empty-allocated-address"
+        elif key.startswith(("svc/", "eps/")) and b == "<missing>" and f"lb/{key.split('/', 1)[1]}/aa" not in up:
+            kid = "service-gc"
         for pat, k in seq.known.items():
             if kid is None and re.search(pat, key):
                 kid = k
@@ -583,7 +596,7 @@ def run(up, ours, only, say):
                     label = "delete every LoadBalancer"
                 else:
                     _, err = both(lambda k: apply_step(k, step), up, ours)
-                    label = f"{step[0]} {json.dumps(step[1:])[:120]}"
+                    label = step_label(step)
                 if err[0] or err[1]:
                     if str(err[0]) != str(err[1]):
                         entry["unknown"].append(f"step {n} {label}: the API answered upstream {err[0]} / ours {err[1]}")

@@ -271,8 +271,7 @@ def seed_guest(k):
     k.req("PATCH", "/api/v1/nodes/node-1/status?fieldManager=interop&force=true", {
         "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"},
         "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                   "message": "stand-in", "lastHeartbeatTime": None,
-                                   "lastTransitionTime": "2026-12-01T00:00:00Z"}],
+                                   "message": "stand-in", "lastTransitionTime": "2026-12-01T00:00:00Z"}],
                    "addresses": [{"type": "InternalIP", "address": "10.0.0.11"}]}},
         ctype="application/apply-patch+yaml")
 
