@@ -578,7 +578,7 @@ def diff(seq, up, ours):
     return unknown, known
 
 
-def run(up, ours, only, say):
+def run(up, ours, only, say, on_result=None):
     seqs = [s for s in sequences() if not only or s.name in only]
     report = {"sequences": [], "known": KNOWN}
     for i, seq in enumerate(seqs):
@@ -626,4 +626,6 @@ def run(up, ours, only, say):
         entry["ok"] = not entry["unknown"]
         entry["secs"] = round(time.monotonic() - t, 1)
         report["sequences"].append(entry)
+        if on_result:
+            on_result(entry)
     return report

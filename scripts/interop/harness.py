@@ -189,7 +189,6 @@ class Env:
 class Results:
     def __init__(self):
         self.rows = []
-        self.notes = []
 
     def add(self, check, ok, secs, detail=""):
         self.rows.append({"check": check, "ok": ok, "secs": round(secs, 1), "detail": detail})
@@ -200,7 +199,9 @@ def run_rows(res, rows):
     """rows: [(name, fn)]; each fn runs in order; after the first failure the rest of the group
     cannot run meaningfully and is reported as failed with the reason."""
     blocked = None
-    for name, fn in rows:
+    for row in rows:
+        name, fn = row[0], row[1]
+        blocking = row[2] if len(row) > 2 else True
         t = time.monotonic()
         if blocked:
             res.add(name, False, 0, f"not run: {blocked}")
@@ -210,7 +211,8 @@ def run_rows(res, rows):
             res.add(name, True, time.monotonic() - t, detail)
         except (Failed, TimeoutError, ApiError, RuntimeError) as e:
             res.add(name, False, time.monotonic() - t, str(e))
-            blocked = f"{name} failed"
+            if blocking:
+                blocked = f"{name} failed"
 
 
 # --- a, b: a cloud provider against a load balancer controller -------------------------------
@@ -247,7 +249,7 @@ def guest_pair(env, tag, h, g, ccm):
     if ccm == "upstream":
         p = Proc(f"{tag}-upstream-ccm", [
             env.ccm_bin, "--cloud-config", cc, "--kubeconfig", g.kubeconfig, "--cluster-name", cluster,
-            "--controllers", "service", "--leader-elect=false", "--secure-port", "0",
+            "--controllers", "service-lb-controller", "--leader-elect=false", "--secure-port", "0",
             "--use-service-account-credentials=false", "--configure-cloud-routes=false",
             "--disable-vmi-controller", "--v", "2"], env.work, env={"KUBECONFIG": g.kubeconfig})
     else:
@@ -287,11 +289,16 @@ def guest_pair(env, tag, h, g, ccm):
                f"Service ingress {ip}, LoadBalancer allocatedAddress {aa}")
         lbid = f"{gc_ns}/{lb['metadata']['name']}"
         expect(pool().get("allocated", {}).get(ip) == lbid, f"pool allocated {pool().get('allocated')} lacks {ip}: {lbid}")
-        eventually(f"LoadBalancer status.address {ip}",
-                   lambda: (h.get(h.lb_path(gc_ns, lb["metadata"]["name"])) or {}).get("status", {}).get("address") == ip,
-                   timeout=30)
         state.update(ip=ip, lb=lb["metadata"]["name"], lbid=lbid)
         return f"{ip} from guest-pool as {lbid}"
+
+    def status_address(name, want):
+        def check():
+            eventually(f"LoadBalancer {gc_ns}/{name} status.address {want}",
+                       lambda: (h.get(h.lb_path(gc_ns, name)) or {}).get("status", {}).get("address") == want,
+                       timeout=20)
+            return f"{want}"
+        return check
 
     def share():
         svc("web2", 81, {"cloudprovider.harvesterhci.io/primary-service": "default/web"})
@@ -311,10 +318,8 @@ def guest_pair(env, tag, h, g, ccm):
         expect(aa.get("ip") == "0.0.0.0" and not aa.get("ipPool"), f"allocatedAddress {aa}, want ip 0.0.0.0 and no pool")
         ann = (g.get("/api/v1/namespaces/default/services/dhcp")["metadata"].get("annotations") or {})
         expect(ann.get("kube-vip.io/loadbalancerIPs") == "0.0.0.0", f"guest annotations {ann}")
-        eventually(f"LoadBalancer status.address {lease}",
-                   lambda: (lb_of("dhcp") or {}).get("status", {}).get("address") == lease, timeout=30)
-        state["dhcp_lb"] = lb["metadata"]["name"]
-        return f"0.0.0.0 on the LoadBalancer, lease {lease} copied to status.address"
+        state.update(dhcp_lb=lb["metadata"]["name"], lease=lease)
+        return f"0.0.0.0 on the LoadBalancer, lease {lease} as the guest's ingress"
 
     def release():
         for n in ("web2", "web", "dhcp"):
@@ -328,7 +333,13 @@ def guest_pair(env, tag, h, g, ccm):
         expect(st.get("available") == st.get("total"), f"available {st.get('available')} of {st.get('total')}")
         return f"{state['ip']} back in allocatedHistory; available {st.get('available')}/{st.get('total')}"
 
-    res_rows += [("address", address), ("share-IP", share), ("DHCP", dhcp), ("release on delete", release)]
+    res_rows += [("address", address),
+                 ("the LoadBalancer's status.address is the address",
+                  lambda: status_address(state["lb"], state["ip"])(), False),
+                 ("share-IP", share), ("DHCP", dhcp),
+                 ("the DHCP LoadBalancer's status.address is the lease",
+                  lambda: status_address(state["dhcp_lb"], state["lease"])(), False),
+                 ("release on delete", release)]
     return res_rows
 
 
@@ -345,7 +356,7 @@ def check_a(env, res, crds):
         return
     env.probe_row(res, f"a upstream CCM vs ours, {crds} CRDs", h, ours)
     rows = guest_pair(env, tag, h, g, "upstream")
-    run_rows(res, [(f"a upstream CCM vs ours, {crds} CRDs: {n}", fn) for n, fn in rows])
+    run_rows(res, [(f"a upstream CCM vs ours, {crds} CRDs: {r[0]}",) + tuple(r[1:]) for r in rows])
     env.down(h)
     env.down(g)
 
@@ -362,7 +373,7 @@ def check_b(env, res):
         res.add("b our ccm vs upstream controller: set-up", False, time.monotonic() - t, str(e))
         return
     rows = guest_pair(env, tag, h, g, "ours")
-    run_rows(res, [(f"b our ccm vs upstream controller: {n}", fn) for n, fn in rows])
+    run_rows(res, [(f"b our ccm vs upstream controller: {r[0]}",) + tuple(r[1:]) for r in rows])
     env.down(h)
     env.down(g)
 
@@ -449,8 +460,6 @@ def handover(env, res, tag, label, first, second):
     def start_second():
         env.stop(p1)
         st["p2"] = starters[second](k, f"{tag}-2")
-        if second == "ours":
-            env.probe(k, st["p2"])
         # Let it work through every object (its probe pool proved it watches); then settle.
         time.sleep(5)
         prev = None
@@ -515,8 +524,9 @@ def handover(env, res, tag, label, first, second):
         expect(lbs == lbs_before, "other LoadBalancers changed")
         return f"{victim} released {ip} into history; nothing else moved"
 
-    run_rows(res, [(f"{label}: {n}", fn) for n, fn in [
+    run_rows(res, [(f"{label}: {r[0]}",) + tuple(r[1:]) for r in [
         (f"{first} allocates", allocate), (f"{second} starts", start_second),
+        (f"{second} reconciles a new IPPool", lambda: env.probe(k, st["p2"]), False),
         ("every allocatedAddress unchanged", unchanged_lbs), ("pools' allocated and allocatedHistory unchanged", unchanged_pools),
         ("a new LoadBalancer gets a free address", new_lb), ("a delete releases its own only", delete_one)]])
     env.down(k)
@@ -535,13 +545,12 @@ def check_c(env, res, only_seqs=None):
         res.add("c differential corpus: set-up", False, time.monotonic() - t, str(e))
         return
     env.probe_row(res, "c differential corpus", ours, our_proc)
-    report = corpus.run(up, ours, only_seqs, say)
-    with open(os.path.join(env.work, "diff-report.json"), "w") as f:
-        json.dump(report, f, indent=1, sort_keys=True)
-    for seq in report["sequences"]:
+    def on_result(seq):
         res.add(f"c diff: {seq['name']}", seq["ok"], seq["secs"],
                 "; ".join(seq["unknown"][:3]) if not seq["ok"] else ", ".join(sorted(seq["known"])))
-    res.notes.append(report)
+    report = corpus.run(up, ours, only_seqs, say, on_result)
+    with open(os.path.join(env.work, "diff-report.json"), "w") as f:
+        json.dump(report, f, indent=1, sort_keys=True)
     env.down(up)
     env.down(ours)
 
