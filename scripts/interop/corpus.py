@@ -49,6 +49,17 @@ KNOWN = {
                          "retries with exponential back-off, so for a while it still shows the error",
     "service-gc": "when a VM load balancer is gone, ours has deleted its Service and EndpointSlice; upstream "
                   "leaves them to the garbage collector (owner references), which takes longer than a step",
+    "slash-32-gateway": "a /32 has no gateway: upstream writes the string `<nil>` (Go's String() of a nil IP) as "
+                        "allocatedAddress.gateway; ours leaves the gateway out",
+    "history-outside-ranges": "an address released after a range change left it outside the pool: upstream records "
+                              "it in allocatedHistory (which its IPPool controller prunes at the next range change); "
+                              "ours does not",
+    "address-follows-service": "a VM load balancer moved to another pool: ours follows its Service's ingress to the "
+                               "new address; upstream copied the ingress before kube-vip moved it and is not woken by "
+                               "Service changes, so its status.address stays the old address",
+    "cluster-address": "a guest cluster's LoadBalancer: ours writes the allocated address into status.address "
+                       "itself; upstream leaves it to the guest's cloud provider (not in the README's list of "
+                       "differences)",
     "vmi-label-change": "a VMI that stops matching a selector: ours drops it from the EndpointSlice at once; "
                         "upstream wakes only the LoadBalancers matching the VMI's new labels",
 }
@@ -236,7 +247,7 @@ def sequences():
                             L("ns1", "a"), L("ns1", "b"), L("ns1", "c")],
             what="allocation continues in the next range"))
     add(Seq("slash-32", [P("g", "10.2.5.7/32"), L("ns1", "a"), L("ns1", "b")],
-            known={r"lb/ns1/b/aa$": "empty-allocated-address"},
+            known={r"lb/ns1/b/aa$": "empty-allocated-address", r"lb/ns1/a/aa$": "slash-32-gateway"},
             what="a /32 pool has one address and no gateway"))
     add(Seq("ipv6", [P("g", "fd00:10::/120", "fd00:10::10", "fd00:10::12"), L("ns1", "a"), L("ns1", "b")],
             what="an IPv6 pool"))
@@ -277,7 +288,7 @@ def sequences():
     add(Seq("shrink-below-allocated", [P("g", "10.5.0.0/24", "10.5.0.10", "10.5.0.20"), L("ns1", "a"), L("ns1", "b"),
                                        ("pool-ranges", "g", [{"subnet": "10.5.0.0/24", "rangeStart": "10.5.0.11",
                                                               "rangeEnd": "10.5.0.20"}]), L("ns1", "c")],
-            known={r"pool/g/available$": "available-shrunk"},
+            known={r"pool/g/available$": "available-shrunk", r"pool/g/allocatedHistory$": "history-outside-ranges"},
             what="shrinking the range below an allocated address (no webhook to refuse it)"))
     add(Seq("grow-keeps", [P("g", "10.5.1.0/24", "10.5.1.10", "10.5.1.12"), L("ns1", "a"),
                            ("pool-ranges", "g", [{"subnet": "10.5.1.0/24", "rangeStart": "10.5.1.10", "rangeEnd": "10.5.1.30"}]),
@@ -292,11 +303,13 @@ def sequences():
             what="deleting an unused pool"))
     add(Seq("pool-delete-with-allocations", [P("p1", "10.6.2.0/24", "10.6.2.10", "10.6.2.20", scope=[("*", "ns1", "*")]),
                                              L("ns1", "a"), DP("p1"), DL("ns1", "a")],
-            known={r"pool/p1/": "pool-delete-with-allocations", r"lb/ns1/a/": "pool-delete-with-allocations"},
+            known={r"pool/p1/": "pool-delete-with-allocations", r"lb/ns1/a/": "pool-delete-with-allocations",
+                   r"(svc|eps)/ns1/a$": "pool-delete-with-allocations"},
             what="deleting a pool that still has an allocation (no webhook to refuse it), then the load balancer"))
     add(Seq("change-explicit-pool", [P("a1", "10.6.3.0/24", "10.6.3.10", "10.6.3.20", scope=[("*", "ns1", "*")]),
                                      P("b1", "10.6.4.0/24", "10.6.4.10", "10.6.4.20", scope=[("*", "ns2", "*")]),
                                      L("ns1", "x", pool="a1"), ("lb-patch", "ns1", "x", {"spec": {"ipPool": "b1"}})],
+            known={r"lb/ns1/x/address$": "address-follows-service"},
             what="changing spec.ipPool releases to the old pool and allocates from the new"))
     add(Seq("empty-ipam", [P("g", "10.6.5.0/24", "10.6.5.10", "10.6.5.20"), L("ns1", "a", ipam=None), DL("ns1", "a")],
             known={r"pool/g/(available|allocated|allocatedHistory)": "empty-ipam-leak"},
@@ -433,6 +446,7 @@ def snapshot(k):
         st = lb.get("status", {})
         base = f"lb/{m['namespace']}/{m['name']}/"
         out[base + "aa"] = st["allocatedAddress"] if "allocatedAddress" in st else "<absent>"
+        out[base + "workloadType"] = lb.get("spec", {}).get("workloadType") or "vm"
         out[base + "address"] = st.get("address", "")
         out[base + "backendServers"] = sorted(st.get("backendServers") or [])
         out[base + "ready"] = ready_of(lb)
@@ -539,8 +553,8 @@ def normalize(seq, snap):
     for key, v in snap.items():
         if key.startswith("lb/") and key.endswith("/aa"):
             addrs.append(v.get("ip") if isinstance(v, dict) else v)
-        elif key.startswith("pool/") and key.endswith("/allocated"):
-            out[key] = sorted(v)
+        elif key.startswith("pool/") and key.endswith(("/allocated", "/allocatedHistory")):
+            out[key] = [sorted(v), sorted(v.values())]
         elif key.startswith("pool/") and key.endswith("/lastAllocated"):
             continue
         elif key.startswith("svc/"):
@@ -568,6 +582,9 @@ def diff(seq, up, ours):
             kid = "empty-allocated-address"
         elif key.startswith(("svc/", "eps/")) and b == "<missing>" and f"lb/{key.split('/', 1)[1]}/aa" not in up:
             kid = "service-gc"
+        elif (key.startswith("lb/") and key.endswith("/address") and a == "" and up.get(key[:-7] + "workloadType") == "cluster"
+              and isinstance(ours.get(key[:-7] + "aa"), dict) and b == ours[key[:-7] + "aa"].get("ip")):
+            kid = "cluster-address"
         for pat, k in seq.known.items():
             if kid is None and re.search(pat, key):
                 kid = k
