@@ -137,6 +137,16 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
         .await
         .with_context(|| format!("cannot reach the Kubernetes API at {cluster}"))?;
     info!(cluster = %cluster, "using the Kubernetes backend");
+    // The load balancer kinds are Harvester's: read how this cluster's CRDs serve them (Harvester's
+    // own have no status subresource, the project's earlier ones had one), and refuse to start
+    // without them rather than log 404s for every object.
+    for kind in [crate::crd::pool_kind(), crate::crd::lb_kind()] {
+        let shape = store
+            .require(&kind)
+            .await
+            .with_context(|| format!("cannot reconcile {}.{}", kind.plural, kind.group))?;
+        info!(resource = %format!("{}.{}", kind.plural, kind.group), ?shape, "load balancer kind served");
+    }
     let server_url = match (&args.server_url, &args.vip) {
         (Some(url), _) => Some(url.clone()),
         (None, Some(vip)) => Some(vip_url(vip).map_err(|e| anyhow::anyhow!(e))?),

@@ -288,12 +288,13 @@ fn is_zero(value: &u64) -> bool {
     *value == 0
 }
 
-/// The store descriptor of LoadBalancers/// The store descriptor of LoadBalancers (with the status subresource).
+/// The store descriptor of LoadBalancers: status written apart from the object (a subresource on
+/// the embedded store; on Kubernetes, as the installed CRD allows).
 pub fn lb_kind() -> Kind {
     Kind::of::<LoadBalancer>().with_status_subresource()
 }
 
-/// The store descriptor of IPPools (with the status subresource).
+/// The store descriptor of IPPools: status written apart from the object, as for LoadBalancers.
 pub fn pool_kind() -> Kind {
     Kind::of::<IPPool>().with_status_subresource()
 }
@@ -429,9 +430,20 @@ impl IPPool {
 }
 
 /// The two CustomResourceDefinitions, LoadBalancer first.
+///
+/// Both are shipped without a status subresource, as Harvester installs them (load-balancer-harvester
+/// `crds/`): the kinds are Harvester's, Helm never upgrades CRDs, and Harvester's own controller
+/// writes status with a plain update, which a status subresource would drop, so a cluster could not
+/// switch back. The service finds the shape by discovery and writes status either way
+/// (`store::kubernetes`).
 pub fn crds() -> Vec<CustomResourceDefinition> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceSubresources;
     use kube::CustomResourceExt;
-    vec![LoadBalancer::crd(), IPPool::crd()]
+    let mut crds = vec![LoadBalancer::crd(), IPPool::crd()];
+    for version in crds.iter_mut().flat_map(|c| c.spec.versions.iter_mut()) {
+        version.subresources = Some(CustomResourceSubresources::default());
+    }
+    crds
 }
 
 /// The file name a CRD is shipped under in `deploy/crds/`.
@@ -513,7 +525,7 @@ mod tests {
     }
 
     #[test]
-    fn crds_carry_upstream_names_columns_and_the_status_subresource() {
+    fn crds_carry_upstream_names_columns_and_no_status_subresource() {
         let crds = crds();
         let lb = &crds[0];
         assert_eq!(
@@ -544,12 +556,17 @@ mod tests {
                 ("AGE", ".metadata.creationTimestamp")
             ]
         );
-        assert!(
-            version
-                .subresources
-                .as_ref()
-                .is_some_and(|s| s.status.is_some())
-        );
+        // Harvester's shape: `subresources: {}`.
+        for crd in &crds {
+            for v in &crd.spec.versions {
+                assert_eq!(
+                    v.subresources,
+                    Some(Default::default()),
+                    "{:?}",
+                    crd.metadata.name
+                );
+            }
+        }
 
         let pool = &crds[1];
         assert_eq!(

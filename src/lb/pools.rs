@@ -418,8 +418,13 @@ impl PoolTask {
                     self.loaded = None;
                 }
                 Err(e) => {
-                    let gone = e.is_not_found();
-                    warn!(error = %e, "cannot write the pool status");
+                    // A 404 is "gone" only if the pool is: a server without the status endpoint,
+                    // or one a CRD swap is changing, answers a write with 404 too, and reading
+                    // that as gone would let a release go ahead that was never written (a leaked
+                    // address).
+                    let gone =
+                        e.is_not_found() && matches!(self.api.get("", &self.name).await, Ok(None));
+                    warn!(error = %e, gone, "cannot write the pool status");
                     // The allocator may be ahead of the store now: rebuild it next time.
                     self.loaded = None;
                     let e = if gone {

@@ -4,6 +4,8 @@
 //! Objects cross the port as JSON; here they travel as `DynamicObject`s addressed by the kind's
 //! group, version and plural, which works for built-in kinds and custom resources alike.
 
+mod status;
+
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,13 +13,15 @@ use futures::{StreamExt, TryStreamExt};
 use kube::{
     Client,
     api::{
-        Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams,
+        Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
         Preconditions as KubePreconditions, WatchEvent, WatchParams,
     },
     core::Status,
 };
 use serde_json::Value;
-use tracing::debug;
+use tracing::{debug, warn};
+
+pub use status::{ShapeError, StatusShape};
 
 use super::{
     Change, ChangeStream, ChangeType, Deleted, Kind, LabelSelector, ObjectList, ObjectStore,
@@ -29,11 +33,95 @@ const WATCH_TIMEOUT_SECS: u32 = 290;
 
 pub struct KubeStore {
     client: Client,
+    /// Whether each kind with port-level status semantics has a status subresource here.
+    shapes: status::Shapes,
 }
 
 impl KubeStore {
     pub fn new(client: Client) -> Self {
-        KubeStore { client }
+        KubeStore {
+            client,
+            shapes: status::Shapes::default(),
+        }
+    }
+
+    /// Checks that the API server serves `kind` and says how it takes its status; a start calls
+    /// it for the kinds it reconciles, so a missing CRD is an error naming it, not a stream of
+    /// 404s later.
+    pub async fn require(&self, kind: &Kind) -> Result<StatusShape, ShapeError> {
+        self.shapes.rediscover(&self.client, kind).await
+    }
+
+    /// The status shape of a kind that has port-level status semantics, read from discovery.
+    async fn shape(&self, kind: &Kind) -> Result<StatusShape, StoreError> {
+        self.shapes
+            .get(&self.client, kind)
+            .await
+            .map_err(StoreError::backend)
+    }
+
+    async fn rediscover(&self, kind: &Kind) -> Result<StatusShape, StoreError> {
+        self.shapes
+            .rediscover(&self.client, kind)
+            .await
+            .map_err(StoreError::backend)
+    }
+
+    /// A JSON patch of the main resource (the writes of a kind without a status subresource).
+    async fn json_patch(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        patch: Value,
+    ) -> Result<Value, StoreError> {
+        let patch: json_patch::Patch =
+            serde_json::from_value(patch).map_err(StoreError::backend)?;
+        let patched = self
+            .api(kind, Some(namespace))
+            .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+            .map_err(|e| map_err(kind, name, e))?;
+        to_value(patched)
+    }
+
+    /// `replace_status` without a status subresource: a patch of `/status` alone, conditional on
+    /// the object's resourceVersion. A server that dropped the status has gained the subresource
+    /// since it was discovered: the write goes there instead.
+    async fn patch_status(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        object: Value,
+    ) -> Result<Value, StoreError> {
+        let written = self
+            .json_patch(kind, namespace, name, status::status_patch(&object))
+            .await?;
+        if status::status_kept(&object, &written) {
+            return Ok(written);
+        }
+        match self.rediscover(kind).await? {
+            StatusShape::Subresource => self.put_status(kind, namespace, name, object).await,
+            // The server pruned or defaulted part of it: what it kept is the status now.
+            StatusShape::Field => Ok(written),
+        }
+    }
+
+    async fn put_status(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        object: Value,
+    ) -> Result<Value, StoreError> {
+        let obj = to_dynamic(kind, object)?;
+        let written = self
+            .api(kind, Some(namespace))
+            .replace_status(name, &PostParams::default(), &obj)
+            .await
+            .map_err(|e| map_err(kind, name, e))?;
+        to_value(written)
     }
 
     pub fn client(&self) -> &Client {
@@ -172,8 +260,15 @@ impl ObjectStore for KubeStore {
         })
     }
 
-    async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+    async fn create(&self, kind: &Kind, mut object: Value) -> Result<Value, StoreError> {
         let (namespace, name) = super::object_key(&object);
+        // A create never sets a status where status is a subresource; without one on this
+        // server, the port's promise is kept here.
+        if kind.status_subresource
+            && let Some(fields) = object.as_object_mut()
+        {
+            fields.remove("status");
+        }
         let obj = to_dynamic(kind, object)?;
         let created = self
             .api(kind, Some(&namespace))
@@ -185,6 +280,11 @@ impl ObjectStore for KubeStore {
 
     async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
         let (namespace, name) = super::object_key(&object);
+        if kind.status_subresource && self.shape(kind).await? == StatusShape::Field {
+            return self
+                .json_patch(kind, &namespace, &name, status::replace_patch(&object))
+                .await;
+        }
         let obj = to_dynamic(kind, object)?;
         let replaced = self
             .api(kind, Some(&namespace))
@@ -196,16 +296,39 @@ impl ObjectStore for KubeStore {
 
     async fn replace_status(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
         let (namespace, name) = super::object_key(&object);
-        let obj = to_dynamic(kind, object)?;
-        let api = self.api(kind, Some(&namespace));
-        let result = if kind.status_subresource {
-            api.replace_status(&name, &PostParams::default(), &obj)
+        if !kind.status_subresource {
+            // The status is part of the object for the port as for the server.
+            let obj = to_dynamic(kind, object)?;
+            let replaced = self
+                .api(kind, Some(&namespace))
+                .replace(&name, &PostParams::default(), &obj)
                 .await
-        } else {
-            // Without a status subresource the status is part of the object.
-            api.replace(&name, &PostParams::default(), &obj).await
-        };
-        to_value(result.map_err(|e| map_err(kind, &name, e))?)
+                .map_err(|e| map_err(kind, &name, e))?;
+            return to_value(replaced);
+        }
+        match self.shape(kind).await? {
+            StatusShape::Field => self.patch_status(kind, &namespace, &name, object).await,
+            StatusShape::Subresource => {
+                match self
+                    .put_status(kind, &namespace, &name, object.clone())
+                    .await
+                {
+                    // A missing `/status` answers as a missing object does: ask discovery which
+                    // it was before anyone reads it as "gone".
+                    Err(e) if e.is_not_found() => match self.rediscover(kind).await? {
+                        StatusShape::Field => {
+                            warn!(
+                                resource = %format!("{}.{}", kind.plural, kind.group),
+                                "the status subresource is gone; writing status in the object"
+                            );
+                            self.patch_status(kind, &namespace, &name, object).await
+                        }
+                        StatusShape::Subresource => Err(e),
+                    },
+                    other => other,
+                }
+            }
+        }
     }
 
     async fn delete(
