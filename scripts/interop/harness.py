@@ -322,10 +322,10 @@ def guest_pair(env, tag, h, g, ccm):
         return f"0.0.0.0 on the LoadBalancer, lease {lease} as the guest's ingress"
 
     def release():
-        for n in ("web2", "web", "dhcp"):
+        for n in ("web2", "web"):
             g.delete(f"/api/v1/namespaces/default/services/{n}")
-        for n in (state["lb"], state["dhcp_lb"]):
-            eventually(f"LoadBalancer {gc_ns}/{n} deleted", lambda n=n: h.get(h.lb_path(gc_ns, n)) is None, timeout=60)
+        n = state["lb"]
+        eventually(f"LoadBalancer {gc_ns}/{n} deleted", lambda: h.get(h.lb_path(gc_ns, n)) is None, timeout=60)
         st = pool()
         expect(state["ip"] not in (st.get("allocated") or {}), f"{state['ip']} still allocated: {st.get('allocated')}")
         expect((st.get("allocatedHistory") or {}).get(state["ip"]) == state["lbid"],
@@ -333,13 +333,20 @@ def guest_pair(env, tag, h, g, ccm):
         expect(st.get("available") == st.get("total"), f"available {st.get('available')} of {st.get('total')}")
         return f"{state['ip']} back in allocatedHistory; available {st.get('available')}/{st.get('total')}"
 
+    def release_dhcp():
+        g.delete("/api/v1/namespaces/default/services/dhcp")
+        n = state["dhcp_lb"]
+        eventually(f"LoadBalancer {gc_ns}/{n} deleted", lambda: h.get(h.lb_path(gc_ns, n)) is None, timeout=60)
+        return f"{gc_ns}/{n} deleted"
+
     res_rows += [("address", address),
                  ("the LoadBalancer's status.address is the address",
                   lambda: status_address(state["lb"], state["ip"])(), False),
                  ("share-IP", share), ("DHCP", dhcp),
                  ("the DHCP LoadBalancer's status.address is the lease",
                   lambda: status_address(state["dhcp_lb"], state["lease"])(), False),
-                 ("release on delete", release)]
+                 ("release on delete", release),
+                 ("deleting the DHCP Service deletes its LoadBalancer", release_dhcp, False)]
     return res_rows
 
 
