@@ -368,6 +368,25 @@ def check_a(env, res, crds):
     env.down(g)
 
 
+def check_baseline(env, res):
+    """Upstream's pair by itself, on Harvester's CRDs: what a and b are measured against."""
+    tag = "a0"
+    label = "a0 upstream CCM vs upstream controller (baseline)"
+    t = time.monotonic()
+    try:
+        h = env.harvester(f"{tag}-h", "harvester")
+        (g,) = env.control_planes(f"{tag}-g")
+        seed_guest(g)
+        env.start_upstream_lb(h, tag)
+    except Exception as e:  # noqa: BLE001
+        res.add(f"{label}: set-up", False, time.monotonic() - t, str(e))
+        return
+    rows = guest_pair(env, tag, h, g, "upstream")
+    run_rows(res, [(f"{label}: {r[0]}",) + tuple(r[1:]) for r in rows])
+    env.down(h)
+    env.down(g)
+
+
 def check_b(env, res):
     tag = "b"
     t = time.monotonic()
@@ -570,7 +589,7 @@ def check_c(env, res, only_seqs=None):
     env.down(ours)
 
 
-CHECKS = ["ccm-harvester-crds", "ccm-our-crds", "our-ccm", "diff", "takeover", "switch-back"]
+CHECKS = ["baseline", "ccm-harvester-crds", "ccm-our-crds", "our-ccm", "diff", "takeover", "switch-back"]
 
 
 def main():
@@ -600,6 +619,8 @@ def main():
     started = datetime.now(timezone.utc)
     t0 = time.monotonic()
     try:
+        if "baseline" in only:
+            check_baseline(env, res)
         if "ccm-harvester-crds" in only:
             check_a(env, res, "harvester")
         if "ccm-our-crds" in only:
@@ -618,15 +639,31 @@ def main():
     finally:
         env.close()
     total = time.monotonic() - t0
+    excuse_as_upstream(res)
     write_table(a, res, started, total)
-    sys.exit(0 if res.rows and all(r["ok"] for r in res.rows) else 1)
+    sys.exit(0 if res.rows and all(r["ok"] or r.get("as_upstream") for r in res.rows) else 1)
+
+
+def excuse_as_upstream(res):
+    """A guest-pair row (a, b) that upstream's own pair (a0, same run) fails too is upstream's
+    behaviour, not a regression: it is shown as such and does not fail the run."""
+    base = "a0 upstream CCM vs upstream controller (baseline): "
+    failed = {r["check"][len(base):] for r in res.rows if r["check"].startswith(base) and not r["ok"]}
+    for r in res.rows:
+        if r["ok"] or r["check"].startswith(base) or not r["check"].startswith(("a ", "b ")):
+            continue
+        if r["check"].split(": ", 1)[-1] in failed:
+            r["as_upstream"] = True
 
 
 def write_table(a, res, started, total):
     lines = [
         f"Interop run {started.strftime('%Y-%m-%d %H:%M UTC')}: load-balancer-harvester {a.lb_commit[:8]}, "
         f"cloud-provider-harvester {a.ccm_commit[:8]}, harvester-cloud {a.our_commit[:8]}; "
-        f"{sum(r['ok'] for r in res.rows)}/{len(res.rows)} passed in {total:.0f} s",
+        f"{sum(r['ok'] for r in res.rows)}/{len(res.rows)} passed"
+        + (f", {sum(bool(r.get('as_upstream')) for r in res.rows)} failed as upstream's own pair does"
+           if any(r.get("as_upstream") for r in res.rows) else "")
+        + f" in {total:.0f} s",
         "",
         "| check | result | time | detail |",
         "|---|---|---|---|",
@@ -635,7 +672,8 @@ def write_table(a, res, started, total):
         detail = r["detail"].replace("|", "\\|").replace("\n", " ")
         if len(detail) > 300:
             detail = detail[:297] + "..."
-        lines.append(f"| {r['check']} | {'pass' if r['ok'] else '**FAIL**'} | {r['secs']} s | {detail} |")
+        result = "pass" if r["ok"] else ("fail, as upstream's pair (a0)" if r.get("as_upstream") else "**FAIL**")
+        lines.append(f"| {r['check']} | {result} | {r['secs']} s | {detail} |")
     text = "\n".join(lines) + "\n"
     with open(a.table, "w") as f:
         f.write(text)
