@@ -15,7 +15,7 @@
 #   scripts/interop.sh --upstream DIR [--only CHECK,...] [--keep]
 #       Build both (cached by commit), start control planes (scripts/control-plane.sh), build this
 #       service, run the checks (a-e, see docs/interop.md) and print the table. Exit status 1 if a
-#       check failed. --only runs a subset (ccm-harvester-crds, ccm-our-crds, our-ccm, diff,
+#       check failed. --only runs a subset (baseline, ccm-harvester-crds, ccm-our-crds, our-ccm, diff,
 #       takeover, switch-back); --keep leaves the control planes and logs for a look afterwards.
 #   scripts/interop.sh build DIR
 #       Only build upstream's two binaries (cached) and print their paths.
