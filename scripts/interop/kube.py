@@ -288,7 +288,8 @@ def dhcp_lease(ns, name):
 class KubeVip(threading.Thread):
     """A stand-in for kube-vip: it writes a Service's `status.loadBalancer.ingress` from the address
     it was asked to announce (`kube-vip.io/loadbalancerIPs` in a guest cluster; `spec.loadBalancerIP`
-    of a VM load balancer's Service on Harvester), leasing a DHCP address for `0.0.0.0`."""
+    of a VM load balancer's Service on Harvester), leasing a DHCP address for `0.0.0.0`, and in a
+    guest cluster the `kube-vip.io/vipHost` annotation, as kube-vip does."""
 
     def __init__(self, k, harvester_side):
         super().__init__(daemon=True)
@@ -324,8 +325,13 @@ class KubeVip(threading.Thread):
                     if want is None or [{"ip": i.get("ip")} for i in (have or [])] == want:
                         continue
                     m = svc["metadata"]
-                    self.k.merge(f"/api/v1/namespaces/{m['namespace']}/services/{m['name']}/status",
-                                 {"status": {"loadBalancer": {"ingress": want}}})
+                    path = f"/api/v1/namespaces/{m['namespace']}/services/{m['name']}"
+                    self.k.merge(path + "/status", {"status": {"loadBalancer": {"ingress": want}}})
+                    if not self.harvester_side:
+                        # kube-vip records the node holding the address (kube-vip.io/vipHost); that
+                        # change is what makes the guest's service controller sync the Service again
+                        # and a cloud provider see the ingress it just got.
+                        self.k.merge(path, {"metadata": {"annotations": {"kube-vip.io/vipHost": "node-1"}}})
             except Exception:  # noqa: BLE001 - a stand-in retries; the checks judge the outcome
                 self.errors += 1
             self.stopped.wait(0.3)
