@@ -229,7 +229,7 @@ def sequences():
     add(Seq("no-pools", [L("ns1", "a"), L("gc-ns", "b", wt="cluster", cluster="gc1")],
             known={r"lb/[^/]+/[ab]/aa$": "empty-allocated-address"},
             what="no pool at all"))
-    add(Seq("pool-after-lb", [L("ns1", "a"), P("g", "10.1.20.0/24", "10.1.20.10", "10.1.20.20"), WAIT("ns1", "a")],
+    add(Seq("pool-after-lb", [L("ns1", "a"), ("pool", pool_obj("g", "10.1.20.0/24", "10.1.20.10", "10.1.20.20"), ("ns1", "a"))],
             known={r"lb/ns1/a/aa$": "empty-allocated-address"},
             what="a load balancer waiting for a pool gets one when it appears"))
     # --- allocation order ---
@@ -620,6 +620,8 @@ def run(up, ours, only, say, on_result=None):
                 if step[0] == "lb-nowait":
                     continue
                 wait_for = step[1:3] if step[0] == "wait-address" else None
+                if step[0] == "pool" and len(step) > 2:
+                    wait_for = step[2]  # a pool that a waiting load balancer should now get
                 (su, so), errs = both(lambda k: settle(k, wait_for), up, ours)
                 if errs[0] or errs[1]:
                     raise RuntimeError(f"snapshot failed: {errs}")
