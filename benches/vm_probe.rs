@@ -124,19 +124,18 @@ async fn seed(store: &Arc<dyn ObjectStore>, lbs: usize) {
             for i in chunk {
                 for j in 0..BACKENDS_PER_LB {
                     let k = i * BACKENDS_PER_LB + j;
+                    // KubeVirt's shape (kubevirt.io/api/core/v1), status written with the object
+                    // as KubeVirt's VMI CRD has no status subresource.
+                    let ip = backend(k).to_string();
                     let vmi: VirtualMachineInstance = serde_json::from_value(serde_json::json!({
                         "metadata": {"name": format!("vm{k}"), "namespace": "default",
                                      "labels": {"lb": format!("lb{i}")}},
-                        "spec": {}
+                        "spec": {"domain": {"devices": {}}},
+                        "status": {"phase": "Running",
+                            "interfaces": [{"name": "default", "ipAddress": ip, "ipAddresses": [ip]}]}
                     }))
                     .expect("a VMI");
-                    let mut vmi = vmis.create(&vmi).await.expect("creates a VMI");
-                    vmi.rest.insert(
-                        "status".into(),
-                        serde_json::json!({"phase": "Running",
-                            "interfaces": [{"name": "default", "ip": backend(k).to_string()}]}),
-                    );
-                    vmis.replace_status(&vmi).await.expect("writes its status");
+                    vmis.create(&vmi).await.expect("creates a VMI");
                 }
                 let mut lb = LoadBalancer::new(
                     &format!("lb{i}"),

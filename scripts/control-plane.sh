@@ -2,9 +2,12 @@
 # A real Kubernetes control plane on loopback for the tests: etcd, kube-apiserver and
 # kube-controller-manager built from the upstream Go modules pinned in tools/control-plane.
 #
-#   scripts/control-plane.sh build         build the three binaries (cached) and print their dir
+#   scripts/control-plane.sh build         build the three binaries and the foreign kinds (both
+#                                          cached) and print the binaries' dir
+#   scripts/control-plane.sh foreign       build the foreign kinds only (cached) and print their dir
 #   scripts/control-plane.sh up DIR        build when not cached, then start all three with state
-#                                          in DIR; writes DIR/admin.kubeconfig and DIR/env
+#                                          in DIR; writes DIR/admin.kubeconfig and DIR/env, and
+#                                          copies the foreign kinds into DIR/foreign
 #   scripts/control-plane.sh down DIR      stop exactly what `up DIR` started
 #   scripts/control-plane.sh with N CMD... start N control planes (in parallel, under a temporary
 #                                          dir), run CMD with HARVESTER_CLOUD_CONTROL_PLANES set
@@ -13,6 +16,12 @@
 # The binaries are cached outside the repository, keyed by the pinned versions and a hash of
 # go.mod/go.sum: ${HARVESTER_CLOUD_CACHE:-~/.cache/harvester-cloud}/control-plane/<key>/. A cold
 # build takes 10-20 minutes on two cores (it prints progress); a cached one takes no time.
+#
+# The foreign kinds are the definitions of what we read and do not own, from their upstreams:
+# tools/foreign-crds writes KubeVirt's VM, VMI and migration CRDs as virt-operator generates them
+# and Multus's NetworkAttachmentDefinition CRD, and prints VMIs built from KubeVirt's Go types.
+# Cached the same way under .../foreign-kinds/<key>/ (the tool as bin/foreign-crds, its CRDs in
+# crds/); a cold build takes 5-10 minutes on two cores.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -75,6 +84,47 @@ build() {
     rm -rf "$bindir"
     mv "$bindir.partial" "$bindir"
     say "built in $((SECONDS - start)) s"
+}
+
+fmod="$root/tools/foreign-crds"
+fmodversion() {
+    awk -v m="$1" '$1 == m && $2 ~ /^v/ { print $2; exit }' "$fmod/go.mod"
+}
+kubevirt_version="$(fmodversion kubevirt.io/kubevirt)"
+nad_version="$(fmodversion github.com/k8snetworkplumbingwg/network-attachment-definition-client)"
+[ -n "$kubevirt_version" ] && [ -n "$nad_version" ] || die "cannot read the pinned versions from $fmod/go.mod"
+fsum="$(cat "$fmod/go.mod" "$fmod/go.sum" "$fmod"/*.go | sha256sum | cut -c1-12)"
+foreigndir="$cache_root/foreign-kinds/kubevirt-$kubevirt_version-nad-$nad_version-$fsum"
+
+build_foreign() {
+    if [ -x "$foreigndir/bin/foreign-crds" ] && [ -f "$foreigndir/crds/virtualmachineinstances.kubevirt.io.json" ]; then
+        return 0
+    fi
+    command -v go >/dev/null || die "step foreign: go is not on PATH (Go 1.26 with the module proxy is needed)"
+    say "building the foreign kinds (KubeVirt $kubevirt_version, NetworkAttachmentDefinition $nad_version) into $foreigndir"
+    say "(a cold build takes 5-10 minutes on two cores; it is cached by version afterwards)"
+    local start=$SECONDS
+    rm -rf "$foreigndir.partial"
+    mkdir -p "$foreigndir.partial/bin"
+    (
+        cd "$fmod"
+        say "step foreign: go mod download"
+        go mod download || die "step foreign: go mod download failed in $fmod"
+        say "step foreign: go build tools/foreign-crds"
+        (while sleep 60; do say "  still building foreign-crds ($((SECONDS - start)) s)"; done) &
+        local ticker=$!
+        if ! CGO_ENABLED=0 go build -trimpath -o "$foreigndir.partial/bin/foreign-crds" .; then
+            kill "$ticker" 2>/dev/null || true
+            die "step foreign: go build failed in $fmod"
+        fi
+        kill "$ticker" 2>/dev/null || true
+        wait "$ticker" 2>/dev/null || true
+    )
+    say "step foreign: writing the CRDs"
+    "$foreigndir.partial/bin/foreign-crds" crds "$foreigndir.partial/crds" || die "step foreign: foreign-crds crds failed"
+    rm -rf "$foreigndir"
+    mv "$foreigndir.partial" "$foreigndir"
+    say "foreign kinds built in $((SECONDS - start)) s"
 }
 
 # Free loopback ports, as many as asked, chosen by the kernel.
@@ -227,6 +277,7 @@ start() { # start NAME BINARY ARGS...
 
 up() {
     build
+    build_foreign
     mkdir -p "$dir"
     dir="$(cd "$dir" && pwd)"
     if pid_alive etcd || pid_alive kube-apiserver || pid_alive kube-controller-manager; then
@@ -297,6 +348,10 @@ up() {
     done
     ((i < 300)) || die "step start: kube-controller-manager made no default ServiceAccount in 60 s; its log: $dir/kube-controller-manager.log"
 
+    # The tests install these CRDs and make VMIs with this tool (tests/support/kube_env.rs).
+    rm -rf "$dir/foreign"
+    cp -r "$foreigndir" "$dir/foreign"
+
     cat >"$dir/env" <<EOF
 KUBE_CONTROL_PLANE=$dir
 KUBECONFIG_ADMIN=$dir/admin.kubeconfig
@@ -331,6 +386,7 @@ with() {
     shift
     [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "usage: $0 with N CMD..."
     build
+    build_foreign
     # Globals, not locals: the EXIT trap runs after this function has returned.
     with_base="$(mktemp -d "${TMPDIR:-/tmp}/harvester-cloud-cp.XXXXXX")"
     with_dirs=()
@@ -378,7 +434,12 @@ with)
     ;;
 build)
     build
+    build_foreign
     echo "$bindir"
+    ;;
+foreign)
+    build_foreign
+    echo "$foreigndir"
     ;;
 up)
     [ $# -eq 2 ] || die "usage: $0 up DIR"
@@ -391,6 +452,6 @@ down)
     down
     ;;
 *)
-    die "usage: $0 build | up DIR | down DIR"
+    die "usage: $0 build | foreign | up DIR | down DIR | with N CMD..."
     ;;
 esac

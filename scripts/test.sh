@@ -24,7 +24,7 @@ cargo fmt --all --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "real control plane: kube-apiserver, kube-controller-manager, etcd (built once, cached by version)"
+step "real control plane: kube-apiserver, kube-controller-manager, etcd, and the foreign kinds (KubeVirt's and Multus's CRDs from tools/foreign-crds); built once, cached by version"
 scripts/control-plane.sh build >/dev/null
 
 step "cargo nextest run --workspace (Kubernetes tests against ${HARVESTER_CLOUD_CONTROL_PLANES_COUNT:-3} real control planes)"

@@ -774,6 +774,56 @@ pub mod cases {
     /// A rotation's new token works at once; the one it replaced works through its grace; a
     /// second rotation ends the token before that at once (only the newest two work); a short
     /// grace ends when it says, and POST and GET hand out the newest token.
+    /// Rotations of one account at once: each answers 200 or a 409 that says to retry; after each
+    /// round GET serves a token that one of them answered and that works, and no more than two
+    /// token Secrets are left. An older rotation's clean-up deleted the token a newer one had just
+    /// made current (GET 404, the newest token refused).
+    pub async fn concurrent_rotations_keep_the_newest_token<B: Backend>(b: B) {
+        let user = "system:serviceaccount:gc-test:gc9";
+        let first = token_of(&b.post(&account("gc-test", "gc9")).await.kubeconfig());
+        let body = serde_json::json!({"namespace": "gc-test", "serviceAccountName": "gc9", "gracePeriod": "1h"});
+        let mut answered = vec![first];
+        for round in 0..6 {
+            let replies = futures::future::join_all((0..4).map(|_| rotate(&b, body.clone()))).await;
+            for r in &replies {
+                match r.status {
+                    StatusCode::OK => answered.push(token_of(&r.kubeconfig())),
+                    StatusCode::CONFLICT => assert!(r.text().contains("retry"), "{}", r.text()),
+                    other => panic!("round {round}: rotation answered {other}: {}", r.text()),
+                }
+            }
+            let got = b.get("namespace=gc-test&serviceAccountName=gc9").await;
+            assert_eq!(got.status, StatusCode::OK, "round {round}: {}", got.text());
+            let current = token_of(&got.kubeconfig());
+            assert!(
+                answered.contains(&current),
+                "round {round}: GET serves a token no request was given"
+            );
+            eventually(
+                &format!("round {round}: the current token to work"),
+                async || b.token_works(&current, user).await.then_some(()),
+            )
+            .await;
+            let secrets = b
+                .store()
+                .list(
+                    &Kind::of::<Secret>(),
+                    Some("gc-test"),
+                    &LabelSelector::everything(),
+                )
+                .await
+                .unwrap();
+            let tokens = secrets
+                .items
+                .iter()
+                .filter(|s| {
+                    s["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "gc9"
+                })
+                .count();
+            assert!(tokens <= 2, "round {round}: {tokens} token Secrets");
+        }
+    }
+
     pub async fn rotation_keeps_the_old_token_for_its_grace<B: Backend>(b: B) {
         let _sweeper = sweeper(&b);
         let user = "system:serviceaccount:gc-test:gc4";
@@ -1115,6 +1165,7 @@ suite!(
         get_is_as_lenient_as_upstream,
         get_checks_the_bindings,
         rotation_keeps_the_old_token_for_its_grace,
+        concurrent_rotations_keep_the_newest_token,
         rotation_refusals,
         an_expiring_token_stops,
         cloud_config_path_writes_one_file,

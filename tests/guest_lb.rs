@@ -566,13 +566,13 @@ impl GuestEnv for KubeEnv {
             ccm.stop().await;
         }
         let vms = Api::<VirtualMachine>::new(self.b.store());
-        let vm: VirtualMachine = serde_json::from_value(json!({
-            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-            "metadata": {"name": format!("{CLUSTER}-pool1-abcde"), "namespace": NS,
-                "labels": {"harvesterhci.io/creator": "docker-machine-driver-harvester",
-                           "guestcluster.harvesterhci.io/name": CLUSTER}},
-            "spec": {"running": true}
-        }))
+        let vm: VirtualMachine = serde_json::from_value(
+            support::foreign::vm(&format!("{CLUSTER}-pool1-abcde"))
+                .namespace(NS)
+                .label("harvesterhci.io/creator", "docker-machine-driver-harvester")
+                .label("guestcluster.harvesterhci.io/name", CLUSTER)
+                .build(),
+        )
         .expect("vm");
         vms.create(&vm).await.expect("creates the VM");
         let name = format!("{CLUSTER}-pool1-abcde");
@@ -824,11 +824,11 @@ fn on_network(network: &str) -> Value {
 async fn create_nads<E: GuestEnv>(env: &E, names: &[&str]) {
     let nads = Api::<NetworkAttachmentDefinition>::new(env.harvester().store());
     for name in names {
-        let nad: NetworkAttachmentDefinition = serde_json::from_value(json!({
-            "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"config": "{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\"}"}
-        }))
+        let nad: NetworkAttachmentDefinition = serde_json::from_value(
+            support::foreign::nad(name)
+                .config(r#"{"cniVersion":"0.3.1","type":"bridge"}"#)
+                .build(),
+        )
         .expect("nad");
         nads.create(&nad).await.expect("creates");
     }
@@ -1369,28 +1369,28 @@ mod cases {
         if env.harvester_admission() {
             // findNetwork: a VMI labelled with the guest cluster wins over the legacy name prefix.
             let vmis = Api::<VirtualMachineInstance>::new(env.harvester().store());
-            for (name, labels, network) in [
+            for (name, label, network) in [
                 (
                     format!("{CLUSTER}-legacy"),
-                    json!({"harvesterhci.io/creator": "docker-machine-driver-harvester"}),
+                    ("harvesterhci.io/creator", "docker-machine-driver-harvester"),
                     "default/vlan20",
                 ),
                 (
                     "node-a".to_string(),
-                    json!({"guestcluster.harvesterhci.io/name": CLUSTER}),
+                    ("guestcluster.harvesterhci.io/name", CLUSTER),
                     "default/vlan10",
                 ),
             ] {
-                let vmi: VirtualMachineInstance = serde_json::from_value(json!({
-                    "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-                    "metadata": {"name": name, "namespace": NS, "labels": labels},
-                    // A Multus network with an empty name is skipped
-                    // (pkg/webhook/loadbalancer/mutator.go, getFirstMultusNetworkNameFromVMI).
-                    "spec": {"networks": [{"name": "default", "pod": {}},
-                        {"name": "nic0", "multus": {"networkName": ""}},
-                        {"name": "nic", "multus": {"networkName": network}}]}
-                }))
-                .expect("vmi");
+                // A Multus network with an empty name is skipped
+                // (pkg/webhook/loadbalancer/mutator.go, getFirstMultusNetworkNameFromVMI).
+                let vmi = support::foreign::vmi(&name)
+                    .namespace(NS)
+                    .label(label.0, label.1)
+                    .pod_network(&[], None)
+                    .multus("nic0", "", &[], None)
+                    .multus("nic", network, &[], None)
+                    .build();
+                let vmi: VirtualMachineInstance = serde_json::from_value(vmi).expect("vmi");
                 vmis.create(&vmi).await.expect("creates");
             }
             env.put(mk_svc("default", "plain", &[("TCP", 80)], &[]))
@@ -1443,29 +1443,23 @@ mod cases {
         address(&env, "default", "first").await;
         create_nads(&env, &["vlan10", "vlan20"]).await;
         let vmis = support::vmi_api(env.harvester().store());
-        // (name, cluster, phase, [(NIC, NAD, guest interface)])
+        // (name, cluster, phase, [(NIC, NAD, guest interface)]), from KubeVirt's Go types.
+        let vmi_of = |name: &str, cluster: &str, phase: &str, nics: &[(&str, &str, &str)]| {
+            let mut vmi = support::foreign::vmi(name)
+                .namespace(NS)
+                .label("guestcluster.harvesterhci.io/name", cluster)
+                .phase(phase)
+                .pod_network(&[], Some("eth0"));
+            for (nic, nad, iface) in nics {
+                vmi = vmi.multus(nic, nad, &[], Some(iface));
+            }
+            vmi
+        };
+        let typed = |vmi: &support::foreign::Vmi| {
+            serde_json::from_value::<VirtualMachineInstance>(vmi.build()).expect("vmi")
+        };
         let mk_vmi = |name: &str, cluster: &str, phase: &str, nics: &[(&str, &str, &str)]| {
-            let networks: Vec<Value> = std::iter::once(json!({"name": "default", "pod": {}}))
-                .chain(
-                    nics.iter()
-                        .map(|(nic, nad, _)| json!({"name": nic, "multus": {"networkName": nad}})),
-                )
-                .collect();
-            let interfaces: Vec<Value> =
-                std::iter::once(json!({"name": "default", "interfaceName": "eth0"}))
-                    .chain(
-                        nics.iter()
-                            .map(|(nic, _, iface)| json!({"name": nic, "interfaceName": iface})),
-                    )
-                    .collect();
-            serde_json::from_value::<VirtualMachineInstance>(json!({
-                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-                "metadata": {"name": name, "namespace": NS,
-                    "labels": {"guestcluster.harvesterhci.io/name": cluster}},
-                "spec": {"networks": networks},
-                "status": {"phase": phase, "interfaces": interfaces}
-            }))
-            .expect("vmi")
+            typed(&vmi_of(name, cluster, phase, nics))
         };
         for vmi in [
             mk_vmi(
@@ -1504,26 +1498,22 @@ mod cases {
         // Not counted either (pkg/utils/vmi.go, GetCommonVMINADs; pkg/controller/
         // virtualmachineinstance/controller.go lists by the cluster label alone): a node migrating,
         // and a node-driver VMI named like the cluster's nodes but not labelled.
-        let mut migrating = mk_vmi(
-            "node-d",
-            CLUSTER,
-            "Running",
-            &[("nic-1", "default/vlan10", "enp8s0")],
+        let migrating = typed(
+            &vmi_of(
+                "node-d",
+                CLUSTER,
+                "Running",
+                &[("nic-1", "default/vlan10", "enp8s0")],
+            )
+            .migrating(),
         );
-        migrating.rest["status"]["migrationState"] = json!({"completed": false});
         vmis.create(&migrating).await.expect("creates");
-        let mut unlabelled = mk_vmi(
-            &format!("{CLUSTER}-pool1-legacy"),
-            CLUSTER,
-            "Running",
-            &[("nic-1", "default/vlan10", "enp7s0")],
-        );
-        unlabelled.metadata.labels = Some(
-            [(
-                "harvesterhci.io/creator".to_string(),
-                "docker-machine-driver-harvester".to_string(),
-            )]
-            .into(),
+        let unlabelled = typed(
+            &support::foreign::vmi(&format!("{CLUSTER}-pool1-legacy"))
+                .namespace(NS)
+                .label("harvesterhci.io/creator", "docker-machine-driver-harvester")
+                .pod_network(&[], Some("eth0"))
+                .multus("nic-1", "default/vlan10", &[], Some("enp7s0")),
         );
         vmis.create(&unlabelled).await.expect("creates");
         let value = async || -> Option<String> {
@@ -1586,7 +1576,7 @@ mod cases {
             .expect("reads")
             .expect("exists");
         b.rest["status"]["interfaces"][2]["interfaceName"] = json!("enp3s0");
-        vmis.replace_status(&b).await.expect("updates");
+        vmis.replace(&b).await.expect("updates");
         eventually("the NAD mapping to take vlan20", async || {
             (value().await.as_deref()
                 == Some(r#"{"default/vlan10":"enp2s0","default/vlan20":"enp3s0"}"#))
@@ -1632,7 +1622,7 @@ mod cases {
         for name in ["node-a", "node-b"] {
             let mut v = vmis.get(NS, name).await.expect("reads").expect("exists");
             v.rest["status"]["phase"] = json!("Succeeded");
-            vmis.replace_status(&v).await.expect("updates");
+            vmis.replace(&v).await.expect("updates");
         }
         eventually("the NAD mapping to be emptied", async || {
             (value().await.as_deref() == Some("")).then_some(())
@@ -2368,12 +2358,13 @@ mod embedded_http {
         address(&env, "default", "one").await;
         assert_eq!(running(), 1.0);
         let vmis = support::vmi_api(env.b.store());
-        let vmi: VirtualMachineInstance = serde_json::from_value(json!({
-            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-            "metadata": {"name": "node-a", "namespace": NS, "labels": {"guestcluster.harvesterhci.io/name": CLUSTER}},
-            "spec": {"networks": [{"name": "nic-1", "multus": {"networkName": "default/vlan10"}}]},
-            "status": {"phase": "Running", "interfaces": [{"name": "nic-1", "interfaceName": "enp2s0"}]}
-        }))
+        let vmi: VirtualMachineInstance = serde_json::from_value(
+            support::foreign::vmi("node-a")
+                .namespace(NS)
+                .label("guestcluster.harvesterhci.io/name", CLUSTER)
+                .multus("nic-1", "default/vlan10", &[], Some("enp2s0"))
+                .build(),
+        )
         .expect("vmi");
         support::create_vmi(env.b.store(), &vmi).await;
         eventually("the NAD mapping", async || env.nad_mapping().await).await;
@@ -2400,7 +2391,7 @@ mod embedded_http {
             .expect("reads")
             .expect("exists");
         vmi.rest["status"]["interfaces"][0]["interfaceName"] = json!("enp3s0");
-        vmis.replace_status(&vmi).await.expect("updates");
+        vmis.replace(&vmi).await.expect("updates");
         // No reconciler of the cluster exists any more to write it (the gauge counts finished ones
         // out only once they have ended).
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -2432,11 +2423,23 @@ mod kube_only {
     use super::*;
 
     /// A DHCP lease the guest's kube-vip reports cannot be written to the LoadBalancer's status with
-    /// Harvester's `harvesterhci.io:cloudprovider` role (no `loadbalancers/status`): the ccm skips
-    /// it and keeps serving.
+    /// Harvester's `harvesterhci.io:cloudprovider` role where the CRD has a status subresource (the
+    /// role has no `loadbalancers/status`): the ccm skips it and keeps serving.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lease_is_not_reported_without_the_status_permission() {
+        lease_reported(true).await;
+    }
+
+    /// On Harvester's own CRDs (no status subresource) the status is part of the LoadBalancer, which
+    /// the role allows: the lease is reported.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_is_reported_on_harvester_s_crds() {
+        lease_reported(false).await;
+    }
+
+    async fn lease_reported(status_subresource: bool) {
         let env = KubeEnv::start().await;
+        support::kube_env::install_lb_crds(&env.b.client, status_subresource).await;
         create_pool(
             &env,
             "p1",
@@ -2463,6 +2466,16 @@ mod kube_only {
         api.replace_status("leased", &PostParams::default(), &current)
             .await
             .expect("kube-vip writes the status");
+        if !status_subresource {
+            let lb = eventually("the lease reported on the LoadBalancer", async || {
+                let lb = lb_of(&env, &svc).await?;
+                (lb["status"]["address"] == "192.168.50.7").then_some(lb)
+            })
+            .await;
+            // Its allocation is the pool's business: DHCP has none.
+            assert_eq!(lb["spec"]["ipam"], "dhcp");
+            return;
+        }
         // The ccm tries (as the cloud-config's service account) and is refused.
         let status_path = format!(
             "/apis/loadbalancer.harvesterhci.io/v1beta1/namespaces/{NS}/loadbalancers/{}/status",

@@ -10,16 +10,11 @@ mod support;
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use harvester_cloud::{
-    app, controller::leader::AlwaysLeader, crd, lb, store::ObjectStore,
-    store::kubernetes::StatusShape,
-};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceDefinition, CustomResourceSubresourceStatus, CustomResourceSubresources,
-};
+use harvester_cloud::{app, controller::leader::AlwaysLeader, crd, lb, store::ObjectStore};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api, Client,
-    api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+    api::{ApiResource, DeleteParams, DynamicObject, PostParams},
 };
 use serde_json::json;
 use support::{KubeBackend, control_plane::ControlPlane, eventually};
@@ -59,53 +54,9 @@ fn lbs(client: &Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, &ar("LoadBalancer", "loadbalancers"))
 }
 
-/// The shipped CRDs, with or without a status subresource.
-fn crds_with_status(subresource: bool) -> Vec<CustomResourceDefinition> {
-    let mut crds = crd::crds();
-    for v in crds.iter_mut().flat_map(|c| c.spec.versions.iter_mut()) {
-        v.subresources = Some(CustomResourceSubresources {
-            status: subresource.then(|| CustomResourceSubresourceStatus(json!({}))),
-            ..Default::default()
-        });
-    }
-    crds
-}
-
 /// Applies the CRDs in that shape and waits until discovery serves it.
 async fn install(client: &Client, subresource: bool) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for mut c in crds_with_status(subresource) {
-        let name = c.metadata.name.clone().expect("named");
-        c.metadata.managed_fields = None;
-        let mut v = serde_json::to_value(&c).expect("JSON");
-        v["apiVersion"] = json!("apiextensions.k8s.io/v1");
-        v["kind"] = json!("CustomResourceDefinition");
-        api.patch(
-            &name,
-            &PatchParams::apply("harvester-cloud-tests").force(),
-            &Patch::Apply(&v),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("applies {name}: {e}"));
-    }
-    let want = if subresource {
-        StatusShape::Subresource
-    } else {
-        StatusShape::Field
-    };
-    for kind in [crd::pool_kind(), crd::lb_kind()] {
-        eventually(
-            &format!("{} served with {want:?}", kind.plural),
-            async || {
-                let shape = harvester_cloud::store::kubernetes::KubeStore::new(client.clone())
-                    .require(&kind)
-                    .await
-                    .ok()?;
-                (shape == want).then_some(())
-            },
-        )
-        .await;
-    }
+    support::kube_env::install_lb_crds(client, subresource).await;
 }
 
 async fn create_pool(client: &Client, name: &str, subnet: &str, start: &str, end: &str) {

@@ -302,11 +302,14 @@ async fn writes_through_the_api_server_are_admitted_by_the_service() {
     );
     vmis.create(
         &PostParams::default(),
-        &object(json!({
-            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-            "metadata": {"name": "node-a", "namespace": NS, "labels": {"guestcluster.harvesterhci.io/name": "gc1"}},
-            "spec": {"networks": [{"name": "default", "pod": {}}, {"name": "nic-1", "multus": {"networkName": "default/vlan10"}}]}
-        })),
+        &object(
+            support::foreign::vmi("node-a")
+                .namespace(NS)
+                .label("guestcluster.harvesterhci.io/name", "gc1")
+                .pod_network(&[], None)
+                .multus("nic-1", "default/vlan10", &[], None)
+                .build(),
+        ),
     )
     .await
     .expect("creates the VMI");

@@ -133,13 +133,13 @@ async fn foreign_account(store: &Arc<dyn ObjectStore>, ns: &str, name: &str) {
 
 /// A node VM of guest cluster `cluster`, as Rancher's node driver makes it.
 async fn node_vm(store: &Arc<dyn ObjectStore>, ns: &str, name: &str, cluster: &str) {
-    let vm: VirtualMachine = serde_json::from_value(json!({
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-        "metadata": {"name": name, "namespace": ns, "labels": {
-            "harvesterhci.io/creator": "docker-machine-driver-harvester",
-            "guestcluster.harvesterhci.io/name": cluster}},
-        "spec": {"running": true}
-    }))
+    let vm: VirtualMachine = serde_json::from_value(
+        support::foreign::vm(name)
+            .namespace(ns)
+            .label("harvesterhci.io/creator", "docker-machine-driver-harvester")
+            .label("guestcluster.harvesterhci.io/name", cluster)
+            .build(),
+    )
     .expect("vm");
     Api::<VirtualMachine>::new(store.clone())
         .create(&vm)

@@ -332,12 +332,15 @@ async fn ensure_namespace<B: Backend>(b: &B, name: &str, project: Option<&str>) 
 
 /// A VM network (NetworkAttachmentDefinition) on VLAN `vlan`.
 async fn ensure_network<B: Backend>(b: &B, namespace: &str, name: &str, vlan: u32) {
-    let nad: NetworkAttachmentDefinition = serde_json::from_value(json!({
-        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {"network.harvesterhci.io/vlan-id": vlan.to_string()}},
-        "spec": {"config": format!("{{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\",\"vlan\":{vlan}}}")}
-    }))
+    let nad: NetworkAttachmentDefinition = serde_json::from_value(
+        support::foreign::nad(name)
+            .namespace(namespace)
+            .label("network.harvesterhci.io/vlan-id", &vlan.to_string())
+            .config(&format!(
+                r#"{{"cniVersion":"0.3.1","type":"bridge","vlan":{vlan}}}"#
+            ))
+            .build(),
+    )
     .expect("nad");
     match Api::<NetworkAttachmentDefinition>::new(b.store())
         .create(&nad)
@@ -837,13 +840,12 @@ pub mod cases {
 
         // A node of guest cluster gc1, as Rancher's node driver makes it.
         let vms = Api::<VirtualMachine>::new(b.store());
-        let vm: VirtualMachine = serde_json::from_value(json!({
-            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-            "metadata": {"name": "gc1-pool1-abcde", "namespace": "default", "labels": {
-                "harvesterhci.io/creator": "docker-machine-driver-harvester",
-                "guestcluster.harvesterhci.io/name": "gc1"}},
-            "spec": {"running": true}
-        }))
+        let vm: VirtualMachine = serde_json::from_value(
+            support::foreign::vm("gc1-pool1-abcde")
+                .label("harvesterhci.io/creator", "docker-machine-driver-harvester")
+                .label("guestcluster.harvesterhci.io/name", "gc1")
+                .build(),
+        )
         .expect("vm");
         vms.create(&vm).await.expect("creates the vm");
         let vm = eventually("the VM to get the cleanup finalizer", async || {
@@ -2154,27 +2156,19 @@ mod kube_networks {
         let b = KubeBackend::start().await;
         let probe = support::Refusals::refusal_probes(&b);
         let nads = Api::<NetworkAttachmentDefinition>::new(b.store());
-        for (name, labels, config) in [
-            (
-                "label-ten",
-                json!({"network.harvesterhci.io/vlan-id": "ten"}),
-                "{}",
-            ),
-            (
-                "label-zeros",
-                json!({"network.harvesterhci.io/vlan-id": "007"}),
-                "{}",
-            ),
-            ("config-12", json!({}), r#"{"type":"bridge","vlan":12}"#),
-            ("config-text", json!({}), "not json"),
-            ("config-string", json!({}), r#"{"vlan":"5"}"#),
+        for (name, vlan_label, config) in [
+            ("label-ten", Some("ten"), "{}"),
+            ("label-zeros", Some("007"), "{}"),
+            ("config-12", None, r#"{"type":"bridge","vlan":12}"#),
+            ("config-text", None, "not json"),
+            ("config-string", None, r#"{"vlan":"5"}"#),
         ] {
-            let nad: NetworkAttachmentDefinition = serde_json::from_value(json!({
-                "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-                "metadata": {"name": name, "namespace": "default", "labels": labels},
-                "spec": {"config": config}
-            }))
-            .expect("nad");
+            let mut nad = support::foreign::nad(name).config(config);
+            if let Some(vlan) = vlan_label {
+                nad = nad.label("network.harvesterhci.io/vlan-id", vlan);
+            }
+            let nad: NetworkAttachmentDefinition =
+                serde_json::from_value(nad.build()).expect("nad");
             nads.create(&nad).await.expect("creates");
         }
         let on = |pool: &str, network: &str, subnet: &str| {

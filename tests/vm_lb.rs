@@ -3,8 +3,9 @@
 //! Each case runs by itself in a private network namespace (`support::netns`): the backends
 //! listen on documentation addresses (203.0.113.2 and .3) on its `lo`, because kube-apiserver
 //! refuses loopback addresses in EndpointSlices; on Kubernetes the case's own control plane runs in
-//! there too. The VMIs are written as KubeVirt writes them (on Kubernetes the object and then its
-//! status through the status subresource; on the embedded store through the steve-style API), and
+//! there too. The VMIs are built from KubeVirt's Go types (`support::foreign`) and written as
+//! KubeVirt writes them, status included (on Kubernetes under KubeVirt's own CRD, which has no
+//! status subresource; on the embedded store through the steve-style API), and
 //! on Kubernetes the case plays kube-vip: it fills the Service's ingress. On the embedded store the
 //! service does that itself.
 
@@ -183,15 +184,8 @@ impl VmEnv for Kube {
                 support::create_vmi(self.b.store(), &vmi).await;
             }
             Some(old) => {
-                let status = vmi.rest.remove("status");
                 vmi.metadata.resource_version = old.metadata.resource_version;
-                let mut stored = api.replace(&vmi).await.expect("replaces the VMI");
-                if let Some(status) = status {
-                    stored.rest.insert("status".into(), status);
-                }
-                api.replace_status(&stored)
-                    .await
-                    .expect("writes the VMI's status");
+                api.replace(&vmi).await.expect("replaces the VMI");
             }
         }
     }
@@ -311,16 +305,13 @@ fn at(address: &str, port: u16) -> SocketAddr {
 
 // --- Objects -------------------------------------------------------------------------------------
 
+/// A running VMI on the pod network with address `ip`, built from KubeVirt's Go types.
 fn mk_vmi(name: &str, app: &str, ip: &str) -> Value {
-    json!({
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-        "metadata": {"name": name, "namespace": NS, "labels": {"app": app}},
-        "spec": {"domain": {"devices": {"interfaces": [{"name": "default"}]}},
-                 "networks": [{"name": "default", "pod": {}}]},
-        "status": {"phase": "Running",
-                   "interfaces": [{"name": "default", "interfaceName": "eth0", "ip": ip,
-                                   "ipAddresses": [ip]}]}
-    })
+    support::foreign::vmi(name)
+        .namespace(NS)
+        .label("app", app)
+        .pod_network(&[ip], Some("eth0"))
+        .build()
 }
 
 fn mk_lb(name: &str, app: &str, port: i32, annotations: Value) -> Value {

@@ -111,10 +111,10 @@ impl VirtualMachine {
     }
 }
 
-/// The store descriptor of VirtualMachineInstances, with KubeVirt's status subresource (its CRD has
-/// one: `status.interfaces` is written through it).
+/// The store descriptor of VirtualMachineInstances. KubeVirt's VMI CRD has no status subresource
+/// (virt-controller and virt-handler write `status` with the object), unlike its VM CRD.
 pub fn vmi_kind() -> crate::store::Kind {
-    crate::store::Kind::of::<VirtualMachineInstance>().with_status_subresource()
+    crate::store::Kind::of::<VirtualMachineInstance>()
 }
 
 impl VirtualMachineInstance {

@@ -125,6 +125,16 @@ impl Listener {
             backend_port,
         }
     }
+
+    /// The protocol as Kubernetes takes it: an empty one is TCP (upstream's CRD and webhook accept
+    /// an empty protocol, and a Service port without one is TCP).
+    pub fn effective_protocol(&self) -> &str {
+        if self.protocol.is_empty() {
+            "TCP"
+        } else {
+            &self.protocol
+        }
+    }
 }
 
 /// How a VM load balancer probes its backends (TCP on a listener's backend port).

@@ -115,6 +115,11 @@ impl CloudConfig {
             });
         }
         self.check_bindings(&base, &sa_uid).await?;
+        // The tokens this rotation may end, read after the ServiceAccount: any token made later is
+        // a concurrent rotation's, which either loses the switch (it read the ServiceAccount before
+        // this one switched it) or comes after this one, and is never this one's to end. Ending
+        // whatever was there at clean-up time deleted a newer rotation's fresh current token.
+        let old = self.token_secrets(&base).await.map_err(store_err(ROTATE))?;
 
         // The new token.
         let suffix = crate::validation::random_alnum(5);
@@ -168,7 +173,6 @@ impl CloudConfig {
 
         // The old ones: the replaced token gets its grace, older ones (and a replaced one with no
         // grace) stop now.
-        let old = self.token_secrets(&base).await.map_err(store_err(ROTATE))?;
         for secret in old {
             let name = secret.metadata.name.clone().unwrap_or_default();
             if name == new_names.secret {

@@ -452,6 +452,17 @@ fn parse_duration(v: &str) -> Option<Duration> {
     (digits.is_empty() && parts > 0).then(|| Duration::from_secs(total))
 }
 
+/// YAML's printable set (YAML 1.1 and 1.2, as PyYAML checks it).
+fn yaml_printable(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{7E}' | '\u{85}' | '\u{A0}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..)
+}
+
+/// One of Unicode's 66 noncharacters.
+fn noncharacter(c: char) -> bool {
+    let v = u32::from(c);
+    (0xFDD0..=0xFDEF).contains(&v) || v & 0xFFFE == 0xFFFE
+}
+
 /// `cloudConfigPath`: absolute, normalised (no `.` or `..` part, no empty part, no trailing
 /// `/`), printable without spaces (cloud-init writes it as given), at most [`MAX_PATH`] bytes.
 fn check_path(p: &str) -> Result<(), RequestError> {
@@ -472,6 +483,15 @@ fn check_path(p: &str) -> Result<(), RequestError> {
     }
     if p.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return bad("has a space or a control character");
+    }
+    // cloud-init reads its user data with PyYAML, which refuses what YAML does not call printable
+    // (U+FFFE and U+FFFF among them) in any scalar; the other Unicode noncharacters are no one's
+    // file name either.
+    if let Some(c) = p.chars().find(|&c| !yaml_printable(c) || noncharacter(c)) {
+        return bad(&format!(
+            "has U+{:04X}, which cloud-init's YAML cannot carry",
+            u32::from(c)
+        ));
     }
     if p == "/" || p.ends_with('/') {
         return bad("names a directory, not a file");
@@ -557,6 +577,22 @@ mod tests {
                 "is not normalised",
             ),
             (r#","cloudConfigPath":"/etc//cfg""#, "is not normalised"),
+            (
+                r#","cloudConfigPath":"/etc/cfg\uffff""#,
+                "has U+FFFF, which cloud-init's YAML cannot carry",
+            ),
+            (
+                r#","cloudConfigPath":"/etc/\ufffecfg""#,
+                "has U+FFFE, which cloud-init's YAML cannot carry",
+            ),
+            (
+                r#","cloudConfigPath":"/etc/\ufdd0""#,
+                "has U+FDD0, which cloud-init's YAML cannot carry",
+            ),
+            (
+                r#","cloudConfigPath":"/etc/\ud83f\udfff""#,
+                "has U+1FFFF, which cloud-init's YAML cannot carry",
+            ),
             (
                 r#","cloudConfigPath":"/etc/a b""#,
                 "has a space or a control character",

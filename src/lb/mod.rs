@@ -191,12 +191,14 @@ pub async fn run(
 }
 
 /// What a LoadBalancer reconcile depends on: everything but `status` and the resourceVersion.
+/// Not `generation` either: the spec is here already, and on Harvester's CRDs (no status
+/// subresource) every status write moves the generation, which would reconcile each LoadBalancer
+/// once more after each of its own status writes.
 fn lb_fingerprint(lb: &LoadBalancer) -> Option<u64> {
     use std::hash::{Hash, Hasher};
     let m = &lb.metadata;
     let relevant = (
         &m.uid,
-        &m.generation,
         &m.labels,
         &m.annotations,
         &m.finalizers,

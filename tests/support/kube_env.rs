@@ -1,7 +1,8 @@
 //! A Harvester-like cluster on a real control plane: the namespaces the suites use, Harvester's two
 //! ClusterRoles, the `vip` ConfigMap, the CRDs a Harvester cluster has (Rancher's tokens and
-//! global role bindings, our LoadBalancer and IPPool, KubeVirt's and Multus's kinds), the chart's
-//! own ServiceAccount and RBAC for the service, and helpers to make Rancher tokens.
+//! global role bindings, our LoadBalancer and IPPool, KubeVirt's and Multus's kinds as their
+//! upstreams generate them), the chart's own ServiceAccount and RBAC for the service, and helpers
+//! to make Rancher tokens.
 //!
 //! [`seed`] applies all of it with server-side apply, so it is idempotent: every lease of a control
 //! plane applies it again, restoring what a previous test changed.
@@ -88,18 +89,17 @@ fn schemaless_crd(group: &str, kind: &str, plural: &str, version: &str, scope: &
             }]
         }
     });
-    // Rancher's kinds, KubeVirt's VirtualMachineInstance (`status.interfaces` is written through it,
-    // as KubeVirt's CRD has it) and the store suite's Widget have a status subresource; the other
-    // KubeVirt and Multus kinds are written whole here, as the tests' stand-ins for their
-    // controllers do.
-    if group.ends_with("cattle.io") || kind == "Widget" || kind == "VirtualMachineInstance" {
+    // Rancher's kinds and the store suite's Widget have a status subresource.
+    if group.ends_with("cattle.io") || kind == "Widget" {
         crd["spec"]["versions"][0]["subresources"] = json!({"status": {}});
     }
     crd
 }
 
-/// Every CRD of the seed: Rancher's, ours (as `deploy/crds` ships them), KubeVirt's and Multus's.
-fn crds() -> Vec<Value> {
+/// Every CRD of the seed: Rancher's (schemaless stand-ins), ours (as `deploy/crds` ships them), and
+/// KubeVirt's and Multus's as their upstreams generate them (the control plane's `foreign/`, see
+/// [`super::foreign`]), so the real server prunes and refuses what they would.
+fn crds(cp: &ControlPlane) -> Vec<Value> {
     let mut all = vec![
         schemaless_crd("management.cattle.io", "Token", "tokens", "v3", "Cluster"),
         schemaless_crd(
@@ -133,27 +133,6 @@ fn crds() -> Vec<Value> {
             "Namespaced",
         ),
         schemaless_crd(
-            "kubevirt.io",
-            "VirtualMachine",
-            "virtualmachines",
-            "v1",
-            "Namespaced",
-        ),
-        schemaless_crd(
-            "kubevirt.io",
-            "VirtualMachineInstance",
-            "virtualmachineinstances",
-            "v1",
-            "Namespaced",
-        ),
-        schemaless_crd(
-            "k8s.cni.cncf.io",
-            "NetworkAttachmentDefinition",
-            "network-attachment-definitions",
-            "v1",
-            "Namespaced",
-        ),
-        schemaless_crd(
             "example.harvesterhci.io",
             "Widget",
             "widgets",
@@ -167,6 +146,7 @@ fn crds() -> Vec<Value> {
         v["kind"] = json!("CustomResourceDefinition");
         all.push(v);
     }
+    all.extend(super::foreign::crds(&cp.dir.join("foreign")));
     all
 }
 
@@ -250,9 +230,21 @@ pub async fn seed(cp: &ControlPlane) {
     }
     set_vip(client, super::VIP).await;
     let crd_api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in crds() {
-        apply(client, &crd, "customresourcedefinitions").await;
+    for crd in crds(cp) {
         let name = crd["metadata"]["name"].as_str().expect("named").to_string();
+        let digest = &crd["metadata"]["annotations"][super::foreign::DIGEST];
+        let installed = match digest {
+            Value::String(want) => crd_api
+                .get_opt(&name)
+                .await
+                .unwrap_or_else(|e| panic!("reads {name}: {e}"))
+                .and_then(|c| c.metadata.annotations?.remove(super::foreign::DIGEST))
+                .is_some_and(|have| &have == want),
+            _ => false,
+        };
+        if !installed {
+            apply(client, &crd, "customresourcedefinitions").await;
+        }
         tokio::time::timeout(
             super::PATIENCE,
             await_condition(crd_api.clone(), &name, conditions::is_crd_established()),
@@ -371,4 +363,45 @@ pub async fn bind_global_role(client: &Client, user: &str, role: &str) {
         &rancher("GlobalRoleBinding", "globalrolebindings"),
     );
     create(&api, obj).await;
+}
+
+/// Applies the shipped IPPool and LoadBalancer CRDs with or without a status subresource (Harvester
+/// installs them without; the project's earlier CRDs had one) and waits until discovery serves that
+/// shape. The next lease's seed restores the shipped ones.
+pub async fn install_lb_crds(client: &Client, status_subresource: bool) {
+    use harvester_cloud::store::kubernetes::{KubeStore, StatusShape};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        CustomResourceSubresourceStatus, CustomResourceSubresources,
+    };
+    let mut crds = harvester_cloud::crd::crds();
+    for v in crds.iter_mut().flat_map(|c| c.spec.versions.iter_mut()) {
+        v.subresources = Some(CustomResourceSubresources {
+            status: status_subresource.then(|| CustomResourceSubresourceStatus(json!({}))),
+            ..Default::default()
+        });
+    }
+    for crd in crds {
+        let mut v = serde_json::to_value(&crd).expect("JSON");
+        v["apiVersion"] = json!("apiextensions.k8s.io/v1");
+        v["kind"] = json!("CustomResourceDefinition");
+        apply(client, &v, "customresourcedefinitions").await;
+    }
+    let want = if status_subresource {
+        StatusShape::Subresource
+    } else {
+        StatusShape::Field
+    };
+    for kind in [
+        harvester_cloud::crd::pool_kind(),
+        harvester_cloud::crd::lb_kind(),
+    ] {
+        super::eventually(
+            &format!("{} served with {want:?}", kind.plural),
+            async || {
+                let shape = KubeStore::new(client.clone()).require(&kind).await.ok()?;
+                (shape == want).then_some(())
+            },
+        )
+        .await;
+    }
 }

@@ -23,9 +23,10 @@
 //!   (the LoadBalancer carries the Service's UID in `cloudprovider.harvesterhci.io/serviceUID`).
 //! - A primary whose secondaries still use it keeps its finalizer: its deletion waits, and an Event
 //!   says why.
-//! - Writing `status.address` of a LoadBalancer (the DHCP lease kube-vip reports) needs
-//!   `loadbalancers/status`, which Harvester's `harvesterhci.io:cloudprovider` role lacks; refused,
-//!   it is logged once and skipped.
+//! - Writing `status.address` of a LoadBalancer (the DHCP lease kube-vip reports) goes through the
+//!   object on Harvester's CRDs (no status subresource; the role may write LoadBalancers) and needs
+//!   `loadbalancers/status` where the CRD has the subresource, which Harvester's
+//!   `harvesterhci.io:cloudprovider` role lacks; refused, it is logged once and skipped.
 
 mod primary;
 mod run;
@@ -395,7 +396,8 @@ async fn write_back(
 }
 
 /// The guest's kube-vip reports a DHCP lease in the Service's ingress; Harvester learns it as the
-/// LoadBalancer's `status.address`. Without `loadbalancers/status` (Harvester's shipped role) this is
+/// LoadBalancer's `status.address`. Where the CRD has a status subresource, Harvester's shipped role
+/// (no `loadbalancers/status`) cannot, and this is
 /// logged once and skipped.
 async fn report_address(
     lb: &LoadBalancer,

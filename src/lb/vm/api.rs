@@ -1,11 +1,13 @@
 //! What the HTTP API offers about VM load balancers on the embedded backend, where no KubeVirt or
 //! Kubernetes API is there to ask: VirtualMachineInstances, written by whatever runs the VMs (as
-//! KubeVirt writes them: the object, and `status` through its status subresource), and the Services
-//! and EndpointSlices the reconciler made, to read.
+//! KubeVirt writes them: the object with its `status`, KubeVirt's VMI CRD having no status
+//! subresource), and the Services and EndpointSlices the reconciler made, to read.
 //!
-//! A VMI body is the Kubernetes object; its `status` is kept as sent (a POST creates the object,
-//! then writes the status; a PUT replaces both). Failures are [`ObjectError`]s, as for IPPools and
-//! LoadBalancers.
+//! A VMI body is the Kubernetes object, judged as KubeVirt's CRD judges it where load balancers
+//! and guest clusters read it: `spec.domain.devices` is required, `status.interfaces[]` has
+//! KubeVirt's types, and a field an interface does not have is dropped, as the API server prunes
+//! it (so `ip` is not an address here either: KubeVirt's is `ipAddress`). Failures are
+//! [`ObjectError`]s, as for IPPools and LoadBalancers.
 
 use std::sync::Arc;
 
@@ -50,9 +52,10 @@ fn store_err(
     }
 }
 
-/// A VMI body, read as the API server would: a JSON object, of this kind if it says, with
-/// `spec` and `status` objects if present. Returns the object (without status) and the status.
-fn decode_vmi(body: &[u8]) -> Result<(VirtualMachineInstance, Option<Value>), ObjectError> {
+/// A VMI body, read as the API server reads it under KubeVirt's CRD: a JSON object, of this kind
+/// if it says, with `spec.domain.devices`, and a `status` (if any) whose interfaces have KubeVirt's
+/// fields and types.
+fn decode_vmi(body: &[u8]) -> Result<VirtualMachineInstance, ObjectError> {
     let invalid = |reason: String| ObjectError::Decode { kind: VMI, reason };
     let mut value: Value = serde_json::from_slice(body).map_err(|e| invalid(e.to_string()))?;
     let fields = value
@@ -69,43 +72,80 @@ fn decode_vmi(body: &[u8]) -> Result<(VirtualMachineInstance, Option<Value>), Ob
     if !matches!(fields.get("metadata"), Some(Value::Object(_))) {
         return Err(invalid("metadata is required (an object)".into()));
     }
-    for field in ["spec", "status"] {
-        match fields.get(field) {
-            None | Some(Value::Object(_)) => {}
-            Some(Value::Null) => {
-                fields.remove(field);
-            }
-            Some(other) => return Err(invalid(format!("{field} must be an object, not {other}"))),
-        }
+    // A null counts as absent, as the API server drops nulls of fields that are not nullable.
+    if fields.get("status") == Some(&Value::Null) {
+        fields.remove("status");
     }
-    let status = fields.remove("status");
-    if let Some(status) = &status {
+    check_spec(fields.get("spec")).map_err(invalid)?;
+    if let Some(status) = fields.get_mut("status") {
         check_status(status).map_err(invalid)?;
     }
-    let vmi = serde_json::from_value(value).map_err(|e| invalid(e.to_string()))?;
-    Ok((vmi, status))
+    serde_json::from_value(value).map_err(|e| invalid(e.to_string()))
 }
 
-/// The parts of a VMI's status that load balancers read have KubeVirt's types.
-fn check_status(status: &Value) -> Result<(), String> {
+/// KubeVirt's schema requires `spec`, its `domain` and the domain's `devices` (objects).
+fn check_spec(spec: Option<&Value>) -> Result<(), String> {
+    let mut at = String::from("spec");
+    let mut v = spec;
+    for next in ["domain", "devices", ""] {
+        match v {
+            Some(Value::Object(o)) if !next.is_empty() => {
+                v = o.get(next);
+                at = format!("{at}.{next}");
+            }
+            Some(Value::Object(_)) => return Ok(()),
+            None | Some(Value::Null) => return Err(format!("{at} is required (an object)")),
+            Some(other) => return Err(format!("{at} must be an object, not {other}")),
+        }
+    }
+    Ok(())
+}
+
+/// The fields of KubeVirt's `VirtualMachineInstanceNetworkInterface` that are strings.
+const INTERFACE_STRINGS: &[&str] = &[
+    "name",
+    "interfaceName",
+    "ipAddress",
+    "mac",
+    "podInterfaceName",
+    "infoSource",
+    "linkState",
+];
+
+/// The parts of a VMI's status that load balancers and guest clusters read have KubeVirt's types;
+/// an interface's fields KubeVirt does not have are dropped.
+fn check_status(status: &mut Value) -> Result<(), String> {
     let string = |v: Option<&Value>, at: &str| match v {
-        None | Some(Value::String(_)) => Ok(()),
+        None | Some(Value::Null | Value::String(_)) => Ok(()),
         Some(other) => Err(format!("{at} must be a string, not {other}")),
     };
+    let Some(status) = status.as_object_mut() else {
+        return Err(format!("status must be an object, not {status}"));
+    };
     string(status.get("phase"), "status.phase")?;
-    let Some(interfaces) = status.get("interfaces") else {
+    let Some(interfaces) = status.get_mut("interfaces") else {
         return Ok(());
     };
+    if interfaces.is_null() {
+        status.remove("interfaces");
+        return Ok(());
+    }
     let interfaces = interfaces
-        .as_array()
+        .as_array_mut()
         .ok_or("status.interfaces must be an array")?;
-    for (i, iface) in interfaces.iter().enumerate() {
+    for (i, iface) in interfaces.iter_mut().enumerate() {
         let at = |f: &str| format!("status.interfaces[{i}].{f}");
-        if !iface.is_object() {
+        let Some(iface) = iface.as_object_mut() else {
             return Err(format!("status.interfaces[{i}] must be an object"));
-        }
-        for f in ["name", "interfaceName", "ip"] {
-            string(iface.get(f), &at(f))?;
+        };
+        iface.retain(|f, v| {
+            !v.is_null()
+                && (INTERFACE_STRINGS.contains(&f.as_str())
+                    || f == "ipAddresses"
+                    || f == "queueCount")
+        });
+        for f in INTERFACE_STRINGS {
+            string(iface.get(*f), &at(f))?;
         }
         if let Some(all) = iface.get("ipAddresses") {
             let ok = all
@@ -114,6 +154,14 @@ fn check_status(status: &Value) -> Result<(), String> {
             if !ok {
                 return Err(format!("{} must be an array of strings", at("ipAddresses")));
             }
+        }
+        if let Some(q) = iface.get("queueCount")
+            && q.as_i64().and_then(|q| i32::try_from(q).ok()).is_none()
+        {
+            return Err(format!(
+                "{} must be a 32-bit integer, not {q}",
+                at("queueCount")
+            ));
         }
     }
     Ok(())
@@ -175,38 +223,16 @@ impl VmObjects {
         Self::get(&self.vmis, VMI, namespace, name).await
     }
 
-    /// Writes the status sent with a VMI (its status subresource), after the object.
-    async fn write_status(
-        &self,
-        mut vmi: VirtualMachineInstance,
-        status: Option<Value>,
-    ) -> Result<VirtualMachineInstance, ObjectError> {
-        let name = vmi.metadata.name.clone().unwrap_or_default();
-        if vmi.rest.get("status") == status.as_ref() {
-            return Ok(vmi);
-        }
-        match status {
-            Some(s) => vmi.rest.insert("status".into(), s),
-            None => vmi.rest.remove("status"),
-        };
-        self.vmis
-            .replace_status(&vmi)
-            .await
-            .map_err(store_err("update the status of", VMI, &name))
-    }
-
     pub async fn create_vmi(&self, body: &[u8]) -> Result<VirtualMachineInstance, ObjectError> {
-        let (vmi, status) = decode_vmi(body)?;
+        let vmi = decode_vmi(body)?;
         let name = vmi.metadata.name.clone().unwrap_or_default();
         if vmi.metadata.namespace.as_deref().is_none_or(str::is_empty) {
             return Err(ObjectError::MissingNamespace { kind: VMI, name });
         }
-        let created = self
-            .vmis
+        self.vmis
             .create(&vmi)
             .await
-            .map_err(store_err("create", VMI, &name))?;
-        self.write_status(created, status).await
+            .map_err(store_err("create", VMI, &name))
     }
 
     pub async fn replace_vmi(
@@ -215,14 +241,12 @@ impl VmObjects {
         name: &str,
         body: &[u8],
     ) -> Result<VirtualMachineInstance, ObjectError> {
-        let (mut vmi, status) = decode_vmi(body)?;
+        let mut vmi = decode_vmi(body)?;
         key_from_url(&mut vmi.metadata, namespace, name)?;
-        let replaced = self
-            .vmis
+        self.vmis
             .replace(&vmi)
             .await
-            .map_err(store_err("update", VMI, name))?;
-        self.write_status(replaced, status).await
+            .map_err(store_err("update", VMI, name))
     }
 
     pub async fn delete_vmi(&self, namespace: &str, name: &str) -> Result<Value, ObjectError> {
@@ -270,28 +294,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn vmi_bodies_are_read_as_the_api_server_reads_them() {
-        let (vmi, status) = decode_vmi(
+    fn vmi_bodies_are_read_as_kubevirts_crd_reads_them() {
+        let vmi = decode_vmi(
             br#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance",
                  "metadata":{"name":"vm1","namespace":"default","labels":{"app":"web"}},
-                 "spec":{"domain":{}},"status":{"interfaces":[{"ip":"10.0.0.1"}]}}"#,
+                 "spec":{"domain":{"devices":{}}},
+                 "status":{"phase":"Running","interfaces":[{"name":"default","ipAddress":"10.0.0.1",
+                     "ipAddresses":["10.0.0.1","fd00::1"],"queueCount":2,"ip":"10.0.0.2"}]}}"#,
         )
         .expect("decodes");
         assert_eq!(vmi.metadata.name.as_deref(), Some("vm1"));
-        assert!(vmi.rest.get("status").is_none());
+        // `ip` is not KubeVirt's: pruned, as the API server prunes it.
         assert_eq!(
-            status,
-            Some(serde_json::json!({"interfaces": [{"ip": "10.0.0.1"}]}))
+            vmi.rest.get("status"),
+            Some(
+                &serde_json::json!({"phase": "Running", "interfaces": [{"name": "default",
+                "ipAddress": "10.0.0.1", "ipAddresses": ["10.0.0.1", "fd00::1"], "queueCount": 2}]})
+            )
         );
         for bad in [
             &br#"[]"#[..],
-            br#"{"kind":"Pod","metadata":{"name":"x"}}"#,
+            br#"{"kind":"Pod","metadata":{"name":"x"},"spec":{"domain":{"devices":{}}}}"#,
+            br#"{"metadata":{"name":"x"}}"#,
+            br#"{"metadata":{"name":"x"},"spec":null}"#,
             br#"{"metadata":{"name":"x"},"spec":3}"#,
-            br#"{"metadata":{"name":"x"},"status":"up"}"#,
-            br#"{"metadata":{"labels":{"a":1}}}"#,
-            br#"{"metadata":{"name":"x"},"status":{"interfaces":{}}}"#,
-            br#"{"metadata":{"name":"x"},"status":{"interfaces":[{"ip":5}]}}"#,
-            br#"{"metadata":{"name":"x"},"status":{"interfaces":[{"ipAddresses":"a"}]}}"#,
+            br#"{"metadata":{"name":"x"},"spec":{}}"#,
+            br#"{"metadata":{"name":"x"},"spec":{"domain":{}}}"#,
+            br#"{"metadata":{"name":"x"},"spec":{"domain":{"devices":[]}}}"#,
+            br#"{"metadata":{"name":"x"},"spec":{"domain":{"devices":{}}},"status":"up"}"#,
+            br#"{"metadata":{"labels":{"a":1}},"spec":{"domain":{"devices":{}}}}"#,
+            br#"{"metadata":{"name":"x"},"spec":{"domain":{"devices":{}}},"status":{"interfaces":{}}}"#,
+            br#"{"metadata":{"name":"x"},"spec":{"domain":{"devices":{}}},"status":{"interfaces":[{"ipAddress":5}]}}"#,
+            br#"{"metadata":{"name":"x"},"spec":{"domain":{"devices":{}}},"status":{"interfaces":[{"ipAddresses":"a"}]}}"#,
+            br#"{"metadata":{"name":"x"},"spec":{"domain":{"devices":{}}},"status":{"interfaces":[{"queueCount":"2"}]}}"#,
+            br#"{"metadata":{"name":"x"},"spec":{"domain":{"devices":{}}},"status":{"interfaces":[{"queueCount":4294967296}]}}"#,
         ] {
             assert!(
                 matches!(decode_vmi(bad), Err(ObjectError::Decode { .. })),
@@ -299,7 +335,10 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
-        let (_, status) = decode_vmi(br#"{"metadata":{"name":"x"},"status":null}"#).expect("ok");
-        assert_eq!(status, None);
+        let vmi = decode_vmi(
+            br#"{"metadata":{"name":"x"},"spec":{"domain":{"devices":{}}},"status":null}"#,
+        )
+        .expect("ok");
+        assert_eq!(vmi.rest.get("status"), None);
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! Backends are the VirtualMachineInstances of the load balancer's namespace that
 //! `spec.backendServerSelector` selects (each key an `In` requirement, all ANDed; an empty selector
-//! selects nothing) and that are not being deleted; one counts through the first IPv4 address among
-//! its `status.interfaces`. The EndpointSlice has the Service's name, owner and label plus
+//! selects nothing) and that are not being deleted; one counts through the first of its
+//! `status.interfaces` whose `ipAddress` (KubeVirt's primary address of the interface, the first of
+//! its `ipAddresses`) is IPv4, as upstream's `GetAddress` reads it. The EndpointSlice has the Service's name, owner and label plus
 //! `kubernetes.io/service-name`, `addressType: IPv4`, one port per listener (the backend port) and
 //! one endpoint per backend (`targetRef` the VMI). An endpoint that was there keeps its `ready`
 //! condition until the prober decides otherwise; a new one starts not ready; with no health check
@@ -68,12 +69,14 @@ pub fn selects(
         })
 }
 
-/// The address a VMI serves on: the first IPv4 address of its interfaces.
+/// The address a VMI serves on: the first interface's `ipAddress` that is IPv4. Upstream reads that
+/// field only (`VirtualMachineInstanceNetworkInterface.IP`), not the rest of `ipAddresses`: an
+/// interface whose primary address is IPv6 does not count, whatever else it has.
 pub fn address(vmi: &VirtualMachineInstance) -> Option<Ipv4Addr> {
     vmi.pointer("/status/interfaces")?
         .as_array()?
         .iter()
-        .find_map(|i| i.get("ip").and_then(Value::as_str)?.parse().ok())
+        .find_map(|i| i.get("ipAddress").and_then(Value::as_str)?.parse().ok())
 }
 
 /// Whether `lb` would take `vmi` as a backend (address aside).
@@ -237,7 +240,7 @@ fn ports(lb: &LoadBalancer) -> Vec<EndpointPort> {
         .iter()
         .map(|l| EndpointPort {
             name: Some(l.name.clone()),
-            protocol: Some(l.protocol.clone()),
+            protocol: Some(l.effective_protocol().to_string()),
             port: Some(l.backend_port),
             ..Default::default()
         })
@@ -303,7 +306,7 @@ mod tests {
         let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
         let interfaces: Vec<Value> = ips
             .iter()
-            .map(|ip| serde_json::json!({"name": "default", "ip": ip}))
+            .map(|ip| serde_json::json!({"name": "default", "ipAddress": ip, "ipAddresses": [ip]}))
             .collect();
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
@@ -368,6 +371,34 @@ mod tests {
         assert_eq!(got, [("a", "10.0.0.1".into()), ("c", "10.0.0.3".into())]);
         // An empty selector selects nothing.
         assert_eq!(backends(&mk_lb(&[]), &vmis), Backends::default());
+    }
+
+    #[test]
+    fn the_address_is_the_first_ipv4_primary_address_of_an_interface() {
+        let vmi = |interfaces: Value| -> VirtualMachineInstance {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "x", "namespace": "default"},
+                "status": {"interfaces": interfaces}
+            }))
+            .expect("a VMI")
+        };
+        let dual = serde_json::json!({"name": "default", "ipAddress": "fd00::1",
+                                      "ipAddresses": ["fd00::1", "10.0.0.7"]});
+        assert_eq!(
+            address(&vmi(
+                serde_json::json!([dual, {"name": "nic-1", "ipAddress": "10.0.0.8"}])
+            )),
+            Some(Ipv4Addr::new(10, 0, 0, 8))
+        );
+        // Upstream reads `ipAddress` only: an IPv4 address further down `ipAddresses` is not one.
+        assert_eq!(address(&vmi(serde_json::json!([dual]))), None);
+        assert_eq!(
+            address(&vmi(
+                serde_json::json!([{"name": "default", "ip": "10.0.0.9"}])
+            )),
+            None,
+            "not a field of KubeVirt's interface status"
+        );
     }
 
     #[test]

@@ -68,7 +68,7 @@ fn ports(lb: &LoadBalancer) -> Vec<ServicePort> {
         .iter()
         .map(|l| ServicePort {
             name: (!l.name.is_empty()).then(|| l.name.clone()),
-            protocol: (!l.protocol.is_empty()).then(|| l.protocol.clone()),
+            protocol: Some(l.effective_protocol().to_string()),
             port: l.port,
             target_port: Some(IntOrString::Int(l.backend_port)),
             ..Default::default()

@@ -147,7 +147,9 @@ pub fn check_listeners(lb: &LoadBalancer) -> Result<(), LbRejection> {
                 name: l.name.clone(),
             });
         }
-        let key = format!("{}:{}", l.protocol, l.port);
+        // The key of an empty protocol is TCP's: two such listeners on one port would be one
+        // Service port twice, which the API server refuses when the Service is made.
+        let key = format!("{}:{}", l.effective_protocol(), l.port);
         if let Some(&other) = ports.get(&key) {
             return Err(LbRejection::DuplicatePort {
                 listener: l.name.clone(),
@@ -156,7 +158,7 @@ pub fn check_listeners(lb: &LoadBalancer) -> Result<(), LbRejection> {
             });
         }
         ports.insert(key, i);
-        let key = format!("{}:{}", l.protocol, l.backend_port);
+        let key = format!("{}:{}", l.effective_protocol(), l.backend_port);
         if let Some(&other) = backends.get(&key) {
             return Err(LbRejection::DuplicateBackendPort {
                 listener: l.name.clone(),
@@ -166,15 +168,9 @@ pub fn check_listeners(lb: &LoadBalancer) -> Result<(), LbRejection> {
         }
         backends.insert(key, i);
     }
+    // Upstream's port checks first, in its order (pkg/webhook/loadbalancer/validator.go,
+    // checkListeners), so what upstream refuses is refused in its words.
     for l in listeners {
-        // Upstream accepts any string here and its Service for the load balancer then fails to
-        // be created: refused up front instead, with the protocols a Service takes.
-        if !matches!(l.protocol.as_str(), "TCP" | "UDP" | "SCTP") {
-            return Err(LbRejection::Protocol {
-                listener: l.name.clone(),
-                protocol: l.protocol.clone(),
-            });
-        }
         if l.port > MAX_PORT {
             return Err(LbRejection::PortTooLarge { port: l.port });
         }
@@ -189,6 +185,16 @@ pub fn check_listeners(lb: &LoadBalancer) -> Result<(), LbRejection> {
         if l.backend_port < 1 {
             return Err(LbRejection::BackendPortTooSmall {
                 port: l.backend_port,
+            });
+        }
+    }
+    // Upstream accepts any string here and its Service for the load balancer then fails to be
+    // created: refused up front instead, with the protocols a Service takes. Empty is TCP.
+    for l in listeners {
+        if !matches!(l.effective_protocol(), "TCP" | "UDP" | "SCTP") {
+            return Err(LbRejection::Protocol {
+                listener: l.name.clone(),
+                protocol: l.protocol.clone(),
             });
         }
     }
@@ -212,7 +218,7 @@ pub fn check_health_check(lb: &LoadBalancer) -> Result<(), LbRejection> {
         if u64::try_from(l.backend_port).ok() != Some(hc.port) {
             continue;
         }
-        if l.protocol == "TCP" {
+        if l.effective_protocol() == "TCP" {
             return match () {
                 _ if hc.success_threshold == 0 => Err(LbRejection::SuccessThreshold),
                 _ if hc.failure_threshold == 0 => Err(LbRejection::FailureThreshold),

@@ -85,6 +85,46 @@ fn listener_messages() {
             format!("create loadbalancer default/lb1 failed: {want}")
         );
     }
+    // Upstream's TestCheckListeners: an empty protocol with valid ports is accepted, and with bad
+    // ports refused by the port rules, in upstream's words.
+    assert!(validate_lb_create(&mk_lb("vm", vec![mk_listener("a", 80, "", 8080)]), &[]).is_ok());
+    for (listener, want) in [
+        (mk_listener("a", -1, "", 80), "listener port -1 must >= 1"),
+        (
+            mk_listener("b", 800000, "", 80),
+            "listener port 800000 must <= 65535",
+        ),
+        (
+            mk_listener("a", 80, "", 0),
+            "listener backend port 0 must >= 1",
+        ),
+        (
+            mk_listener("a", 80, "", 800000),
+            "listener backend port 800000 must <= 65535",
+        ),
+        // A bad port is refused in upstream's words before our protocol rule.
+        (mk_listener("a", 0, "HTTP", 80), "listener port 0 must >= 1"),
+        (
+            mk_listener("a", 80, "HTTP", 80),
+            "listener a has protocol \"HTTP\", which is not TCP, UDP or SCTP",
+        ),
+    ] {
+        assert_eq!(
+            create(&mk_lb("vm", vec![listener])),
+            format!("create loadbalancer default/lb1 failed: {want}")
+        );
+    }
+    // Empty is TCP: on one port with a TCP listener, the Service would have the port twice.
+    assert_eq!(
+        create(&mk_lb(
+            "vm",
+            vec![
+                mk_listener("a", 80, "TCP", 80),
+                mk_listener("b", 80, "", 81)
+            ]
+        )),
+        "create loadbalancer default/lb1 failed: listener b has duplicate port TCP:80 with listener a"
+    );
     // The protocol is part of the key.
     assert!(
         validate_lb_create(

@@ -150,9 +150,18 @@ where
             addr,
             reason: e.to_string(),
         })?;
-    // The connection is driven here, next to the request, rather than by a task of its own; with
-    // `Connection: close` it ends after the answer.
-    let (answer, _ended) = tokio::join!(sender.send_request(req), conn);
+    // The connection is driven here, next to the request, rather than by a task of its own. The
+    // verdict is the status line: the body is never read, and the connection is dropped (closed)
+    // as soon as the head is in. Waiting for the connection to end would wait for a body nobody
+    // reads, which stalls once it fills the socket's buffers (a backend's 8 KiB page timed out).
+    let mut send = std::pin::pin!(sender.send_request(req));
+    let mut conn = std::pin::pin!(conn);
+    let answer = tokio::select! {
+        biased;
+        answer = &mut send => answer,
+        // The connection ended first: its answer, or why there is none, is with the request.
+        _ = &mut conn => send.await,
+    };
     match answer {
         Ok(response) => Ok(response.status().as_u16()),
         Err(e) if e.is_canceled() || e.is_incomplete_message() => Err(ProbeError::Closed { addr }),
@@ -291,10 +300,22 @@ mod tests {
                 let tls = tls.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(|req: Request<Incoming>| async move {
-                        let status = if req.uri().path() == "/ok" { 200 } else { 503 };
+                        let path = req.uri().path();
+                        // `/ok/<n>`: 200 with an n-byte body.
+                        let size: Option<usize> =
+                            path.strip_prefix("/ok/").and_then(|n| n.parse().ok());
+                        let status = if path == "/ok" || size.is_some() {
+                            200
+                        } else {
+                            503
+                        };
+                        let body = match size {
+                            Some(n) => Bytes::from(vec![b'x'; n]),
+                            None => Bytes::from_static(b"hi"),
+                        };
                         Response::builder()
                             .status(status)
-                            .body(http_body_util::Full::new(Bytes::from_static(b"hi")))
+                            .body(http_body_util::Full::new(body))
                     });
                     let http = hyper_util::server::conn::auto::Builder::new(
                         hyper_util::rt::TokioExecutor::new(),
@@ -362,6 +383,21 @@ mod tests {
             .await
             .expect_err("closed");
         assert!(matches!(err, ProbeError::Connect { .. }), "{err}");
+    }
+
+    /// The verdict is the status line whatever the body: a page larger than the socket buffers
+    /// stalled a probe that waited for the connection to end without reading it.
+    #[tokio::test]
+    async fn healthy_whatever_the_body_size() {
+        let tls = Tls::default();
+        for secure in [false, true] {
+            let addr = serve(secure.then(self_signed)).await;
+            for size in [0, 8 * 1024, 64 * 1024, 1024 * 1024] {
+                probe(addr, &mk_http(&format!("/ok/{size}"), secure), WAIT, &tls)
+                    .await
+                    .unwrap_or_else(|e| panic!("healthy with {size} B (tls {secure}): {e}"));
+            }
+        }
     }
 
     #[tokio::test]
