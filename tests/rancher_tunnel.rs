@@ -220,6 +220,31 @@ async fn a_refused_token_is_retried_and_a_new_secret_connects_at_once() {
     client.stop().await;
 }
 
+/// The Secret changes under a connected tunnel to a token the peer refuses: the session goes, and
+/// the tunnel says it is not connected while every dial is refused (the dropped session left it
+/// saying connected).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_secret_ends_the_connected_state() {
+    let peer = Peer::start("right");
+    let client = Client::start(&peer, "right");
+    connected(&peer).await;
+    assert!(client.stats.connected.load(Ordering::SeqCst));
+    client.endpoints.send_replace(Some(Endpoint {
+        url: peer.url(),
+        token: "wrong".into(),
+        ca_pem: peer.ca_pem(),
+    }));
+    eventually("a refused dial with the new Secret", async || {
+        (client.stats.failures_total.load(Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await;
+    assert!(
+        !client.stats.connected.load(Ordering::SeqCst),
+        "not connected while its dials are refused"
+    );
+    client.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_ca_is_never_trusted() {
     let peer = Peer::start("s3cret");

@@ -228,9 +228,10 @@ pub async fn run(
             let started = tokio::time::Instant::now();
             let ws = dial(&endpoint).await?;
             info!("tunnel connected");
-            stats.connected.store(true, Ordering::Relaxed);
+            // Connected until this guard goes: when the session ends, and also when the attempt
+            // is dropped because the Secret changed (code after `serve` would not run then).
+            let connected = Connected::new(&stats);
             stats.sessions_total.fetch_add(1, Ordering::Relaxed);
-            crate::metrics::set_tunnel_connected(true);
             let result = session::serve(
                 ws,
                 accept.clone(),
@@ -239,9 +240,13 @@ pub async fn run(
                 session_stop.clone(),
             )
             .await;
-            stats.connected.store(false, Ordering::Relaxed);
-            crate::metrics::set_tunnel_connected(false);
+            drop(connected);
             session::log_end(&result);
+            if result.is_err() {
+                // A session that ends in an error is a failure as a refused dial is.
+                stats.failures_total.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::tunnel_failed();
+            }
             Ok::<_, TunnelError>(started.elapsed())
         }
         .instrument(span.clone());
@@ -276,8 +281,37 @@ pub async fn run(
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(backoff + jitter) => {}
-            changed = endpoints.changed() => if changed.is_err() { return },
+            changed = endpoints.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                // New credentials: dial with them now, from the first back-off on.
+                backoff = BACKOFF_FIRST;
+                continue;
+            }
         }
         backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// The tunnel's connected state (the stats and the gauge) for as long as it lives.
+struct Connected<'a>(&'a Stats);
+
+impl<'a> Connected<'a> {
+    fn new(stats: &'a Stats) -> Self {
+        stats
+            .connected
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        crate::metrics::set_tunnel_connected(true);
+        Connected(stats)
+    }
+}
+
+impl Drop for Connected<'_> {
+    fn drop(&mut self) {
+        self.0
+            .connected
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        crate::metrics::set_tunnel_connected(false);
     }
 }
