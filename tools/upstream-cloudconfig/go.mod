@@ -6,8 +6,8 @@ go 1.26.0
 // graph does not resolve without them.
 replace (
 	github.com/containerd/containerd => github.com/containerd/containerd v1.7.27
-	github.com/docker/distribution => github.com/docker/distribution v2.8.2+incompatible // oras dep requires a replace is set
-	github.com/docker/docker => github.com/docker/docker v25.0.6+incompatible // oras dep requires a replace is set
+	github.com/docker/distribution => github.com/docker/distribution v2.8.2+incompatible
+	github.com/docker/docker => github.com/docker/docker v25.0.6+incompatible
 	github.com/gin-gonic/gin => github.com/gin-gonic/gin v1.9.1
 	github.com/google/gnostic-models => github.com/google/gnostic-models v0.6.9
 	github.com/harvester/harvester-network-controller => github.com/harvester/harvester-network-controller v1.6.0-rc3
@@ -18,7 +18,6 @@ replace (
 	github.com/rancher/rancher => github.com/rancher/rancher v0.0.0-20250828140533-07a90f09a491
 	github.com/rancher/rancher/pkg/apis => github.com/rancher/rancher/pkg/apis v0.0.0-20250828140533-07a90f09a491
 	github.com/rancher/rancher/pkg/client => github.com/rancher/rancher/pkg/client v0.0.0-20250828140533-07a90f09a491
-	// handle rancher dependenices
 	go.qase.io/client => github.com/rancher/qase-go/client v0.0.0-20231114201952-65195ec001fa
 
 	helm.sh/helm/v3 => github.com/rancher/helm/v3 v3.15.1-rancher2
