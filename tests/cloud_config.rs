@@ -654,6 +654,22 @@ pub mod cases {
             .to_string()
     }
 
+    /// How many token Secrets of the ServiceAccount `sa` there are in `ns`.
+    async fn token_secrets<B: Backend>(b: &B, ns: &str, sa: &str) -> usize {
+        b.store()
+            .list(
+                &Kind::of::<Secret>(),
+                Some(ns),
+                &LabelSelector::everything(),
+            )
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|s| s["metadata"]["annotations"]["kubernetes.io/service-account.name"] == sa)
+            .count()
+    }
+
     async fn rotate<B: Backend>(b: &B, body: Value) -> Reply {
         let t = b.admin_token();
         b.call(
@@ -804,22 +820,7 @@ pub mod cases {
                 async || b.token_works(&current, user).await.then_some(()),
             )
             .await;
-            let secrets = b
-                .store()
-                .list(
-                    &Kind::of::<Secret>(),
-                    Some("gc-test"),
-                    &LabelSelector::everything(),
-                )
-                .await
-                .unwrap();
-            let tokens = secrets
-                .items
-                .iter()
-                .filter(|s| {
-                    s["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "gc9"
-                })
-                .count();
+            let tokens = token_secrets(&b, "gc-test", "gc9").await;
             assert!(tokens <= 2, "round {round}: {tokens} token Secrets");
         }
     }
@@ -869,20 +870,7 @@ pub mod cases {
             b.token_works(&tc, user).await.then_some(())
         })
         .await;
-        let secrets = b
-            .store()
-            .list(
-                &Kind::of::<Secret>(),
-                Some("gc-test"),
-                &LabelSelector::everything(),
-            )
-            .await
-            .unwrap();
-        let tokens = secrets
-            .items
-            .iter()
-            .filter(|s| s["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "gc4")
-            .count();
+        let tokens = token_secrets(&b, "gc-test", "gc4").await;
         assert_eq!(tokens, 2, "only the newest two token Secrets are kept");
 
         // A short grace: the replaced token stops when it ends (the sweeper deletes its Secret),
@@ -909,21 +897,7 @@ pub mod cases {
         .await;
         assert!(b.token_works(&td, user).await);
         eventually("the ended Secret to be deleted", async || {
-            let left = b
-                .store()
-                .list(
-                    &Kind::of::<Secret>(),
-                    Some("gc-test"),
-                    &LabelSelector::everything(),
-                )
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .filter(|s| {
-                    s["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "gc4"
-                })
-                .count();
+            let left = token_secrets(&b, "gc-test", "gc4").await;
             (left == 1).then_some(())
         })
         .await;

@@ -17,7 +17,7 @@ use kube::{
     api::{ApiResource, DeleteParams, DynamicObject, PostParams},
 };
 use serde_json::json;
-use support::{KubeBackend, control_plane::ControlPlane, eventually};
+use support::{KubeBackend, control_plane::ControlPlane, eventually, kube_env::install_lb_crds};
 use tokio_util::sync::CancellationToken;
 
 /// The reconcilers on the service's own store (the chart's RBAC), until the token is cancelled.
@@ -52,11 +52,6 @@ fn pools(client: &Client) -> Api<DynamicObject> {
 
 fn lbs(client: &Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, &ar("LoadBalancer", "loadbalancers"))
-}
-
-/// Applies the CRDs in that shape and waits until discovery serves it.
-async fn install(client: &Client, subresource: bool) {
-    support::kube_env::install_lb_crds(client, subresource).await;
 }
 
 async fn create_pool(client: &Client, name: &str, subnet: &str, start: &str, end: &str) {
@@ -120,7 +115,7 @@ async fn delete_lb(client: &Client, ns: &str, name: &str) {
 /// that carries no status (as a client's PUT) leaves the status alone.
 async fn works_on(cp: ControlPlane, subresource: bool) {
     let client = cp.admin.clone();
-    install(&client, subresource).await;
+    install_lb_crds(&client, subresource).await;
     let b = KubeBackend::start_on(cp, &[]).await;
     let stop = run_reconcilers(b.app.state.store.clone());
     let pool = if subresource {
@@ -193,7 +188,7 @@ async fn allocates_on_crds_with_a_status_subresource() {
 async fn follows_a_crd_swapped_under_it() {
     let cp = ControlPlane::lease().await;
     let client = cp.admin.clone();
-    install(&client, true).await;
+    install_lb_crds(&client, true).await;
     let b = KubeBackend::start_on(cp, &[]).await;
     let stop = run_reconcilers(b.app.state.store.clone());
     create_pool(&client, "swap", "10.92.0.0/24", "10.92.0.10", "10.92.0.40").await;
@@ -205,7 +200,7 @@ async fn follows_a_crd_swapped_under_it() {
     address(&client, "default", "c").await;
 
     // To Harvester's shape: the service remembered a subresource that is gone now.
-    install(&client, false).await;
+    install_lb_crds(&client, false).await;
     delete_lb(&client, "default", "a").await;
     eventually("a's address released after the swap", async || {
         (!allocated(&client, "swap").await.contains_key(&a)).then_some(())
@@ -216,7 +211,7 @@ async fn follows_a_crd_swapped_under_it() {
     assert_eq!(allocated(&client, "swap").await[&d], "default/d");
 
     // And back: a status written in the object would be dropped now.
-    install(&client, true).await;
+    install_lb_crds(&client, true).await;
     delete_lb(&client, "default", "b").await;
     eventually("b's address released after the swap back", async || {
         (!allocated(&client, "swap").await.contains_key(&b_ip)).then_some(())

@@ -140,14 +140,17 @@ fn crds(cp: &ControlPlane) -> Vec<Value> {
             "Namespaced",
         ),
     ];
-    for crd in harvester_cloud::crd::crds() {
-        let mut v = serde_json::to_value(&crd).expect("JSON");
-        v["apiVersion"] = json!("apiextensions.k8s.io/v1");
-        v["kind"] = json!("CustomResourceDefinition");
-        all.push(v);
-    }
+    all.extend(harvester_cloud::crd::crds().iter().map(crd_value));
     all.extend(super::foreign::crds(&cp.dir.join("foreign")));
     all
+}
+
+/// One of the project's CRDs as the object applied to the API server.
+fn crd_value(crd: &CustomResourceDefinition) -> Value {
+    let mut v = serde_json::to_value(crd).expect("JSON");
+    v["apiVersion"] = json!("apiextensions.k8s.io/v1");
+    v["kind"] = json!("CustomResourceDefinition");
+    v
 }
 
 /// The chart's ServiceAccount and RBAC objects, from the rendered manifest.
@@ -380,11 +383,8 @@ pub async fn install_lb_crds(client: &Client, status_subresource: bool) {
             ..Default::default()
         });
     }
-    for crd in crds {
-        let mut v = serde_json::to_value(&crd).expect("JSON");
-        v["apiVersion"] = json!("apiextensions.k8s.io/v1");
-        v["kind"] = json!("CustomResourceDefinition");
-        apply(client, &v, "customresourcedefinitions").await;
+    for crd in &crds {
+        apply(client, &crd_value(crd), "customresourcedefinitions").await;
     }
     let want = if status_subresource {
         StatusShape::Subresource

@@ -298,13 +298,7 @@ impl ObjectStore for KubeStore {
         let (namespace, name) = super::object_key(&object);
         if !kind.status_subresource {
             // The status is part of the object for the port as for the server.
-            let obj = to_dynamic(kind, object)?;
-            let replaced = self
-                .api(kind, Some(&namespace))
-                .replace(&name, &PostParams::default(), &obj)
-                .await
-                .map_err(|e| map_err(kind, &name, e))?;
-            return to_value(replaced);
+            return self.replace(kind, object).await;
         }
         match self.shape(kind).await? {
             StatusShape::Field => self.patch_status(kind, &namespace, &name, object).await,
