@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/test-tools.sh
 . scripts/test-tools.sh
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says how long the run has taken so far, so a slow step shows in every CI log.
+step() { printf '\n==> [%ss] %s\n' "$SECONDS" "$*"; }
 
 step "cargo fmt --check"
 cargo fmt --all --check
@@ -70,4 +71,4 @@ else
     printf 'SKIPPED: HARVESTER_UPSTREAM_SRC is not set (the directory that scripts/interop.sh checkout makes; see docs/interop.md)\n'
 fi
 
-printf '\nall checks passed\n'
+printf '\nall checks passed in %ss\n' "$SECONDS"
