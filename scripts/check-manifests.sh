@@ -113,23 +113,10 @@ if [[ -n "${HARVESTER_CLOUD_CONTROL_PLANES:-}" ]]; then
   exec 9>"$CP/lease.lock"
   flock 9
   k apply --server-side --field-manager=check-manifests -f "$ROOT/deploy/crds/" >/dev/null
-  # Rancher's APIService kind, as Rancher serves it (schemaless here: Rancher's own CRD).
-  k apply --server-side --field-manager=check-manifests -f - >/dev/null <<'CRD'
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: apiservices.management.cattle.io
-spec:
-  group: management.cattle.io
-  scope: Cluster
-  names: {plural: apiservices, singular: apiservice, kind: APIService}
-  versions:
-    - name: v3
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-CRD
+  # Rancher's APIService kind, as Rancher installs it (wrangler's CRD of Rancher's Go type, from
+  # tools/rancher-crds; every control plane carries it in foreign/crds).
+  k apply --server-side --field-manager=check-manifests \
+    -f "$CP/foreign/crds/apiservices.management.cattle.io.json" >/dev/null
   k wait --for=condition=Established crd/apiservices.management.cattle.io --timeout=60s >/dev/null
   for ns in harvester-system tools; do
     k create namespace "$ns" --dry-run=client -o yaml | k apply --server-side -f - >/dev/null

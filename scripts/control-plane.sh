@@ -19,10 +19,12 @@
 #
 # The foreign kinds are the definitions of what we read and do not own, from their upstreams:
 # tools/foreign-crds writes KubeVirt's VM, VMI and migration CRDs as virt-operator generates them
-# and Multus's NetworkAttachmentDefinition CRD, and prints VMIs built from KubeVirt's Go types.
-# Cached the same way under .../foreign-kinds/<key>/ (the tool as bin/foreign-crds, its CRDs in
-# crds/); a cold build takes about 4 minutes of CPU (9 minutes measured on two cores beside
-# other builds).
+# and Multus's NetworkAttachmentDefinition CRD, and prints VMIs built from KubeVirt's Go types;
+# tools/rancher-crds writes Rancher's GlobalRoleBinding, APIService, Token, ClusterAuthToken and
+# ClusterUserAttribute CRDs as the Rancher that Harvester pins installs them (its own module: it
+# needs Rancher's Kubernetes pins, which KubeVirt's contradict). Cached the same way under
+# .../foreign-kinds/<key>/ (the tools in bin/, their CRDs together in crds/); a cold build takes
+# about 4 minutes of CPU for foreign-crds and 1.5 for rancher-crds.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -94,35 +96,44 @@ fmodversion() {
 kubevirt_version="$(fmodversion kubevirt.io/kubevirt)"
 nad_version="$(fmodversion github.com/k8snetworkplumbingwg/network-attachment-definition-client)"
 [ -n "$kubevirt_version" ] && [ -n "$nad_version" ] || die "cannot read the pinned versions from $fmod/go.mod"
-fsum="$(cat "$fmod/go.mod" "$fmod/go.sum" "$fmod"/*.go | sha256sum | cut -c1-12)"
+rmod="$root/tools/rancher-crds"
+fsum="$(cat "$fmod/go.mod" "$fmod/go.sum" "$fmod"/*.go "$rmod/go.mod" "$rmod/go.sum" "$rmod"/*.go | sha256sum | cut -c1-12)"
 foreigndir="$cache_root/foreign-kinds/kubevirt-$kubevirt_version-nad-$nad_version-$fsum"
 
 build_foreign() {
-    if [ -x "$foreigndir/bin/foreign-crds" ] && [ -f "$foreigndir/crds/virtualmachineinstances.kubevirt.io.json" ]; then
+    if [ -x "$foreigndir/bin/foreign-crds" ] && [ -f "$foreigndir/crds/virtualmachineinstances.kubevirt.io.json" ] &&
+        [ -f "$foreigndir/crds/tokens.management.cattle.io.json" ]; then
         return 0
     fi
     command -v go >/dev/null || die "step foreign: go is not on PATH (Go 1.26 with the module proxy is needed)"
     say "building the foreign kinds (KubeVirt $kubevirt_version, NetworkAttachmentDefinition $nad_version) into $foreigndir"
-    say "(a cold build takes about 4 minutes of CPU; it is cached by version afterwards)"
+    say "(a cold build takes about 6 minutes of CPU; it is cached by version afterwards)"
     local start=$SECONDS
     rm -rf "$foreigndir.partial"
     mkdir -p "$foreigndir.partial/bin"
-    (
-        cd "$fmod"
-        say "step foreign: go mod download"
-        go mod download || die "step foreign: go mod download failed in $fmod"
-        say "step foreign: go build tools/foreign-crds"
-        (while sleep 60; do say "  still building foreign-crds ($((SECONDS - start)) s)"; done) &
-        local ticker=$!
-        if ! CGO_ENABLED=0 go build -trimpath -o "$foreigndir.partial/bin/foreign-crds" .; then
+    local m tool
+    for m in "$fmod" "$rmod"; do
+        tool="$(basename "$m")"
+        (
+            cd "$m"
+            say "step foreign: go mod download ($tool)"
+            go mod download || die "step foreign: go mod download failed in $m"
+            say "step foreign: go build tools/$tool ($((SECONDS - start)) s so far)"
+            (while sleep 60; do say "  still building $tool ($((SECONDS - start)) s)"; done) &
+            local ticker=$!
+            if ! CGO_ENABLED=0 go build -trimpath -o "$foreigndir.partial/bin/$tool" .; then
+                kill "$ticker" 2>/dev/null || true
+                die "step foreign: go build failed in $m"
+            fi
             kill "$ticker" 2>/dev/null || true
-            die "step foreign: go build failed in $fmod"
-        fi
-        kill "$ticker" 2>/dev/null || true
-        wait "$ticker" 2>/dev/null || true
-    )
+            wait "$ticker" 2>/dev/null || true
+        )
+    done
     say "step foreign: writing the CRDs"
     "$foreigndir.partial/bin/foreign-crds" crds "$foreigndir.partial/crds" || die "step foreign: foreign-crds crds failed"
+    # norman logs each CRD it creates (here, on a fake API server): kept out of the way unless it fails.
+    "$foreigndir.partial/bin/rancher-crds" "$foreigndir.partial/crds" 2>"$foreigndir.partial/rancher-crds.log" ||
+        { cat "$foreigndir.partial/rancher-crds.log" >&2; die "step foreign: rancher-crds failed"; }
     rm -rf "$foreigndir"
     mv "$foreigndir.partial" "$foreigndir"
     say "foreign kinds built in $((SECONDS - start)) s"

@@ -179,3 +179,94 @@ async fn embedded_prunes_and_refuses_as_kubevirt_does() {
         );
     }
 }
+
+/// Rancher's kinds as the Rancher that Harvester pins installs them (tools/rancher-crds):
+/// GlobalRoleBinding and APIService with their schemas and a status subresource; Token and the
+/// `cluster.cattle.io` kinds as norman's catch-all, schemaless and without one.
+#[tokio::test]
+async fn kube_control_planes_carry_ranchers_crds() {
+    let cp = ControlPlane::lease().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(cp.admin.clone());
+    for (name, scope, fields, status_subresource) in [
+        (
+            "globalrolebindings.management.cattle.io",
+            "Cluster",
+            &["globalRoleName", "userName", "groupPrincipalName"][..],
+            true,
+        ),
+        (
+            "apiservices.management.cattle.io",
+            "Cluster",
+            &["spec", "status"][..],
+            true,
+        ),
+        ("tokens.management.cattle.io", "Cluster", &[][..], false),
+        (
+            "clusterauthtokens.cluster.cattle.io",
+            "Namespaced",
+            &[][..],
+            false,
+        ),
+        (
+            "clusteruserattributes.cluster.cattle.io",
+            "Namespaced",
+            &[][..],
+            false,
+        ),
+    ] {
+        let crd = crds.get(name).await.expect("installed");
+        assert_eq!(crd.spec.scope, scope, "{name}: scope");
+        let v3 = crd
+            .spec
+            .versions
+            .iter()
+            .find(|v| v.name == "v3")
+            .expect("a v3 version");
+        let schema = v3
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .expect("a schema");
+        let properties = schema.properties.clone().unwrap_or_default();
+        for field in fields {
+            assert!(properties.contains_key(*field), "{name}: {field} described");
+        }
+        assert_eq!(
+            schema.x_kubernetes_preserve_unknown_fields == Some(true),
+            fields.is_empty(),
+            "{name}: schemaless exactly when Rancher's is"
+        );
+        assert_eq!(
+            v3.subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some(),
+            status_subresource,
+            "{name}: status subresource"
+        );
+    }
+}
+
+/// A Rancher fixture with a field Rancher's Go type lacks (here `userID`: the type's is `userId`,
+/// and Go's JSON decoding alone would take either) never reaches a test's API server.
+#[test]
+#[should_panic(expected = "unknown field \\\"userID\\\"")]
+fn a_made_up_rancher_field_is_refused() {
+    support::foreign::rancher(json!({
+        "apiVersion": "management.cattle.io/v3", "kind": "Token",
+        "metadata": {"name": "token-x"}, "userID": "u-1", "token": "t",
+    }));
+}
+
+#[test]
+fn a_rancher_fixture_comes_back_as_ranchers_type_encodes_it() {
+    let token = support::foreign::rancher(json!({
+        "apiVersion": "management.cattle.io/v3", "kind": "Token",
+        "metadata": {"name": "token-x"}, "userId": "u-1", "token": "t", "ttl": 0,
+    }));
+    // Fields Rancher always writes (no omitempty), and `enabled` left out (a nil pointer: norman's
+    // default, true).
+    assert_eq!(token["expired"], json!(false));
+    assert_eq!(token["authProvider"], json!(""));
+    assert_eq!(token["enabled"], Value::Null);
+}

@@ -22,7 +22,7 @@ use kube::api::{Api, DynamicObject, ObjectMeta, PostParams};
 use serde_json::{Value, json};
 use support::{
     control_plane::ControlPlane,
-    eventually,
+    eventually, foreign,
     kube_env::{self, api_resource},
     rancher_peer::Peer,
 };
@@ -429,7 +429,7 @@ async fn cluster_auth_tokens_of_an_external_rancher() {
         attributes
             .create(
                 &PostParams::default(),
-                &serde_json::from_value(obj).unwrap(),
+                &serde_json::from_value(foreign::rancher(obj)).unwrap(),
             )
             .await
             .unwrap();
@@ -456,7 +456,7 @@ async fn cluster_auth_tokens_of_an_external_rancher() {
         tokens
             .create(
                 &PostParams::default(),
-                &serde_json::from_value(obj).unwrap(),
+                &serde_json::from_value(foreign::rancher(obj)).unwrap(),
             )
             .await
             .unwrap();

@@ -19,7 +19,7 @@ import re
 import threading
 import time
 
-from kube import LB_API, ApiError, dhcp_lease  # noqa: F401 (dhcp_lease: documented stand-in)
+from kube import LB_API, ApiError, dhcp_lease, foreign  # noqa: F401 (dhcp_lease: documented stand-in)
 
 GLOBAL = ("*", "*", "*")
 NAMESPACES = ["default", "ns1", "ns2", "ns3", "gc-ns"]
@@ -124,11 +124,12 @@ def lb_obj(ns, name, wt="vm", ipam="pool", pool="", network=None, project=None, 
             "metadata": {"name": name, "namespace": ns, "annotations": ann}, "spec": spec}
 
 
-def nad_obj(ns, name, vlan):
-    return {"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-            "metadata": {"name": name, "namespace": ns, "labels": {"network.harvesterhci.io/vlan-id": str(vlan)}},
-            "spec": {"config": json.dumps({"cniVersion": "0.3.1", "name": name, "type": "bridge",
-                                           "bridge": "mgmt-br", "vlan": vlan})}}
+def nad_obj(k, ns, name, vlan):
+    """A VLAN network as Harvester's network controller writes it, built from
+    network-attachment-definition-client's Go types (tools/foreign-crds)."""
+    config = json.dumps({"cniVersion": "0.3.1", "name": name, "type": "bridge", "bridge": "mgmt-br", "vlan": vlan})
+    return foreign(k, "nad", "-namespace", ns, "-name", name, "-label", f"network.harvesterhci.io/vlan-id={vlan}",
+                   "-config", config)
 
 
 # Steps: tuples whose first item names the action.
@@ -391,16 +392,17 @@ def apply_step(k, step):
         k.merge(k.pool_path(step[1]), {"metadata": {"annotations": step[2]}})
     elif kind == "nad":
         _, ns, name, vlan = step
-        k.create(f"/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions", nad_obj(ns, name, vlan))
+        k.create(f"/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions",
+                 nad_obj(k, ns, name, vlan))
     elif kind == "vmi":
         _, ns, name, labels, ip, phase = step
-        path = f"/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances"
-        k.create(path, {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-                        "metadata": {"name": name, "namespace": ns, "labels": labels}, "spec": {}})
-        iface = {"name": "default", "interfaceName": "enp1s0"}
-        if ip:
-            iface.update(ipAddress=ip, ipAddresses=[ip])
-        k.merge(f"{path}/{name}/status", {"status": {"phase": phase, "interfaces": [iface]}})
+        # KubeVirt's VMI CRD has no status subresource: virt-handler writes status with the object,
+        # so the VMI is created as it stands once running (built from kubevirt.io/api's types).
+        args = ["vmi", "-namespace", ns, "-name", name, "-phase", phase,
+                "-interface", f"default:{ip}@enp1s0" if ip else "default@enp1s0"]
+        for key, value in labels.items():
+            args += ["-label", f"{key}={value}"]
+        k.create(f"/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstances", foreign(k, *args))
     elif kind == "vmi-delete":
         k.delete(f"/apis/kubevirt.io/v1/namespaces/{step[1]}/virtualmachineinstances/{step[2]}")
     elif kind == "vmi-labels":

@@ -175,24 +175,31 @@ class Proc:
         self.f.close()
 
 
-def _schemaless_crd(group, kind, plural, version, scope, status=False):
-    crd = {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{group}"},
-        "spec": {
-            "group": group,
-            "scope": scope,
-            "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
-            "versions": [{
-                "name": version, "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-            }],
-        },
-    }
-    if status:
-        crd["spec"]["versions"][0]["subresources"] = {"status": {}}
-    return crd
+def foreign(k, *args):
+    """An object of a kind we read but do not own, as its upstream's Go types make it: the control
+    plane's `foreign/bin/foreign-crds` (tools/foreign-crds) prints it, e.g. `("vmi", "-name", "a")`."""
+    tool = os.path.join(k.dir, "foreign", "bin", "foreign-crds")
+    out = subprocess.run([tool, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"foreign-crds {' '.join(args)} failed: {out.stderr.strip()}")
+    return json.loads(out.stdout)
+
+
+def foreign_crds(k):
+    """KubeVirt's VM, VMI and migration CRDs as virt-operator generates them, and Multus's
+    NetworkAttachmentDefinition CRD, as `scripts/control-plane.sh up` copied them into `DIR/foreign`."""
+    d = os.path.join(k.dir, "foreign", "crds")
+    crds = []
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".json"):
+            with open(os.path.join(d, f)) as fh:
+                crds.append(json.load(fh))
+    names = {c["metadata"]["name"] for c in crds}
+    for want in ("virtualmachineinstances.kubevirt.io", "virtualmachines.kubevirt.io",
+                 "network-attachment-definitions.k8s.cni.cncf.io"):
+        if want not in names:
+            raise RuntimeError(f"{d} lacks the CRD {want}: is the control plane's foreign/ complete?")
+    return crds
 
 
 NAMESPACES = ["default", "harvester-system", "ns1", "ns2", "ns3", "gc-ns"]
@@ -204,18 +211,13 @@ def load_yaml_docs(path):
 
 
 def seed_harvester(k, lb_crd_dir, manifest):
-    """A Harvester-like cluster: namespaces, KubeVirt's and Multus's kinds (schemaless; VMIs with a
-    status subresource as KubeVirt's CRD has it), the LoadBalancer and IPPool CRDs of
+    """A Harvester-like cluster: namespaces, KubeVirt's and Multus's CRDs as their upstreams define
+    them (`foreign_crds`: validating schemas, and no status subresource on VMIs), the LoadBalancer and IPPool CRDs of
     `lb_crd_dir`, Harvester's `harvesterhci.io:cloudprovider` ClusterRole, and the ServiceAccount and
     RBAC of this service's manifest (the service runs with exactly those)."""
     for ns in NAMESPACES:
         k.apply(f"/api/v1/namespaces/{ns}", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    crds = [
-        _schemaless_crd("kubevirt.io", "VirtualMachine", "virtualmachines", "v1", "Namespaced"),
-        _schemaless_crd("kubevirt.io", "VirtualMachineInstance", "virtualmachineinstances", "v1", "Namespaced", True),
-        _schemaless_crd("k8s.cni.cncf.io", "NetworkAttachmentDefinition", "network-attachment-definitions", "v1",
-                        "Namespaced"),
-    ]
+    crds = foreign_crds(k)
     for f in sorted(os.listdir(lb_crd_dir)):
         if f.endswith(".yaml"):
             crds += load_yaml_docs(os.path.join(lb_crd_dir, f))

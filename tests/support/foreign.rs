@@ -1,5 +1,6 @@
 //! The kinds the service reads and does not own (KubeVirt's VirtualMachine and
-//! VirtualMachineInstance, Multus's NetworkAttachmentDefinition), as their upstreams define them.
+//! VirtualMachineInstance, Multus's NetworkAttachmentDefinition, Rancher's Token, GlobalRoleBinding,
+//! APIService, ClusterAuthToken and ClusterUserAttribute), as their upstreams define them.
 //!
 //! `tools/foreign-crds` (built and cached by `scripts/control-plane.sh`, copied into each control
 //! plane's `foreign/`) writes their CRDs as upstream's own code makes them, and prints VMs and VMIs
@@ -85,6 +86,35 @@ pub fn crds(dir: &Path) -> Vec<Value> {
             crd
         })
         .collect()
+}
+
+/// A fixture of one of Rancher's kinds, held to Rancher's Go type of that kind: `tools/rancher-crds
+/// object` decodes it strictly (an unknown or misspelt field panics here) and returns it as the Go
+/// type encodes it. Token and the `cluster.cattle.io` kinds are schemaless as Rancher installs them
+/// (norman's catch-all CRDs), so the API server would keep any field a test made up.
+pub fn rancher(obj: Value) -> Value {
+    use std::io::Write;
+    let tool = dir().join("bin/rancher-crds");
+    let mut child = Command::new(&tool)
+        .arg("object")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", tool.display()));
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(obj.to_string().as_bytes())
+        .expect("writes the fixture");
+    let out = child.wait_with_output().expect("rancher-crds ends");
+    assert!(
+        out.status.success(),
+        "{obj} is not Rancher's: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("rancher-crds prints JSON")
 }
 
 fn run(args: &[String]) -> Value {

@@ -74,72 +74,33 @@ pub async fn apply(client: &Client, obj: &Value, plural: &str) {
         .unwrap_or_else(|e| panic!("applies {kind} {name}: {e}"));
 }
 
-fn schemaless_crd(group: &str, kind: &str, plural: &str, version: &str, scope: &str) -> Value {
-    let mut crd = json!({
+/// The store suite's own example kind (`example.harvesterhci.io` Widget, which nobody else
+/// defines): schemaless, with a status subresource.
+fn widget_crd() -> Value {
+    json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("{plural}.{group}")},
+        "metadata": {"name": "widgets.example.harvesterhci.io"},
         "spec": {
-            "group": group,
-            "scope": scope,
-            "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind},
+            "group": "example.harvesterhci.io",
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
             "versions": [{
-                "name": version, "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                "subresources": {"status": {}}
             }]
         }
-    });
-    // Rancher's kinds and the store suite's Widget have a status subresource.
-    if group.ends_with("cattle.io") || kind == "Widget" {
-        crd["spec"]["versions"][0]["subresources"] = json!({"status": {}});
-    }
-    crd
+    })
 }
 
-/// Every CRD of the seed: Rancher's (schemaless stand-ins), ours (as `deploy/crds` ships them), and
-/// KubeVirt's and Multus's as their upstreams generate them (the control plane's `foreign/`, see
-/// [`super::foreign`]), so the real server prunes and refuses what they would.
+/// Every CRD of the seed: the store suite's Widget, ours (as `deploy/crds` ships them), and the
+/// foreign kinds as their upstreams make them (the control plane's `foreign/`, see
+/// [`super::foreign`]): KubeVirt's, Multus's, and Rancher's GlobalRoleBinding, APIService, Token,
+/// ClusterAuthToken and ClusterUserAttribute (tools/rancher-crds), so the real server prunes and
+/// refuses what they would.
 fn crds(cp: &ControlPlane) -> Vec<Value> {
-    let mut all = vec![
-        schemaless_crd("management.cattle.io", "Token", "tokens", "v3", "Cluster"),
-        schemaless_crd(
-            "management.cattle.io",
-            "GlobalRoleBinding",
-            "globalrolebindings",
-            "v3",
-            "Cluster",
-        ),
-        // Rancher's aggregation kind, and what it mirrors into a downstream cluster for tokens of
-        // an external Rancher.
-        schemaless_crd(
-            "management.cattle.io",
-            "APIService",
-            "apiservices",
-            "v3",
-            "Cluster",
-        ),
-        schemaless_crd(
-            "cluster.cattle.io",
-            "ClusterAuthToken",
-            "clusterauthtokens",
-            "v3",
-            "Namespaced",
-        ),
-        schemaless_crd(
-            "cluster.cattle.io",
-            "ClusterUserAttribute",
-            "clusteruserattributes",
-            "v3",
-            "Namespaced",
-        ),
-        schemaless_crd(
-            "example.harvesterhci.io",
-            "Widget",
-            "widgets",
-            "v1",
-            "Namespaced",
-        ),
-    ];
+    let mut all = vec![widget_crd()];
     all.extend(harvester_cloud::crd::crds().iter().map(crd_value));
     all.extend(super::foreign::crds(&cp.dir.join("foreign")));
     all
@@ -348,7 +309,7 @@ pub async fn rancher_token(client: &Client, user: &str, opts: TokenOpts) -> Stri
         obj["expiresAt"] = Value::from(at);
     }
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &rancher("Token", "tokens"));
-    create(&api, obj).await;
+    create(&api, super::foreign::rancher(obj)).await;
     token.expose()
 }
 
@@ -365,7 +326,7 @@ pub async fn bind_global_role(client: &Client, user: &str, role: &str) {
         client.clone(),
         &rancher("GlobalRoleBinding", "globalrolebindings"),
     );
-    create(&api, obj).await;
+    create(&api, super::foreign::rancher(obj)).await;
 }
 
 /// Applies the shipped IPPool and LoadBalancer CRDs with or without a status subresource (Harvester
