@@ -49,10 +49,26 @@ cache_root="${HARVESTER_CLOUD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/harvester-c
 sum="$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -c1-12)"
 bindir="$cache_root/control-plane/kube-$kube_version-etcd-$etcd_version-$sum"
 
-build() {
-    if [ -x "$bindir/kube-apiserver" ] && [ -x "$bindir/kube-controller-manager" ] && [ -x "$bindir/etcd" ]; then
-        return 0
+# Takes the build lock NAME (fd 7: held until this script exits), so that two runs on one machine
+# (a CI run and a developer's, parallel test runs) build once: the second waits, then finds the
+# cache filled.
+build_lock() {
+    mkdir -p "$cache_root"
+    exec 7>"$cache_root/.$1.lock"
+    if ! flock -n 7; then
+        say "another run is building $1 into the cache; waiting for it"
+        flock 7
     fi
+}
+
+control_plane_built() {
+    [ -x "$bindir/kube-apiserver" ] && [ -x "$bindir/kube-controller-manager" ] && [ -x "$bindir/etcd" ]
+}
+
+build() {
+    control_plane_built && return 0
+    build_lock control-plane
+    control_plane_built && return 0
     command -v go >/dev/null || die "step build: go is not on PATH (Go 1.26 with the module proxy is needed)"
     mkdir -p "$bindir.partial"
     local minor="${kube_version#v1.}"
@@ -100,11 +116,15 @@ rmod="$root/tools/rancher-crds"
 fsum="$(cat "$fmod/go.mod" "$fmod/go.sum" "$fmod"/*.go "$rmod/go.mod" "$rmod/go.sum" "$rmod"/*.go | sha256sum | cut -c1-12)"
 foreigndir="$cache_root/foreign-kinds/kubevirt-$kubevirt_version-nad-$nad_version-$fsum"
 
+foreign_built() {
+    [ -x "$foreigndir/bin/foreign-crds" ] && [ -f "$foreigndir/crds/virtualmachineinstances.kubevirt.io.json" ] &&
+        [ -x "$foreigndir/bin/rancher-crds" ] && [ -f "$foreigndir/crds/tokens.management.cattle.io.json" ]
+}
+
 build_foreign() {
-    if [ -x "$foreigndir/bin/foreign-crds" ] && [ -f "$foreigndir/crds/virtualmachineinstances.kubevirt.io.json" ] &&
-        [ -f "$foreigndir/crds/tokens.management.cattle.io.json" ]; then
-        return 0
-    fi
+    foreign_built && return 0
+    build_lock foreign-kinds
+    foreign_built && return 0
     command -v go >/dev/null || die "step foreign: go is not on PATH (Go 1.26 with the module proxy is needed)"
     say "building the foreign kinds (KubeVirt $kubevirt_version, NetworkAttachmentDefinition $nad_version) into $foreigndir"
     say "(a cold build takes about 6 minutes of CPU; it is cached by version afterwards)"
