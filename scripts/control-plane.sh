@@ -141,7 +141,9 @@ build_foreign() {
             say "step foreign: go build tools/$tool ($((SECONDS - start)) s so far)"
             (while sleep 60; do say "  still building $tool ($((SECONDS - start)) s)"; done) &
             local ticker=$!
-            if ! CGO_ENABLED=0 go build -trimpath -o "$foreigndir.partial/bin/$tool" .; then
+            # Test tools: no optimizations or inlining (-N -l), no symbols; a third less CPU to
+            # compile (rancher-crds: 157 s of CPU against 102 s), and they run for milliseconds.
+            if ! CGO_ENABLED=0 go build -trimpath -gcflags=all='-N -l' -ldflags='-s -w' -o "$foreigndir.partial/bin/$tool" .; then
                 kill "$ticker" 2>/dev/null || true
                 die "step foreign: go build failed in $m"
             fi

@@ -38,7 +38,10 @@ go_build() {
     (while sleep 30; do say "  still building ($((SECONDS - start)) s)"; done) &
     local ticker=$!
     local rc=0
-    (cd "$dir" && CGO_ENABLED=0 go build -trimpath "$@" -o "$out" "$pkg") || rc=$?
+    # A test peer: built without optimizations or inlining (-N -l) and without symbols, which
+    # takes about a third less CPU to compile (rancher-crds: 157 s of CPU against 102 s) and
+    # changes nothing the tests can see.
+    (cd "$dir" && CGO_ENABLED=0 go build -trimpath -gcflags=all='-N -l' -ldflags='-s -w' "$@" -o "$out" "$pkg") || rc=$?
     kill "$ticker" 2>/dev/null || true
     wait "$ticker" 2>/dev/null || true
     return "$rc"
@@ -87,7 +90,7 @@ build_checkout() {
         mkdir -p "$cmd"
         cp "$mod/main.go" "$cmd/main.go"
         local pkg=./cmd/harvester-cloud-upstream-cloudconfig
-        local ldflags="-X main.harvesterVersion=$version"
+        local ldflags="-s -w -X main.harvesterVersion=$version"
         local mode=mod
         mkdir -p "$(dirname "$bindir")"
         if [ -d "$src/vendor" ]; then
