@@ -1301,20 +1301,31 @@ pub mod cases {
             .await
             .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
         assert!(
-            message.contains("metadata.annotations: Invalid value: \"bad key\": name part must consist"),
+            message.contains(
+                "metadata.annotations: Invalid value: \"bad key\": name part must consist"
+            ),
             "{message}"
         );
         // An update is judged too, and nothing of it is kept.
-        let mut lb = create_lb(&b, mk_lb("default", "fine", json!({"workloadType": "cluster"}))).await;
+        let mut lb = create_lb(
+            &b,
+            mk_lb("default", "fine", json!({"workloadType": "cluster"})),
+        )
+        .await;
         lb["metadata"]["finalizers"] = json!(["bad finalizer"]);
         let message = call(&b, Method::PUT, &format!("{LBS}/default/fine"), Some(lb))
             .await
             .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
         assert!(
-            message.contains("metadata.finalizers: Invalid value: \"bad finalizer\": name part must consist"),
+            message.contains(
+                "metadata.finalizers: Invalid value: \"bad finalizer\": name part must consist"
+            ),
             "{message}"
         );
-        let stored = ok(get(&b, &format!("{LBS}/default/fine")).await, StatusCode::OK);
+        let stored = ok(
+            get(&b, &format!("{LBS}/default/fine")).await,
+            StatusCode::OK,
+        );
         assert!(
             !stored["metadata"]["finalizers"]
                 .as_array()

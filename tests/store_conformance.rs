@@ -148,17 +148,17 @@ fn merge_meta(obj: &mut Value, meta: &Value) {
 /// the embedded store's reason does not carry (its error adds its own).
 fn invalid_reason(r: Result<Value, StoreError>) -> String {
     match r {
-        Err(StoreError::Invalid { reason, .. }) => {
-            match reason.split_once(" is invalid: ") {
-                Some((framing, rest))
-                    if framing.ends_with('"')
-                        && framing.split_once(" \"").is_some_and(|(k, _)| !k.contains(' ')) =>
-                {
-                    rest.to_string()
-                }
-                _ => reason,
+        Err(StoreError::Invalid { reason, .. }) => match reason.split_once(" is invalid: ") {
+            Some((framing, rest))
+                if framing.ends_with('"')
+                    && framing
+                        .split_once(" \"")
+                        .is_some_and(|(k, _)| !k.contains(' ')) =>
+            {
+                rest.to_string()
             }
-        }
+            _ => reason,
+        },
         other => panic!("expected a 422 (Invalid), got {other:?}"),
     }
 }
@@ -682,7 +682,11 @@ pub mod cases {
         for (i, (meta, want)) in refused.into_iter().enumerate() {
             let mut obj = mk_cm(&format!("m{i}"), "1");
             merge_meta(&mut obj, &meta);
-            assert_eq!(invalid_reason(s.create(&k, obj).await), want, "create with {meta}");
+            assert_eq!(
+                invalid_reason(s.create(&k, obj).await),
+                want,
+                "create with {meta}"
+            );
         }
         // Accepted by the API server, so here too.
         let at_limit = "v".repeat(256 * 1024 - 1);
@@ -695,7 +699,9 @@ pub mod cases {
         for (i, meta) in accepted.into_iter().enumerate() {
             let mut obj = mk_cm(&format!("ok{i}"), "1");
             merge_meta(&mut obj, &meta);
-            s.create(&k, obj).await.unwrap_or_else(|e| panic!("{meta}: {e}"));
+            s.create(&k, obj)
+                .await
+                .unwrap_or_else(|e| panic!("{meta}: {e}"));
         }
         // An update is judged as a create is.
         let u = s.create(&k, mk_cm("upd", "1")).await.unwrap();
