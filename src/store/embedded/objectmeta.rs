@@ -58,6 +58,24 @@ impl Errors {
 /// (`old` is the stored object); the message of the refusal, without the `Kind "name" is
 /// invalid: ` framing.
 pub fn validate(object: &Value, old: Option<&Value>) -> Result<(), String> {
+    judge(object, old, false)
+}
+
+/// [`validate`] for a built-in kind (core, RBAC, discovery, coordination, events): what the core
+/// API group's `ValidateObjectMeta` adds, a refusal of each added finalizer name that has no
+/// domain and is none of `kubernetes`, `orphan` and `foregroundDeletion`. For a custom resource
+/// kube-apiserver only warns of such a name (apiextensions' strategy), so [`validate`] takes it.
+pub fn validate_builtin(object: &Value, old: Option<&Value>) -> Result<(), String> {
+    judge(object, old, true)
+}
+
+/// Whether kube-apiserver validates `group`'s objects as a built-in kind: a group without a dot or
+/// under `k8s.io` (a CRD's group must have a dot, and `*.k8s.io` is reserved to Kubernetes).
+pub fn is_builtin_group(group: &str) -> bool {
+    !group.contains('.') || group.ends_with(".k8s.io")
+}
+
+fn judge(object: &Value, old: Option<&Value>, builtin: bool) -> Result<(), String> {
     let empty = Map::new();
     let meta = |v: &Value| -> Map<String, Value> {
         v.get("metadata")
@@ -73,6 +91,9 @@ pub fn validate(object: &Value, old: Option<&Value>) -> Result<(), String> {
     annotations(&new, old, &mut errs);
     owner_references(&new, old, &mut errs);
     finalizers(&new, old, &mut errs);
+    if builtin {
+        kube_finalizer_names(&new, old, &mut errs);
+    }
     match errs.aggregate() {
         None => Ok(()),
         Some(m) => Err(m),
@@ -297,6 +318,33 @@ fn finalizers(new: &Map<String, Value>, old: &Map<String, Value>, errs: &mut Err
             FIELD,
             &format!("[{}]", all.join(",")),
             &format!("finalizer {ORPHAN} and {FOREGROUND} cannot be both set"),
+        );
+    }
+}
+
+/// The core API group's `validateKubeFinalizerName`, on each added finalizer, with its index.
+fn kube_finalizer_names(new: &Map<String, Value>, old: &Map<String, Value>, errs: &mut Errors) {
+    const STANDARD: [&str; 3] = ["kubernetes", ORPHAN, FOREGROUND];
+    let list = |m: &Map<String, Value>| -> Vec<String> {
+        m.get("finalizers")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = list(old);
+    for (i, f) in list(new).iter().enumerate() {
+        if before.contains(f) || f.contains('/') || STANDARD.contains(&f.as_str()) {
+            continue;
+        }
+        errs.invalid(
+            &format!("metadata.finalizers[{i}]"),
+            f,
+            "name is neither a standard finalizer name nor is it fully qualified",
         );
     }
 }

@@ -188,7 +188,16 @@ pub(super) fn checked_key(kind: &Kind, obj: &mut Value) -> Result<(String, Strin
 
 /// Judges the metadata of an object being created as kube-apiserver does.
 pub(super) fn validate_new_meta(kind: &Kind, name: &str, object: &Value) -> Result<(), StoreError> {
-    super::objectmeta::validate(object, None).map_err(|reason| invalid(kind, name, reason))
+    meta_rules(kind)(object, None).map_err(|reason| invalid(kind, name, reason))
+}
+
+/// kube-apiserver's metadata rules for `kind`: a built-in kind's or a custom resource's.
+fn meta_rules(kind: &Kind) -> fn(&Value, Option<&Value>) -> Result<(), String> {
+    if super::objectmeta::is_builtin_group(&kind.group) {
+        super::objectmeta::validate_builtin
+    } else {
+        super::objectmeta::validate
+    }
 }
 
 /// Gives an object being created what the store sets: its uid, creation time, generation and
@@ -376,7 +385,7 @@ impl EmbeddedStore {
             };
             if !status_only {
                 // A status write keeps the stored metadata: nothing of it to judge.
-                super::objectmeta::validate(&next, Some(&current))
+                meta_rules(kind)(&next, Some(&current))
                     .map_err(|reason| invalid(kind, &name, reason))?;
             }
             if same_but_server_fields(&next, &current) {
