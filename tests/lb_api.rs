@@ -1282,6 +1282,60 @@ pub mod cases {
         r.stop().await;
     }
 
+    /// Metadata Kubernetes refuses is refused over HTTP on both backends: 422, with the API
+    /// server's message (on the kube backend the API server's own; tests/store_conformance.rs
+    /// compares every case).
+    pub async fn metadata_is_refused_as_the_api_server_refuses_it<B: Backend>(b: B) {
+        let label_msg = "metadata.labels: Invalid value: \"<html>\": a valid label must be an empty string or consist of alphanumeric characters";
+        let lb = with_labels(
+            mk_lb("default", "html-label", json!({"workloadType": "cluster"})),
+            &[("cloudprovider.harvesterhci.io/cluster", "<html>")],
+        );
+        let message = call(&b, Method::POST, LBS, Some(lb))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert!(message.contains(label_msg), "{message}");
+        let mut pool = mk_pool("bad-annotation", range("10.9.0.0/24", "", ""), global());
+        pool["metadata"]["annotations"] = json!({"bad key": "v"});
+        let message = call(&b, Method::POST, POOLS, Some(pool))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert!(
+            message.contains(
+                "metadata.annotations: Invalid value: \"bad key\": name part must consist"
+            ),
+            "{message}"
+        );
+        // An update is judged too, and nothing of it is kept.
+        let mut lb = create_lb(
+            &b,
+            mk_lb("default", "fine", json!({"workloadType": "cluster"})),
+        )
+        .await;
+        lb["metadata"]["finalizers"] = json!(["bad finalizer"]);
+        let message = call(&b, Method::PUT, &format!("{LBS}/default/fine"), Some(lb))
+            .await
+            .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+        assert!(
+            message.contains(
+                "metadata.finalizers: Invalid value: \"bad finalizer\": name part must consist"
+            ),
+            "{message}"
+        );
+        let stored = ok(
+            get(&b, &format!("{LBS}/default/fine")).await,
+            StatusCode::OK,
+        );
+        assert!(
+            !stored["metadata"]["finalizers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|f| f == "bad finalizer"),
+            "{stored}"
+        );
+    }
+
     pub async fn validation_messages<B: Backend>(b: B) {
         let refuse = async |method: Method, path: &str, body: Value| {
             call(&b, method, path, Some(body))
@@ -1913,6 +1967,7 @@ suite!(
         manual_release_annotation,
         guest_cluster_cleanup,
         validation_messages,
+        metadata_is_refused_as_the_api_server_refuses_it,
         upstream_range_and_network_rules,
         a_claimed_deletion_does_not_skip_admission,
         contract_edges,

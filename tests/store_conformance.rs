@@ -137,6 +137,32 @@ fn rv(v: &Value) -> u64 {
         .unwrap()
 }
 
+fn merge_meta(obj: &mut Value, meta: &Value) {
+    for (k, v) in meta.as_object().unwrap() {
+        obj["metadata"][k] = v.clone();
+    }
+}
+
+/// The reason of a refusal, without the framing the API server puts around it
+/// (`ConfigMap "x" is invalid: `, `Widget.example.harvesterhci.io "x" is invalid: `), which
+/// the embedded store's reason does not carry (its error adds its own).
+fn invalid_reason(r: Result<Value, StoreError>) -> String {
+    match r {
+        Err(StoreError::Invalid { reason, .. }) => match reason.split_once(" is invalid: ") {
+            Some((framing, rest))
+                if framing.ends_with('"')
+                    && framing
+                        .split_once(" \"")
+                        .is_some_and(|(k, _)| !k.contains(' ')) =>
+            {
+                rest.to_string()
+            }
+            _ => reason,
+        },
+        other => panic!("expected a 422 (Invalid), got {other:?}"),
+    }
+}
+
 pub mod cases {
     use super::*;
 
@@ -265,10 +291,10 @@ pub mod cases {
         // No new finalizers while terminating.
         let mut more = pending.clone();
         more["metadata"]["finalizers"] = json!(["example.com/cleanup", "x/y"]);
-        assert!(matches!(
-            s.replace(&k, more).await,
-            Err(StoreError::Invalid { .. })
-        ));
+        assert_eq!(
+            invalid_reason(s.replace(&k, more).await),
+            "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{\"x/y\"}"
+        );
         // Removing the last finalizer completes the deletion.
         let mut done = pending.clone();
         done["metadata"]["finalizers"] = json!([]);
@@ -577,6 +603,140 @@ pub mod cases {
         }
     }
 
+    /// Metadata kube-apiserver refuses is refused with its message (apimachinery's
+    /// `ValidateObjectMeta`); what it accepts is accepted. On the kube backend the real API server
+    /// answers, so the expected messages below are checked against it: both backends pass only if
+    /// they say the same.
+    pub async fn metadata_is_validated_as_the_api_server_does<H: Harness>(h: H) {
+        let s = h.store();
+        let k = cm_kind();
+        let label_value_msg = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
+        let name_part = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+        let long = "x".repeat(64);
+        let big = "v".repeat(300 * 1024);
+        let refused: Vec<(Value, String)> = vec![
+            (
+                json!({"labels": {"l": "<b> x"}}),
+                format!("metadata.labels: Invalid value: \"<b> x\": {label_value_msg}"),
+            ),
+            (
+                json!({"labels": {"cloudprovider.harvesterhci.io/cluster": "<html>"}}),
+                format!("metadata.labels: Invalid value: \"<html>\": {label_value_msg}"),
+            ),
+            (
+                json!({"labels": {"l": long}}),
+                format!("metadata.labels: Invalid value: \"{long}\": must be no more than 63 bytes"),
+            ),
+            (
+                json!({"labels": {"a b": "v"}}),
+                format!("metadata.labels: Invalid value: \"a b\": {name_part}"),
+            ),
+            (
+                json!({"labels": {"/x": "v"}}),
+                "metadata.labels: Invalid value: \"/x\": prefix part must be non-empty".into(),
+            ),
+            (
+                json!({"labels": {"Example.com/x": "v"}}),
+                "metadata.labels: Invalid value: \"Example.com/x\": prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".into(),
+            ),
+            (
+                json!({"labels": {"a/b/c": "v"}}),
+                "metadata.labels: Invalid value: \"a/b/c\": a valid label key must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')".into(),
+            ),
+            (
+                json!({"annotations": {"Bad Key": "v"}}),
+                format!("metadata.annotations: Invalid value: \"Bad Key\": {name_part}"),
+            ),
+            (
+                json!({"annotations": {"k": big}}),
+                "metadata.annotations: Too long: may not be more than 262144 bytes".into(),
+            ),
+            (
+                // A ConfigMap is a built-in kind: the core group adds its own check of a name
+                // without a domain (a custom resource only gets a warning, below).
+                json!({"finalizers": ["bad finalizer"]}),
+                format!("[metadata.finalizers: Invalid value: \"bad finalizer\": {name_part}, metadata.finalizers[0]: Invalid value: \"bad finalizer\": name is neither a standard finalizer name nor is it fully qualified]"),
+            ),
+            (
+                json!({"finalizers": ["example.com/f", "no-domain"]}),
+                "metadata.finalizers[1]: Invalid value: \"no-domain\": name is neither a standard finalizer name nor is it fully qualified".into(),
+            ),
+            (
+                json!({"finalizers": ["orphan", "foregroundDeletion"]}),
+                "metadata.finalizers: Invalid value: [\"orphan\",\"foregroundDeletion\"]: finalizer orphan and foregroundDeletion cannot be both set".into(),
+            ),
+            (
+                json!({"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "o"}]}),
+                "metadata.ownerReferences.uid: Invalid value: \"\": must not be empty".into(),
+            ),
+            (
+                json!({"ownerReferences": [{"apiVersion": "", "kind": "ConfigMap", "name": "o", "uid": "u"}]}),
+                "metadata.ownerReferences.apiVersion: Invalid value: \"\": version must not be empty".into(),
+            ),
+            (
+                json!({"ownerReferences": [{"apiVersion": "v1", "kind": "Event", "name": "<e>", "uid": "u"}]}),
+                "metadata.ownerReferences: Invalid value: {\"apiVersion\":\"v1\",\"kind\":\"Event\",\"name\":\"\\u003ce\\u003e\",\"uid\":\"u\"}: /v1, Kind=Event is disallowed from being an owner".into(),
+            ),
+            (
+                json!({"ownerReferences": [
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "a", "uid": "u1", "controller": true},
+                    {"apiVersion": "v1", "kind": "ConfigMap", "name": "b", "uid": "u2", "controller": true, "blockOwnerDeletion": false}]}),
+                "metadata.ownerReferences: Invalid value: [{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\",\"name\":\"a\",\"uid\":\"u1\",\"controller\":true},{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\",\"name\":\"b\",\"uid\":\"u2\",\"controller\":true,\"blockOwnerDeletion\":false}]: Only one reference can have Controller set to true. Found \"true\" in references for ConfigMap/a and ConfigMap/b".into(),
+            ),
+        ];
+        let refused_count = refused.len();
+        for (i, (meta, want)) in refused.into_iter().enumerate() {
+            let mut obj = mk_cm(&format!("m{i}"), "1");
+            merge_meta(&mut obj, &meta);
+            assert_eq!(
+                invalid_reason(s.create(&k, obj).await),
+                want,
+                "create with {meta}"
+            );
+        }
+        // Accepted by the API server, so here too.
+        let at_limit = "v".repeat(256 * 1024 - 1);
+        let accepted = [
+            json!({"labels": {"empty": "", "max": "x".repeat(63), "example.com/Key_1": "v.1"}}),
+            json!({"annotations": {"UPPER.Example.COM/Key": "<html> ‹img…>"}}),
+            json!({"annotations": {"k": at_limit}}),
+            json!({"finalizers": ["kubernetes", "orphan", "example.com/f"]}),
+        ];
+        for (i, meta) in accepted.into_iter().enumerate() {
+            let mut obj = mk_cm(&format!("ok{i}"), "1");
+            merge_meta(&mut obj, &meta);
+            s.create(&k, obj)
+                .await
+                .unwrap_or_else(|e| panic!("{meta}: {e}"));
+        }
+        // An update is judged as a create is.
+        let u = s.create(&k, mk_cm("upd", "1")).await.unwrap();
+        let mut bad = u.clone();
+        bad["metadata"]["labels"]["l"] = json!("<b> x");
+        assert_eq!(
+            invalid_reason(s.replace(&k, bad).await),
+            format!("metadata.labels: Invalid value: \"<b> x\": {label_value_msg}")
+        );
+        // And a custom resource as a built-in kind.
+        let w = widget_kind();
+        let obj = json!({"apiVersion": w.api_version, "kind": w.kind,
+            "metadata": {"name": "w-bad", "namespace": "ns1", "labels": {"l": "<b> x"}}, "spec": {"size": 1}});
+        assert_eq!(
+            invalid_reason(s.create(&w, obj).await),
+            format!("metadata.labels: Invalid value: \"<b> x\": {label_value_msg}")
+        );
+        // ...except for a finalizer name without a domain, of which kube-apiserver only warns.
+        let obj = json!({"apiVersion": w.api_version, "kind": w.kind,
+            "metadata": {"name": "w-ok", "namespace": "ns1", "finalizers": ["no-domain"]}, "spec": {"size": 1}});
+        s.create(&w, obj)
+            .await
+            .expect("a custom resource may have a finalizer without a domain");
+        // Nothing refused was stored.
+        for i in 0..refused_count {
+            assert!(s.get(&k, "ns1", &format!("m{i}")).await.unwrap().is_none());
+        }
+    }
+
     pub async fn restart_keeps_objects_and_versions<H: Harness>(h: H) {
         let k = cm_kind();
         let a = h.store().create(&k, mk_cm("a", "1")).await.unwrap();
@@ -619,5 +779,6 @@ suite!(
         abandoned_writes_are_whole_or_absent,
         buffered_creates_are_durable_once_synced,
         created_together_or_not_at_all,
+        metadata_is_validated_as_the_api_server_does,
     ]
 );

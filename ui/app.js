@@ -6,6 +6,7 @@ import { poolsPage } from './pools.js';
 import { loadBalancersPage } from './loadbalancers.js';
 import { guestClustersPage } from './guests.js';
 import { cloudConfigsPage } from './cloudconfigs.js';
+import { retryDelay } from './model.js';
 
 const PAGES = {
   pools: { title: 'Pools', make: poolsPage },
@@ -14,8 +15,6 @@ const PAGES = {
   cloudconfigs: { title: 'Cloud-configs', make: cloudConfigsPage },
 };
 const DEFAULT_PAGE = 'pools';
-/** How often the page shown is refreshed. */
-const POLL_MS = 2000;
 
 const $ = (id) => document.getElementById(id);
 
@@ -23,6 +22,8 @@ let api = null;
 let current = null;
 let timer = null;
 let generation = 0;
+/** Failed refreshes in a row of the page shown: the next one waits longer (`retryDelay`). */
+let failures = 0;
 
 function route() {
   const hash = location.hash.startsWith('#/') ? location.hash.slice(2) : '';
@@ -57,20 +58,24 @@ function refused(error) {
 
 function stopPolling() {
   generation++;
+  failures = 0;
   clearTimeout(timer);
   timer = null;
 }
 
-/** Refreshes the page shown, then again after POLL_MS; a page without `refresh` (a form, with
- * nothing that changes by itself) is not polled. `refresh` resolves to whether it got data. */
+/** Refreshes the page shown, then again after POLL_MS, or after a longer wait each time it
+ * fails (2 s, 4 s, … up to a minute; back to POLL_MS once it succeeds) rather than asking a
+ * failing service every 2 s. A page without `refresh` (a form, with nothing that changes by
+ * itself) is not polled. `refresh` resolves to whether it got data. */
 async function tick(gen) {
   if (gen !== generation || !current?.refresh) return;
   if (!document.hidden) {
     const fresh = await current.refresh();
     if (gen !== generation) return;
+    failures = fresh ? 0 : failures + 1;
     if (fresh) $('updated').textContent = `Updated ${new Date().toLocaleTimeString()}`;
   }
-  timer = setTimeout(() => tick(gen), POLL_MS);
+  timer = setTimeout(() => tick(gen), retryDelay(failures));
 }
 
 function mount({ focus } = {}) {

@@ -1,11 +1,14 @@
 // The Guest clusters page (embedded store): each guest cluster's Services, their addresses and
 // load balancers, and what the reconciler said about them. The clusters listed are those with
-// load balancers (labelled with their cluster); any other can be looked up by name.
+// load balancers (labelled with their cluster); any other can be looked up by name. A load
+// balancer whose label cannot name a guest cluster is shown once, as broken, and the API is not
+// asked about it; a cluster whose requests fail is asked again later and later (see retryDelay),
+// not on every refresh.
 
 import { empty, facts, failure, h, liveView, replace, slug, table, time } from './dom.js';
 import {
-  LABEL_CLUSTER, SVC_IPAM, SVC_PRIMARY, eventTime, guestClusters, idOf, lbOfService, lbState, latestEvents,
-  serviceAddress,
+  LABEL_CLUSTER, SVC_IPAM, SVC_PRIMARY, brokenGuestLbs, eventTime, guestClusters, idOf, isGuestClusterName,
+  lbOfService, lbState, latestEvents, retryDelay, serviceAddress,
 } from './model.js';
 
 /** Events shown per guest cluster (newest first). */
@@ -76,7 +79,27 @@ function clusterCard(cluster, entry, lbs) {
     content);
 }
 
+const NOT_A_NAME = 'is not a guest cluster name (a lowercase RFC 1123 label: a-z, 0-9 and \'-\', at most 63 characters), so no guest cluster is looked up for it';
+
+/** One entry per load balancer whose guest-cluster label no cluster can have. */
+function brokenList(broken) {
+  return h('section', { class: 'card broken', 'aria-labelledby': 'broken-guest-lbs' },
+    h('header', null, h('h2', { id: 'broken-guest-lbs' }, 'Broken load balancers')),
+    h('ul', null, broken.map(({ lb, cluster }) => h('li', { 'data-broken': idOf(lb) },
+      h('a', { href: `#/loadbalancers?q=${encodeURIComponent(idOf(lb))}` }, idOf(lb)),
+      ': its label ', h('code', null, LABEL_CLUSTER), ' is ', h('code', null, JSON.stringify(cluster)),
+      `, which ${NOT_A_NAME}.`))));
+}
+
+/** A looked-up name that no guest cluster can have: said once, never asked about. */
+function badLookup(c) {
+  return h('section', { class: 'card broken', 'data-lookup': key(c) },
+    h('p', null, h('code', null, key(c)), ` ${NOT_A_NAME}.`));
+}
+
 export function guestClustersPage({ api, params }) {
+  /** Per cluster: failures in a row, when it may be asked again, and the last answer. */
+  const tries = new Map();
   const extra = new Map();
   if (params.get('namespace') && params.get('cluster')) {
     const c = { namespace: params.get('namespace'), cluster: params.get('cluster') };
@@ -108,19 +131,39 @@ export function guestClustersPage({ api, params }) {
   const refresh = view.refresher(async () => {
     const lbs = await api.lbs();
     const clusters = [...guestClusters(lbs)];
-    for (const c of extra.values()) if (!clusters.some((d) => key(d) === key(c))) clusters.push(c);
+    const badLookups = [];
+    for (const c of extra.values()) {
+      if (!isGuestClusterName(c.namespace) || !isGuestClusterName(c.cluster)) badLookups.push(c);
+      else if (!clusters.some((d) => key(d) === key(c))) clusters.push(c);
+    }
+    const now = Date.now();
     const entries = await Promise.all(clusters.map(async (c) => {
+      const t = tries.get(key(c)) ?? { failures: 0, next: 0, entry: null };
+      tries.set(key(c), t);
+      if (t.entry?.error && now < t.next) return t.entry;
       try {
         const [services, events] = await Promise.all([
           api.guestServices(c.namespace, c.cluster), api.guestEvents(c.namespace, c.cluster)]);
-        return { services, events };
+        t.failures = 0;
+        t.entry = { services, events };
       } catch (e) {
         if (e.status === 401) throw e;
-        return { error: e };
+        t.failures += 1;
+        t.next = Date.now() + retryDelay(t.failures);
+        t.entry = { error: { status: e.status, code: e.code, message: e.message, describe: e.describe?.bind(e) } };
       }
+      return t.entry;
     }));
-    return { lbs, clusters, entries };
-  }, ({ lbs, clusters, entries }) => {
+    return { lbs, clusters, entries, broken: brokenGuestLbs(lbs), badLookups };
+  }, ({ lbs, clusters, entries, broken, badLookups }) => {
+    const notes = [
+      broken.length ? brokenList(broken) : null,
+      ...badLookups.map(badLookup),
+    ].filter(Boolean);
+    if (clusters.length === 0 && notes.length) {
+      view.show(...notes);
+      return;
+    }
     if (clusters.length === 0) {
       view.show(empty(
         h('p', null, 'No guest cluster has a load balancer yet.'),
@@ -129,7 +172,7 @@ export function guestClustersPage({ api, params }) {
           '; on Kubernetes, guest clusters run ', h('code', null, 'harvester-cloud ccm'), ' and their load balancers show under Load balancers.')));
       return;
     }
-    view.show(clusters.map((c, i) => clusterCard(c, entries[i], lbs)));
+    view.show(...notes, clusters.map((c, i) => clusterCard(c, entries[i], lbs)));
   });
 
   return { el, refresh };

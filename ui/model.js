@@ -87,14 +87,46 @@ export function guestOf(lb) {
   };
 }
 
-/** The guest clusters that have load balancers, as `{namespace, cluster}`, sorted. */
+/** Whether `name` can name a guest cluster or its namespace: an RFC 1123 label, as the API
+ * requires (it answers 422 for anything else). */
+export function isGuestClusterName(name) {
+  return typeof name === 'string' && name.length <= 63 && /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/.test(name);
+}
+
+/** The guest clusters that have load balancers, as `{namespace, cluster}`, sorted. A label that
+ * cannot name a guest cluster makes no cluster: see `brokenGuestLbs`. */
 export function guestClusters(lbs) {
   const seen = new Map();
   for (const lb of lbs) {
     const g = guestOf(lb);
-    if (g) seen.set(`${g.namespace}/${g.cluster}`, { namespace: g.namespace, cluster: g.cluster });
+    if (g && isGuestClusterName(g.cluster) && isGuestClusterName(g.namespace)) {
+      seen.set(`${g.namespace}/${g.cluster}`, { namespace: g.namespace, cluster: g.cluster });
+    }
   }
   return [...seen.entries()].sort(([a], [b]) => a.localeCompare(b)).map(([, v]) => v);
+}
+
+/** Load balancers labelled with a guest cluster that no guest cluster can be (the label is not
+ * an RFC 1123 label), as `{lb, cluster}`, sorted by id: each is one broken object, not a cluster
+ * to ask the API about. */
+export function brokenGuestLbs(lbs) {
+  return lbs
+    .map((lb) => ({ lb, g: guestOf(lb) }))
+    .filter(({ g }) => g && !(isGuestClusterName(g.cluster) && isGuestClusterName(g.namespace)))
+    .map(({ lb, g }) => ({ lb, cluster: g.cluster }))
+    .sort((a, b) => idOf(a.lb).localeCompare(idOf(b.lb)));
+}
+
+/** How often the page shown is refreshed while its requests succeed. */
+export const POLL_MS = 2000;
+/** The longest wait between two tries of a failing request. */
+export const BACKOFF_MAX_MS = 60_000;
+
+/** The wait before the next try after `failures` failures in a row: POLL_MS after a success,
+ * then doubling from POLL_MS (2 s, 4 s, 8 s…) up to BACKOFF_MAX_MS. */
+export function retryDelay(failures) {
+  if (failures <= 0) return POLL_MS;
+  return Math.min(POLL_MS * 2 ** Math.min(failures - 1, 16), BACKOFF_MAX_MS);
 }
 
 /** Load balancers matching the filters (`''` matches anything); `text` searches the id and

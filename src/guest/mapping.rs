@@ -307,6 +307,12 @@ pub fn plan_slot(
         .unwrap_or_default()
         .to_string();
     let ipam = service_ipam(svc);
+    if ipam != "pool" && ipam != "dhcp" {
+        return Err(GuestError::InvalidIpam {
+            service: service_key(svc),
+            value: crate::validation::go_quote(&ipam),
+        });
+    }
 
     if let Some(lb) = existing {
         let lb_network = lb
@@ -537,5 +543,18 @@ mod tests {
         // Unchanged: fine, and empty ipam on the LoadBalancer means pool.
         let svc = mk_service("default", "abcd", &[]);
         assert!(plan(&svc, &mk_ctx(None), Some(&lb)).is_ok());
+    }
+
+    #[test]
+    fn an_ipam_annotation_that_names_no_mode_is_refused() {
+        for ok in ["", "pool", "dhcp"] {
+            let svc = mk_service("default", "abcd", &[(keys::SVC_IPAM, ok)]);
+            assert!(plan(&svc, &mk_ctx(None), None).is_ok(), "{ok:?}");
+        }
+        let svc = mk_service("default", "abcd", &[(keys::SVC_IPAM, "‹img src=x>\n")]);
+        assert_eq!(
+            plan(&svc, &mk_ctx(None), None).unwrap_err().to_string(),
+            "service default/abcd: annotation cloudprovider.harvesterhci.io/ipam is \"‹img src=x>\\n\": supported values: \"pool\", \"dhcp\""
+        );
     }
 }

@@ -45,6 +45,16 @@ pub enum GuestError {
         service_ipam: String,
         lb_ipam: String,
     },
+    /// Ours: the IPAM annotation names no mode. Upstream copies it into the LoadBalancer, whose
+    /// CRD schema refuses it; said here, before any LoadBalancer is written.
+    #[error(
+        "service {service}: annotation cloudprovider.harvesterhci.io/ipam is {value}: supported values: \"pool\", \"dhcp\""
+    )]
+    InvalidIpam {
+        service: String,
+        /// Quoted (Go's `%q`), so a value with markup or control characters reads as one.
+        value: String,
+    },
     #[error("there is no common NAD mapping: kube-system/harvester-nad-mapping is empty")]
     NadMappingEmpty,
     #[error("network {network} not found in NAD mapping for service {service}")]

@@ -347,6 +347,47 @@ describe('the console on the embedded store', () => {
     await page.close();
   });
 
+  test('a broken object shows once, as broken, and a failing request is asked again later and later', async () => {
+    const labelled = (lb, cluster) => ({ ...lb, metadata: { ...lb.metadata, labels: { 'cloudprovider.harvesterhci.io/cluster': cluster } } });
+    // A label Kubernetes refuses is refused here too, with the API server's message.
+    const html = await call(server, 'POST', LBS, labelled(mkLb('default', 'html-label'), '<html>'));
+    assert.equal(html.status, 422);
+    assert.match(html.json().message, /metadata\.labels: Invalid value: "<html>": a valid label must be an empty string/);
+    // A valid label value that no guest cluster can have: one broken load balancer, about which
+    // the guest clusters API (which would answer 422) is never asked.
+    await ok(server, 'POST', LBS, labelled(mkLb('default', 'odd-cluster'), 'Bad_Name'), 201);
+    const page = await browser.page();
+    const asked = [];
+    page.on('request', (r) => { if (r.url().includes('/guestclusters/')) asked.push(new URL(r.url()).pathname); });
+    await signIn(page, server);
+    await page.getByRole('link', { name: 'Guest clusters' }).click();
+    const broken = page.locator('[data-broken="default/odd-cluster"]');
+    await broken.waitFor();
+    assert.match(await broken.textContent(), /is "Bad_Name", which is not a guest cluster name/);
+    const shop = page.locator('[data-cluster="default/shop"]');
+    await shop.waitFor();
+    assert.equal(await page.locator('[data-broken]').count(), 1);
+    assert.equal(await page.locator('[data-cluster="default/Bad_Name"]').count(), 0);
+    assert.deepEqual(asked.filter((p) => p.includes('Bad_Name')), []);
+    // A cluster whose requests fail (the store failing, injected) is asked again after 2 s, 4 s,
+    // 8 s…, not on every 2 s refresh: at most 3 times in a 10 s window (every 2 s would be 5).
+    const services = `${GUESTS}/default/shop/services`;
+    await page.route(`**${services}`, (route) => route.fulfill({
+      status: 500, contentType: 'application/json', body: '{"type":"error","status":500,"code":"ServerError","message":"store failed"}',
+    }));
+    await eventually('the failure shown', async () => /500 ServerError: store failed/.test(await shop.textContent()));
+    const failed = () => asked.filter((p) => p === services).length;
+    const start = failed();
+    // A window to count requests in, not a wait for a condition.
+    await new Promise((r) => setTimeout(r, 10_000));
+    const during = failed() - start;
+    assert.ok(during <= 3, `the failing request was sent ${during} times in 10 s`);
+    // Once it answers again, the cluster is shown again.
+    await page.unroute(`**${services}`);
+    await eventually('the cluster shown again', async () => /apps\/storefront/.test(await shop.textContent()));
+    await page.close();
+  });
+
   test('a cloud-config issued from the form is byte for byte the API answer, copied and downloaded', async () => {
     const page = await browser.page();
     await browser.context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: server.url });

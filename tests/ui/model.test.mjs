@@ -8,8 +8,8 @@ import {
   cellState, entriesWithin, formatIp, indexByValue, mapPlan, parseCidr, parseIp, rangeSize, readRange,
 } from '../../ui/ip.js';
 import {
-  addressOwner, filterLbs, guestClusters, guestOf, lbAddress, lbOfService, lbPool, lbState, poolUsage,
-  serviceAddress,
+  BACKOFF_MAX_MS, POLL_MS, addressOwner, brokenGuestLbs, filterLbs, guestClusters, guestOf, lbAddress, lbOfService,
+  lbPool, lbState, poolUsage, retryDelay, serviceAddress,
 } from '../../ui/model.js';
 
 const v = (text) => parseIp(text).value;
@@ -198,4 +198,23 @@ test('guest clusters and their Services are found through the load balancers lab
   assert.equal(serviceAddress({ status: { loadBalancer: { ingress: [{ ip: '10.0.0.3' }] } } }), '10.0.0.3');
   assert.equal(serviceAddress({ metadata: { annotations: { 'kube-vip.io/loadbalancerIPs': '0.0.0.0' } } }), '0.0.0.0');
   assert.equal(serviceAddress({}), '');
+});
+
+test('a guest-cluster label no cluster can have makes one broken load balancer, not a cluster', () => {
+  const labelled = (cluster) => ({ labels: { 'cloudprovider.harvesterhci.io/cluster': cluster } });
+  const lbs = [
+    mkLb('h1', 'good', labelled('c1')),
+    mkLb('h1', 'upper', labelled('Bad_Name')),
+    mkLb('h1', 'html', labelled('<html>')),
+    mkLb('h1', 'long', labelled('x'.repeat(64))),
+  ];
+  assert.deepEqual(guestClusters(lbs), [{ namespace: 'h1', cluster: 'c1' }]);
+  assert.deepEqual(brokenGuestLbs(lbs).map(({ lb, cluster }) => [lb.metadata.name, cluster]),
+    [['html', '<html>'], ['long', 'x'.repeat(64)], ['upper', 'Bad_Name']]);
+});
+
+test('a failing request is tried again later and later, up to a minute; a success resets it', () => {
+  assert.equal(retryDelay(0), POLL_MS);
+  assert.deepEqual([1, 2, 3, 4, 5, 6, 7].map(retryDelay), [2000, 4000, 8000, 16000, 32000, 60000, 60000]);
+  assert.equal(retryDelay(1000), BACKOFF_MAX_MS);
 });

@@ -10,6 +10,7 @@
 //! read returns an object, and a watch sees a change only once that change is on disk; so however
 //! many requests write at once, each pays one shared fsync rather than one each.
 
+mod objectmeta;
 mod semantics;
 mod sql;
 mod state;
@@ -472,6 +473,7 @@ impl EmbeddedStore {
             }
         }
         let (namespace, name) = checked_key(kind, &mut object)?;
+        semantics::validate_new_meta(kind, &name, &object)?;
         let uid = uuid::Uuid::new_v4().to_string();
         let minted = if kind.api_version == "v1" && kind.kind == "Secret" {
             meta_mut(kind, &mut object)?.insert("uid".into(), Value::from(uid.clone()));

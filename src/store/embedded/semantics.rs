@@ -1,5 +1,5 @@
 //! Kubernetes' object semantics for the embedded store's writes, as the API server applies them:
-//! metadata checks, server-owned fields kept on update, `generation` bumped by spec changes, the
+//! metadata checks (names here, the rest in [`super::objectmeta`]), server-owned fields kept on update, `generation` bumped by spec changes, the
 //! status subresource, finalizers and graceful deletion, and the garbage collection of dependents
 //! whose owners are gone.
 
@@ -186,6 +186,20 @@ pub(super) fn checked_key(kind: &Kind, obj: &mut Value) -> Result<(String, Strin
     Ok((namespace, name))
 }
 
+/// Judges the metadata of an object being created as kube-apiserver does.
+pub(super) fn validate_new_meta(kind: &Kind, name: &str, object: &Value) -> Result<(), StoreError> {
+    meta_rules(kind)(object, None).map_err(|reason| invalid(kind, name, reason))
+}
+
+/// kube-apiserver's metadata rules for `kind`: a built-in kind's or a custom resource's.
+fn meta_rules(kind: &Kind) -> fn(&Value, Option<&Value>) -> Result<(), String> {
+    if super::objectmeta::is_builtin_group(&kind.group) {
+        super::objectmeta::validate_builtin
+    } else {
+        super::objectmeta::validate
+    }
+}
+
 /// Gives an object being created what the store sets: its uid, creation time, generation and
 /// resourceVersion, no deletion marks, and no status when that is a subresource.
 pub(super) fn stamp_created(
@@ -334,36 +348,54 @@ impl EmbeddedStore {
             } else {
                 let mut next = object;
                 if kind.status_subresource
-                    && let Some(o) = next.as_object_mut() {
-                        match current.get("status") {
-                            Some(s) => o.insert("status".into(), s.clone()),
-                            None => o.remove("status"),
-                        };
-                    }
+                    && let Some(o) = next.as_object_mut()
+                {
+                    match current.get("status") {
+                        Some(s) => o.insert("status".into(), s.clone()),
+                        None => o.remove("status"),
+                    };
+                }
                 // Server-owned metadata is kept from the stored object.
-                let cur_meta = current.get("metadata").cloned().unwrap_or_else(|| json!({}));
+                let cur_meta = current
+                    .get("metadata")
+                    .cloned()
+                    .unwrap_or_else(|| json!({}));
                 let meta = meta_mut(kind, &mut next)?;
-                for f in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+                for f in [
+                    "uid",
+                    "creationTimestamp",
+                    "deletionTimestamp",
+                    "deletionGracePeriodSeconds",
+                    "generation",
+                ] {
                     match cur_meta.get(f) {
                         Some(v) => meta.insert(f.into(), v.clone()),
                         None => meta.remove(f),
                     };
                 }
                 if current.get("spec") != next.get("spec") {
-                    let generation = cur_meta.get("generation").and_then(Value::as_i64).unwrap_or(0);
-                    meta_mut(kind, &mut next)?.insert("generation".into(), Value::from(generation + 1));
+                    let generation = cur_meta
+                        .get("generation")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(0);
+                    meta_mut(kind, &mut next)?
+                        .insert("generation".into(), Value::from(generation + 1));
                 }
                 next
             };
+            if !status_only {
+                // A status write keeps the stored metadata: nothing of it to judge.
+                meta_rules(kind)(&next, Some(&current))
+                    .map_err(|reason| invalid(kind, &name, reason))?;
+            }
             if same_but_server_fields(&next, &current) {
                 return Ok((Vec::new(), (*current).clone()));
             }
             let terminating = meta_str(&current, "deletionTimestamp").is_some();
             if terminating {
                 let before = finalizers(&current);
-                if finalizers(&next).iter().any(|f| !before.contains(f)) {
-                    return Err(invalid(kind, &name, "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted"));
-                }
+                super::objectmeta::no_new_finalizers(&finalizers(&next), &before)
+                    .map_err(|reason| invalid(kind, &name, reason))?;
             }
             let uid = meta_str(&current, "uid").unwrap_or_default();
             if terminating && finalizers(&next).is_empty() {
@@ -374,7 +406,15 @@ impl EmbeddedStore {
             }
             let rv = state.rv + 1;
             set_rv(&mut next, rv);
-            let row = row_of(kind, &namespace, &name, &uid, rv, ChangeType::Modified, next.clone());
+            let row = row_of(
+                kind,
+                &namespace,
+                &name,
+                &uid,
+                rv,
+                ChangeType::Modified,
+                next.clone(),
+            );
             let mut rows = vec![row];
             if orphaned(state, &next) {
                 let mut after = rv;

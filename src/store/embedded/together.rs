@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::{
     Ack, EmbeddedStore,
-    semantics::{checked_key, meta_mut, row_of, stamp_created},
+    semantics::{checked_key, meta_mut, row_of, stamp_created, validate_new_meta},
 };
 use crate::store::{ChangeType, Dependents, Kind, StoreError};
 
@@ -19,10 +19,12 @@ impl EmbeddedStore {
     ) -> Result<Vec<Value>, StoreError> {
         let mut objects = Vec::new();
         let key = checked_key(owner_kind, &mut owner)?;
+        validate_new_meta(owner_kind, &key.1, &owner)?;
         let uid = uuid::Uuid::new_v4().to_string();
         meta_mut(owner_kind, &mut owner)?.insert("uid".into(), Value::from(uid.clone()));
         for (kind, mut object) in dependents(&owner)? {
             let key = checked_key(&kind, &mut object)?;
+            validate_new_meta(&kind, &key.1, &object)?;
             let uid = uuid::Uuid::new_v4().to_string();
             meta_mut(&kind, &mut object)?.insert("uid".into(), Value::from(uid.clone()));
             // Signed before the write takes the writer, as a single create's token is.
