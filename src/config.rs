@@ -344,6 +344,13 @@ pub struct ServeArgs {
     /// the cluster in its VMs' namespace, if this service made it) is revoked.
     #[arg(long, env = "HARVESTER_CLOUD_KEEP_ACCOUNTS_OF_REMOVED_CLUSTERS")]
     pub keep_accounts_of_removed_clusters: bool,
+    /// Let the VM load balancers' health checks probe these subnets (CIDR; repeat the flag or
+    /// separate with commas) even though no VM can have such an address. By default a backend
+    /// whose address is loopback, link-local, unspecified, multicast or broadcast is never
+    /// connected to and counts as unhealthy; e.g. `--probe-allow-cidr 127.0.0.0/8` for backends
+    /// on loopback in local development.
+    #[arg(long, env = "HARVESTER_CLOUD_PROBE_ALLOW_CIDR", value_delimiter = ',', value_parser = parse_cidr)]
+    pub probe_allow_cidr: Vec<crate::ipam::Cidr>,
     /// Kubernetes backend: run the reconcilers only while holding the `harvester-cloud-lb` Lease, so
     /// that several replicas are safe (`--leader-elect=false` for a single replica). The embedded
     /// backend always has exactly one.
@@ -433,6 +440,11 @@ fn parse_ip(s: &str) -> Result<String, String> {
     s.parse::<std::net::IpAddr>()
         .map(|ip| ip.to_string())
         .map_err(|_| format!("invalid vip {s}: it must be an IPv4 or IPv6 address"))
+}
+
+fn parse_cidr(s: &str) -> Result<crate::ipam::Cidr, String> {
+    crate::ipam::Cidr::parse(s.trim())
+        .ok_or_else(|| format!("{s:?} is not a subnet in CIDR notation (e.g. 127.0.0.0/8)"))
 }
 
 fn parse_server_url(s: &str) -> Result<String, String> {
