@@ -296,7 +296,7 @@ impl State {
             .filter(|(_, l)| l.over(share))
             .map(|(lb, l)| (l.in_flight - l.cancelling - share, lb.clone()))
             .collect();
-        over.sort_by(|a, b| b.0.cmp(&a.0));
+        over.sort_by_key(|(excess, _)| Reverse(*excess));
         for (excess, lb) in over {
             if needed == 0 {
                 break;
@@ -314,7 +314,7 @@ impl State {
                 })
                 .collect();
             // The most recently started first.
-            running.sort_by(|a, b| b.0.cmp(&a.0));
+            running.sort_by_key(|(started, _)| Reverse(*started));
             for (_, cancel) in running.into_iter().take(excess.min(needed)) {
                 self.cancel(&lb, &cancel);
                 needed -= 1;
