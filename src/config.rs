@@ -506,6 +506,33 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["harvester-cloud", "serve", "--tls-cert", "x"]).is_err());
     }
+
+    #[test]
+    fn probe_allow_cidrs_are_a_list_of_subnets() {
+        let serve = |extra: &[&str]| {
+            let argv = ["harvester-cloud", "serve"].iter().chain(extra).copied();
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Serve(args)) => Ok(args.probe_allow_cidr),
+                Ok(_) => panic!("serve"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(serve(&[]), Ok(vec![]));
+        let parsed = serve(&[
+            "--probe-allow-cidr",
+            "127.0.0.0/8,::1/128",
+            "--probe-allow-cidr",
+            "169.254.0.0/16",
+        ])
+        .expect("parses");
+        let shown: Vec<String> = parsed.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["127.0.0.0/8", "::1/128", "169.254.0.0/16"]);
+        let e = serve(&["--probe-allow-cidr", "127.0.0.1"]).expect_err("not a CIDR");
+        assert!(
+            e.contains("\"127.0.0.1\" is not a subnet in CIDR notation"),
+            "{e}"
+        );
+    }
 }
 
 /// Why no Kubernetes client configuration could be made from [`KubeArgs`].
