@@ -621,6 +621,28 @@ mod tests {
         stop.cancel();
     }
 
+    /// The shares bind only when slots are short: 2,000 load balancers (a share of one slot each)
+    /// with three backends each still have every backend probed once a period.
+    #[tokio::test(start_paused = true)]
+    async fn free_slots_are_used_beyond_the_share() {
+        let script = Script::default();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        let prober = Prober::start_with(script.probe(), AddressPolicy::default(), tx, stop.clone());
+        for n in 0..2_000u32 {
+            let addresses: Vec<IpAddr> = (0..3u32)
+                .map(|k| {
+                    let i = n * 3 + k;
+                    IpAddr::from([10, (i >> 16) as u8, (i >> 8) as u8, i as u8])
+                })
+                .collect();
+            prober.set(&mk_lb(&format!("lb{n}")), &addresses, &mk_settings(1, 1));
+        }
+        tokio::time::sleep(Duration::from_millis(10_500)).await;
+        assert_eq!(prober.stats().probes, 6_000 * 10);
+        stop.cancel();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn refused_addresses_are_never_probed_and_unhealthy_at_once() {
         let script = Script::default();
