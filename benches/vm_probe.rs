@@ -8,7 +8,8 @@
 //! then the reconcilers, until every EndpointSlice has its three endpoints ready (that time is
 //! printed too). Measured: over the next `seconds` (default 20) the probes finished
 //! (`harvester_cloud_lb_probes_total`) and the process's CPU time (user + system, from
-//! `/proc/self/stat`). The listeners do no work: half-open probes never reach `accept`.
+//! `/proc/self/stat`). The listeners do no work: half-open probes never reach `accept`. Loopback
+//! is allowed to the prober (`--probe-allow-cidr 127.0.0.0/8`), which refuses it by default.
 //!
 //! `cargo bench --bench vm_probe` (optionally `-- <load balancers> <seconds>`).
 
@@ -24,7 +25,7 @@ use harvester_cloud::{
         leader::AlwaysLeader,
     },
     crd::{self, HealthCheck, IPPool, Listener, LoadBalancer, LoadBalancerSpec},
-    ipam::{PoolSpec, RangeSpec, Selector, Tuple},
+    ipam::{self, PoolSpec, RangeSpec, Selector, Tuple},
     lb, metrics,
     store::{
         Api, LabelSelector, ObjectStore,
@@ -213,6 +214,10 @@ async fn run(lbs: usize, seconds: u64) {
         store.clone(),
         lb::Settings {
             fill_service_ingress: true,
+            // The backends listen on loopback, which the prober refuses unless allowed.
+            probe_policy: lb::vm::prober::AddressPolicy::allowing(vec![
+                ipam::Cidr::parse("127.0.0.0/8").expect("a CIDR"),
+            ]),
             ..lb::Settings::default()
         },
         Arc::new(AlwaysLeader),

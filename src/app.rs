@@ -414,6 +414,7 @@ fn spawn_reconcilers(
         // No kube-vip announces VM load balancers' addresses on the embedded store.
         fill_service_ingress: matches!(args.backend, BackendKind::Embedded),
         revoke_accounts_of_removed_clusters: !args.keep_accounts_of_removed_clusters,
+        probe_policy: crate::lb::vm::prober::AddressPolicy::allowing(args.probe_allow_cidr.clone()),
         ..crate::lb::Settings::default()
     };
     let elector: Arc<dyn LeaderElector> = match args.backend {

@@ -344,6 +344,13 @@ pub struct ServeArgs {
     /// the cluster in its VMs' namespace, if this service made it) is revoked.
     #[arg(long, env = "HARVESTER_CLOUD_KEEP_ACCOUNTS_OF_REMOVED_CLUSTERS")]
     pub keep_accounts_of_removed_clusters: bool,
+    /// Let the VM load balancers' health checks probe these subnets (CIDR; repeat the flag or
+    /// separate with commas) even though no VM can have such an address. By default a backend
+    /// whose address is loopback, link-local, unspecified, multicast or broadcast is never
+    /// connected to and counts as unhealthy; e.g. `--probe-allow-cidr 127.0.0.0/8` for backends
+    /// on loopback in local development.
+    #[arg(long, env = "HARVESTER_CLOUD_PROBE_ALLOW_CIDR", value_delimiter = ',', value_parser = parse_cidr)]
+    pub probe_allow_cidr: Vec<crate::ipam::Cidr>,
     /// Kubernetes backend: run the reconcilers only while holding the `harvester-cloud-lb` Lease, so
     /// that several replicas are safe (`--leader-elect=false` for a single replica). The embedded
     /// backend always has exactly one.
@@ -435,6 +442,11 @@ fn parse_ip(s: &str) -> Result<String, String> {
         .map_err(|_| format!("invalid vip {s}: it must be an IPv4 or IPv6 address"))
 }
 
+fn parse_cidr(s: &str) -> Result<crate::ipam::Cidr, String> {
+    crate::ipam::Cidr::parse(s.trim())
+        .ok_or_else(|| format!("{s:?} is not a subnet in CIDR notation (e.g. 127.0.0.0/8)"))
+}
+
 fn parse_server_url(s: &str) -> Result<String, String> {
     let uri: axum::http::Uri = s
         .parse()
@@ -493,6 +505,33 @@ mod tests {
             .is_err()
         );
         assert!(Cli::try_parse_from(["harvester-cloud", "serve", "--tls-cert", "x"]).is_err());
+    }
+
+    #[test]
+    fn probe_allow_cidrs_are_a_list_of_subnets() {
+        let serve = |extra: &[&str]| {
+            let argv = ["harvester-cloud", "serve"].iter().chain(extra).copied();
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Serve(args)) => Ok(args.probe_allow_cidr),
+                Ok(_) => panic!("serve"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(serve(&[]), Ok(vec![]));
+        let parsed = serve(&[
+            "--probe-allow-cidr",
+            "127.0.0.0/8,::1/128",
+            "--probe-allow-cidr",
+            "169.254.0.0/16",
+        ])
+        .expect("parses");
+        let shown: Vec<String> = parsed.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["127.0.0.0/8", "::1/128", "169.254.0.0/16"]);
+        let e = serve(&["--probe-allow-cidr", "127.0.0.1"]).expect_err("not a CIDR");
+        assert!(
+            e.contains("\"127.0.0.1\" is not a subnet in CIDR notation"),
+            "{e}"
+        );
     }
 }
 

@@ -1385,6 +1385,15 @@ pub mod cases {
                 json!({"listeners": [listener("a", 1, "TCP", 53)], "healthCheck": {"port": 54}}),
                 "failed with healthyCheck: healthcheck port 54 is not in listener backend port list",
             ),
+            // Ours: the prober's bounds.
+            (
+                json!({"listeners": [listener("a", 1, "TCP", 53)], "healthCheck": {"port": 53, "periodSeconds": 301}}),
+                "failed with healthyCheck: healthcheck PeriodSeconds 301 should <= 300",
+            ),
+            (
+                json!({"listeners": [listener("a", 1, "TCP", 53)], "healthCheck": {"port": 53, "periodSeconds": 1, "timeoutSeconds": 3000000}}),
+                "failed with healthyCheck: healthcheck TimeoutSeconds 3000000 should <= PeriodSeconds 1",
+            ),
         ];
         for (spec, want) in create_cases {
             let m = refuse(Method::POST, LBS, mk_lb("default", "lb1", spec)).await;
@@ -1436,6 +1445,14 @@ pub mod cases {
         assert_eq!(
             refuse(Method::PUT, &path, no_listener).await,
             "update loadbalancer default/upd failed: the loadbalancer needs to have at least one listener"
+        );
+        let mut long_timeout = created.clone();
+        long_timeout["spec"]["listeners"] = json!([listener("a", 1, "TCP", 9)]);
+        long_timeout["spec"]["healthCheck"] =
+            json!({"port": 9, "periodSeconds": 5, "timeoutSeconds": 6});
+        assert_eq!(
+            refuse(Method::PUT, &path, long_timeout).await,
+            "update loadbalancer default/upd failed with healthyCheck: healthcheck TimeoutSeconds 6 should <= PeriodSeconds 5"
         );
         let mut bad_hc = created.clone();
         bad_hc["spec"]["healthCheck"] = json!({"port": 9});

@@ -18,7 +18,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicU16, Ordering},
+        atomic::{AtomicU16, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -246,9 +246,11 @@ impl TcpBackend {
     }
 }
 
-/// An HTTP server answering `GET /healthz` with a status the case sets.
+/// An HTTP server answering `GET /healthz` with a status the case sets, counting the connections
+/// it accepts.
 struct HttpBackend {
     status: Arc<AtomicU16>,
+    connections: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -260,9 +262,12 @@ impl HttpBackend {
             .await
             .unwrap_or_else(|e| panic!("binds {addr}: {e}"));
         let status = Arc::new(AtomicU16::new(200));
+        let connections = Arc::new(AtomicUsize::new(0));
         let answer = status.clone();
+        let counted = connections.clone();
         let task = tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
                 let answer = answer.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: Request<Incoming>| {
@@ -285,11 +290,19 @@ impl HttpBackend {
                 });
             }
         });
-        HttpBackend { status, task }
+        HttpBackend {
+            status,
+            connections,
+            task,
+        }
     }
 
     fn answer(&self, status: u16) {
         self.status.store(status, Ordering::SeqCst);
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 }
 
@@ -696,10 +709,76 @@ pub mod cases {
         )
         .await;
     }
+
+    /// Issue 25: a VMI that reports a loopback address, with a listener there, is never connected
+    /// to. The condition and an Event say it was refused and why (not what it would have
+    /// answered), it is not in the EndpointSlice, and the other backend serves.
+    pub async fn loopback_backends_are_refused<E: VmEnv>(env: E) {
+        let b = env.b();
+        let a_ip = netns::BACKENDS[0];
+        let good = HttpBackend::start(at(a_ip, 8082)).await;
+        let loopback = HttpBackend::start(at("127.0.0.1", 8082)).await;
+        create_pool(b).await;
+        env.put_vmi(mk_vmi("vm-ok", "mixed", a_ip)).await;
+        env.put_vmi(mk_vmi("vm-lo", "mixed", "127.0.0.1")).await;
+        let annotations = json!({"loadbalancer.harvesterhci.io/healthCheckHTTPPath": "/healthz"});
+        create_lb(b, mk_lb("mixed", "mixed", 8082, annotations)).await;
+        announce(&env, "mixed").await;
+
+        let refusal = "vm-lo (127.0.0.1): address 127.0.0.1 is loopback; not probed";
+        let lb = eventually(
+            "BackendsHealthy False naming vm-lo as refused",
+            async || {
+                let lb = get_lb(b, "mixed").await?;
+                let c = condition(&lb, "BackendsHealthy")?;
+                (c["status"] == "False"
+                    && c["message"] == format!("1/2 healthy; unhealthy: {refusal}"))
+                .then_some(lb)
+            },
+        )
+        .await;
+        assert_eq!(condition(&lb, "Ready").expect("Ready")["status"], "True");
+        assert_eq!(lb["status"]["backendServers"], json!(["127.0.0.1", a_ip]));
+        let slice = env.slice("mixed").await.expect("the EndpointSlice");
+        assert_eq!(endpoints(&slice), [ready(a_ip, true)]);
+        let refused = eventually("an Event naming vm-lo", async || {
+            let found = events(b, "mixed", "BackendRefused", "vm-lo").await;
+            (!found.is_empty()).then_some(found)
+        })
+        .await;
+        assert_eq!(
+            refused[0].message.as_deref(),
+            Some(
+                "backend server vm-lo (127.0.0.1) is refused: address 127.0.0.1 is loopback; not probed"
+            )
+        );
+        assert_eq!(refused[0].type_.as_deref(), Some("Warning"));
+
+        // vm-ok is probed a few more times meanwhile; the loopback listener never hears of it.
+        let seen = good.connections();
+        eventually("vm-ok probed three more times", async || {
+            (good.connections() >= seen + 3).then_some(())
+        })
+        .await;
+        assert_eq!(
+            loopback.connections(),
+            0,
+            "the prober connected to 127.0.0.1"
+        );
+        assert!(
+            events(b, "mixed", "BackendUnhealthy", "vm-lo")
+                .await
+                .is_empty()
+        );
+    }
 }
 
 suite!(
     netns,
     [embedded => embedded(), kube => kube()],
-    [tcp_backends_follow_their_listeners, http_probes_read_the_status]
+    [
+        tcp_backends_follow_their_listeners,
+        http_probes_read_the_status,
+        loopback_backends_are_refused
+    ]
 );

@@ -63,6 +63,8 @@ pub struct Settings {
     /// Revoke the cloud-config accounts of a guest cluster Rancher removes (off:
     /// `--keep-accounts-of-removed-clusters`).
     pub revoke_accounts_of_removed_clusters: bool,
+    /// The addresses VM load balancers' health checks may connect to (`--probe-allow-cidr`).
+    pub probe_policy: vm::prober::AddressPolicy,
 }
 
 impl Default for Settings {
@@ -72,6 +74,7 @@ impl Default for Settings {
             identity: default_identity(),
             fill_service_ingress: false,
             revoke_accounts_of_removed_clusters: true,
+            probe_policy: vm::prober::AddressPolicy::default(),
         }
     }
 }
@@ -225,7 +228,8 @@ pub async fn run_controllers(
     let (lb_reader, lb_writer) = reflector::store::<LoadBalancer>();
     let (vm_reader, vm_writer) = reflector::store::<VirtualMachine>();
     let (vmi_reader, vmi_writer) = reflector::store::<VirtualMachineInstance>();
-    let prober = vm::prober::Prober::start(wake_tx.clone(), stop.clone());
+    let prober =
+        vm::prober::Prober::start(wake_tx.clone(), stop.clone(), settings.probe_policy.clone());
     let events = Recorder::start(store.clone(), &settings.identity, stop.clone());
     let ctx = Arc::new(Shared {
         lbs: lb_api(store.clone()),

@@ -7,6 +7,14 @@
 //!
 //! The admission webhook fills zero thresholds with 2/2/1 s/1 s before the prober sees them, so its
 //! fallbacks (1/3/5 s/3 s) only serve objects written around the webhook.
+//!
+//! Bounds, beyond upstream (which has none): `periodSeconds` at most [`MAX_PERIOD_SECONDS`] and
+//! `timeoutSeconds` at most `periodSeconds`, as cloud load balancers bound their health checks (AWS
+//! and GCP: an interval of at most 300 s, a timeout no longer than the interval). The kubelet bounds
+//! neither, but runs each container's probes one after another, so a long timeout only delays that
+//! container's own probes; here one task probes every load balancer's backends, and a timeout of
+//! days held its slots for days. Admission refuses values out of bounds; objects stored before the
+//! bounds are clamped here, so the prober never waits longer than that.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -23,6 +31,8 @@ const FALLBACK_SUCCESS: u32 = 1;
 const FALLBACK_FAILURE: u32 = 3;
 const FALLBACK_TIMEOUT: Duration = Duration::from_secs(3);
 const FALLBACK_PERIOD: Duration = Duration::from_secs(5);
+/// The longest `periodSeconds`; `timeoutSeconds` may not exceed `periodSeconds`.
+pub const MAX_PERIOD_SECONDS: u64 = 300;
 /// What an HTTP probe accepts unless told otherwise: the kubelet's rule (200 ≤ code < 400).
 const DEFAULT_STATUS: StatusRange = StatusRange {
     low: 200,
@@ -130,11 +140,15 @@ pub fn settings(lb: &LoadBalancer) -> Result<Option<ProbeSettings>, HealthCheckE
             Duration::from_secs(v)
         }
     };
+    // Clamped to the bounds admission enforces, for objects stored before them.
+    let period =
+        seconds(hc.period_seconds, FALLBACK_PERIOD).min(Duration::from_secs(MAX_PERIOD_SECONDS));
+    let timeout = seconds(hc.timeout_seconds, FALLBACK_TIMEOUT).min(period);
     Ok(Some(ProbeSettings {
         port,
         check: check_of(lb.metadata.annotations.as_ref())?,
-        period: seconds(hc.period_seconds, FALLBACK_PERIOD),
-        timeout: seconds(hc.timeout_seconds, FALLBACK_TIMEOUT),
+        period,
+        timeout,
         success_threshold: count(hc.success_threshold, FALLBACK_SUCCESS),
         failure_threshold: count(hc.failure_threshold, FALLBACK_FAILURE),
     }))
@@ -270,7 +284,7 @@ mod tests {
             port: 80,
             success_threshold: 2,
             failure_threshold: 4,
-            period_seconds: 1,
+            period_seconds: 3,
             timeout_seconds: 2,
         };
         let s = settings(&mk_lb(Some(given), &[]))
@@ -283,12 +297,35 @@ mod tests {
                 s.period,
                 s.timeout
             ),
-            (2, 4, Duration::from_secs(1), Duration::from_secs(2))
+            (2, 4, Duration::from_secs(3), Duration::from_secs(2))
         );
         assert_eq!(
             settings(&mk_lb(Some(mk_hc(70_000)), &[])),
             Err(HealthCheckError::Port { port: 70_000 })
         );
+    }
+
+    #[test]
+    fn settings_stored_out_of_bounds_are_clamped() {
+        let on = |period_seconds, timeout_seconds| {
+            let hc = HealthCheck {
+                port: 80,
+                period_seconds,
+                timeout_seconds,
+                ..Default::default()
+            };
+            let s = settings(&mk_lb(Some(hc), &[])).expect("valid").expect("on");
+            (s.period.as_secs(), s.timeout.as_secs())
+        };
+        // The issue's: a timeout of 35 days.
+        assert_eq!(on(1, 3_000_000), (1, 1));
+        assert_eq!(on(3_000_000, 3_000_000), (300, 300));
+        assert_eq!(on(u64::MAX, 10), (300, 10));
+        assert_eq!(on(10, 20), (10, 10));
+        // Zeros take the fallbacks, and a fallback timeout is no longer than the period either.
+        assert_eq!(on(2, 0), (2, 2));
+        assert_eq!(on(0, 0), (5, 3));
+        assert_eq!(on(300, 300), (300, 300));
     }
 
     #[test]

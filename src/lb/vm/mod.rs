@@ -18,6 +18,14 @@
 //! that name the load balancer does not own is left alone; deletion removes the EndpointSlice and the
 //! Service before the address is released, so kube-vip has stopped announcing it before another load
 //! balancer can get it (upstream leaves both to the garbage collector, after the release).
+//!
+//! With a health check, a backend whose address no VM can have (loopback, link-local, …; see
+//! [`prober::address`]) is not probed: it is listed in `status.backendServers` as upstream lists
+//! every backend, counts as unhealthy in `BackendsHealthy` with the refusal as its reason, has a
+//! `BackendRefused` Event, and is left out of the EndpointSlice (where upstream would put it, not
+//! ready). Left in, kube-apiserver refuses the whole slice for a loopback, link-local or unspecified
+//! address (`ValidateEndpointIP`), so one guest agent's report would take every backend of the load
+//! balancer down; out, the slice is the same on both backends.
 
 pub mod api;
 pub mod endpoints;
@@ -65,6 +73,7 @@ pub mod reason {
     pub const HEALTH_CHECK_INVALID: &str = "HealthCheckInvalid";
     pub const BACKEND_HEALTHY: &str = "BackendHealthy";
     pub const BACKEND_UNHEALTHY: &str = "BackendUnhealthy";
+    pub const BACKEND_REFUSED: &str = "BackendRefused";
     pub const PROBING: &str = "Probing";
     pub const ALL_HEALTHY: &str = "AllBackendServersHealthy";
 }
@@ -282,19 +291,35 @@ pub(super) async fn ensure(
             .map(|n| (namespace.clone(), n.clone()))
             .collect(),
     );
+    let mut not_probed = HashSet::new();
     let health = settings.as_ref().map(|s| {
         let addresses: Vec<IpAddr> = backends
             .servers
             .iter()
             .map(|b| IpAddr::V4(b.address))
             .collect();
-        vm.prober.set(&lb_ref, &addresses, s);
+        for target in vm.prober.set(&lb_ref, &addresses, s) {
+            if target.new {
+                record_refusal(&ctx.events, lb, key, &backends, &target.refused);
+            }
+            not_probed.insert(target.refused.ip);
+        }
         vm.prober.health(&lb_ref)
     });
     if settings.is_none() {
         vm.prober.remove(&lb_ref);
     }
-    let ready = match write_slice(lb, key, &uid, &backends, health.as_ref(), ctx).await? {
+    // Refused addresses are no endpoints (see the module's documentation).
+    let endpoints = Backends {
+        servers: backends
+            .servers
+            .iter()
+            .filter(|b| !not_probed.contains(&IpAddr::V4(b.address)))
+            .cloned()
+            .collect(),
+        selected: backends.selected.clone(),
+    };
+    let ready = match write_slice(lb, key, &uid, &endpoints, health.as_ref(), ctx).await? {
         Ok(ready) => ready,
         Err(outcome) => return Ok(outcome),
     };
@@ -517,6 +542,30 @@ fn record_flip(
             format!("backend server {name} ({address}) failed its health check: {error}"),
         );
     }
+}
+
+fn record_refusal(
+    events: &Recorder,
+    lb: &LoadBalancer,
+    key: &str,
+    backends: &Backends,
+    refused: &prober::Refused,
+) {
+    let name = backends
+        .servers
+        .iter()
+        .find(|b| IpAddr::V4(b.address) == refused.ip)
+        .map_or("", |b| b.name.as_str());
+    info!(lb = %key, backend = %name, address = %refused.ip, "backend server refused: {refused}");
+    events.record(
+        lb,
+        EventType::Warning,
+        reason::BACKEND_REFUSED,
+        format!(
+            "backend server {name} ({}) is refused: {refused}",
+            refused.ip
+        ),
+    );
 }
 
 /// The `BackendsHealthy` condition: False naming the unhealthy backends, Unknown while some are not

@@ -17,6 +17,7 @@ use crate::{
             LABEL_GUEST_CLUSTER_NAME, NODE_DRIVER,
         },
     },
+    lb::vm::health::MAX_PERIOD_SECONDS,
 };
 
 /// The largest port number.
@@ -61,6 +62,11 @@ pub enum LbRejection {
     PeriodSeconds,
     #[error("healthcheck TimeoutSeconds should > 0")]
     TimeoutSeconds,
+    /// Ours: the prober's bounds (see [`crate::lb::vm::health`]).
+    #[error("healthcheck PeriodSeconds {value} should <= {MAX_PERIOD_SECONDS}")]
+    PeriodTooLong { value: u64 },
+    #[error("healthcheck TimeoutSeconds {timeout} should <= PeriodSeconds {period}")]
+    TimeoutOverPeriod { timeout: u64, period: u64 },
     #[error("healthcheck port {port} can only be a TCP backend port")]
     HealthCheckNotTcp { port: u64 },
     #[error("healthcheck port {port} is not in listener backend port list")]
@@ -240,6 +246,31 @@ pub fn check_health_check(lb: &LoadBalancer) -> Result<(), LbRejection> {
     })
 }
 
+/// Ours: the bounds of a health check's durations, after [`check_health_check`] passed. On update
+/// they are checked only when the health check changes, as Kubernetes ratchets a tightened rule: an
+/// object stored before the bounds (which the prober clamps) can still be written, e.g. by the
+/// reconciler, until someone edits its health check.
+pub fn check_health_check_bounds(lb: &LoadBalancer) -> Result<(), LbRejection> {
+    if is_cluster(lb) {
+        return Ok(());
+    }
+    let Some(hc) = lb.spec.health_check.as_ref().filter(|hc| hc.port != 0) else {
+        return Ok(());
+    };
+    if hc.period_seconds > MAX_PERIOD_SECONDS {
+        return Err(LbRejection::PeriodTooLong {
+            value: hc.period_seconds,
+        });
+    }
+    if hc.timeout_seconds > hc.period_seconds {
+        return Err(LbRejection::TimeoutOverPeriod {
+            timeout: hc.timeout_seconds,
+            period: hc.period_seconds,
+        });
+    }
+    Ok(())
+}
+
 /// The guest-cluster check of a new cluster-type load balancer: refused while a VM of its cluster (in
 /// its namespace) is marked for removal. `vms` are the VMs of the load balancer's namespace.
 pub fn check_guest_cluster(lb: &LoadBalancer, vms: &[VirtualMachine]) -> Result<(), LbRejection> {
@@ -300,11 +331,13 @@ pub fn validate_lb_create(
             name: name.clone(),
             source: Box::new(source),
         })?;
-    check_health_check(lb).map_err(|source| LbAdmissionError::CreateHealthCheck {
-        namespace: namespace.clone(),
-        name: name.clone(),
-        source: Box::new(source),
-    })?;
+    check_health_check(lb)
+        .and_then(|()| check_health_check_bounds(lb))
+        .map_err(|source| LbAdmissionError::CreateHealthCheck {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            source: Box::new(source),
+        })?;
     check_guest_cluster(lb, vms).map_err(|source| LbAdmissionError::CreateGuestCluster {
         namespace,
         name,
@@ -326,11 +359,20 @@ pub fn validate_lb_update(old: &LoadBalancer, new: &LoadBalancer) -> Result<(), 
     check_listeners(new)
         .and_then(|()| check_address_request(new))
         .map_err(update)?;
-    check_health_check(new).map_err(|source| LbAdmissionError::UpdateHealthCheck {
-        namespace: namespace.clone(),
-        name: name.clone(),
-        source: Box::new(source),
-    })?;
+    let changed = old.spec.health_check != new.spec.health_check;
+    check_health_check(new)
+        .and_then(|()| {
+            if changed {
+                check_health_check_bounds(new)
+            } else {
+                Ok(())
+            }
+        })
+        .map_err(|source| LbAdmissionError::UpdateHealthCheck {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            source: Box::new(source),
+        })?;
     let (old_ipam, new_ipam) = (&old.spec.ipam, &new.spec.ipam);
     if (old_ipam == "dhcp") != (new_ipam == "dhcp") {
         return Err(update(LbRejection::IpamChange {

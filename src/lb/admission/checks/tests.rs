@@ -254,6 +254,69 @@ fn health_check_messages_in_order() {
     assert!(validate_lb_create(&lb, &[]).is_ok());
 }
 
+/// Ours (issue 25): the durations the prober waits are bounded, with messages in upstream's voice;
+/// on update only when the health check changes, so an object stored before the bounds can still
+/// be written (the prober clamps it).
+#[test]
+fn health_check_durations_are_bounded() {
+    let mut lb = mk_lb("vm", vec![mk_listener("a", 80, "TCP", 8080)]);
+    let hc = HealthCheck {
+        port: 8080,
+        success_threshold: 1,
+        failure_threshold: 1,
+        period_seconds: 300,
+        timeout_seconds: 300,
+    };
+    lb.spec.health_check = Some(hc.clone());
+    assert!(validate_lb_create(&lb, &[]).is_ok());
+    let prefix = "create loadbalancer default/lb1 failed with healthyCheck: ";
+    for (period_seconds, timeout_seconds, want) in [
+        (301, 1, "healthcheck PeriodSeconds 301 should <= 300"),
+        (
+            u64::MAX,
+            1,
+            "healthcheck PeriodSeconds 18446744073709551615 should <= 300",
+        ),
+        (
+            1,
+            3_000_000,
+            "healthcheck TimeoutSeconds 3000000 should <= PeriodSeconds 1",
+        ),
+        (
+            10,
+            11,
+            "healthcheck TimeoutSeconds 11 should <= PeriodSeconds 10",
+        ),
+    ] {
+        lb.spec.health_check = Some(HealthCheck {
+            period_seconds,
+            timeout_seconds,
+            ..hc.clone()
+        });
+        assert_eq!(create(&lb), format!("{prefix}{want}"));
+    }
+    // The issue's object, stored before the bounds: another change passes, a change of its health
+    // check is judged.
+    let old = lb.clone();
+    let mut new = old.clone();
+    new.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+    assert!(validate_lb_update(&old, &new).is_ok());
+    new.spec.health_check = Some(HealthCheck {
+        timeout_seconds: 12,
+        ..new.spec.health_check.clone().expect("set")
+    });
+    assert_eq!(
+        validate_lb_update(&old, &new)
+            .expect_err("refused")
+            .to_string(),
+        "update loadbalancer default/lb1 failed with healthyCheck: healthcheck TimeoutSeconds 12 should <= PeriodSeconds 10"
+    );
+    // Cluster type has no health check to bound.
+    let mut cluster = lb.clone();
+    cluster.spec.workload_type = "cluster".into();
+    assert!(check_health_check_bounds(&cluster).is_ok());
+}
+
 #[test]
 fn ipam_and_workload_type_changes() {
     let mut old = mk_lb("cluster", vec![]);
