@@ -36,7 +36,11 @@ pub mod cases {
     /// The tokens in the account's token Secrets, by Secret name.
     async fn tokens<B: Backend>(b: &B, sa: &str) -> Vec<(String, String)> {
         b.store()
-            .list(&Kind::of::<Secret>(), Some(NS), &LabelSelector::everything())
+            .list(
+                &Kind::of::<Secret>(),
+                Some(NS),
+                &LabelSelector::everything(),
+            )
             .await
             .expect("list Secrets")
             .items
@@ -64,7 +68,8 @@ pub mod cases {
     }
 
     async fn rotate<B: Backend>(b: &B, sa: &str, grace: &str) -> String {
-        let body = serde_json::json!({"namespace": NS, "serviceAccountName": sa, "gracePeriod": grace});
+        let body =
+            serde_json::json!({"namespace": NS, "serviceAccountName": sa, "gracePeriod": grace});
         let t = b.admin_token();
         let r = b
             .call(
@@ -90,7 +95,8 @@ pub mod cases {
             accounts.push(sa.clone());
 
             let faulty = support::faulty::KillAfter::new(b.service_store(), kill);
-            let cloud_config = CloudConfig::new(faulty.clone(), b.cloud_config().settings().clone());
+            let cloud_config =
+                CloudConfig::new(faulty.clone(), b.cloud_config().settings().clone());
             let req = request::from_json(
                 serde_json::json!({"namespace": NS, "serviceAccountName": sa, "gracePeriod": "3s"})
                     .to_string()
@@ -124,7 +130,9 @@ pub mod cases {
                 "killed after {kill} writes: {} tokens work: {works:?}",
                 works.len()
             );
-            let got = b.get(&format!("namespace={NS}&serviceAccountName={sa}")).await;
+            let got = b
+                .get(&format!("namespace={NS}&serviceAccountName={sa}"))
+                .await;
             let current = token_of(&got.kubeconfig());
             eventually(
                 &format!("killed after {kill} writes: GET's token to work"),
@@ -141,7 +149,9 @@ pub mod cases {
                 &format!("killed after {kill} writes: exactly one token to work, GET's"),
                 async || {
                     let works = working(&b, sa).await;
-                    let got = b.get(&format!("namespace={NS}&serviceAccountName={sa}")).await;
+                    let got = b
+                        .get(&format!("namespace={NS}&serviceAccountName={sa}"))
+                        .await;
                     if got.status != axum::http::StatusCode::OK || works.len() != 1 {
                         return None;
                     }
@@ -155,6 +165,55 @@ pub mod cases {
             .await;
         }
     }
+
+    /// A token Secret of the account that is neither current nor has an end, as a rotation killed
+    /// before this was fixed left one: the sweeper ends it, and only it.
+    pub async fn a_token_nobody_holds_is_ended<B: Backend>(b: B) {
+        use harvester_cloud::kubeconfig::{naming::AccountNames, objects};
+        let sa = "orphan";
+        let posted = token_of(&b.post(&account(NS, sa)).await.kubeconfig());
+        let names = AccountNames::new(NS, sa);
+        let account_sa =
+            harvester_cloud::store::Api::<k8s_openapi::api::core::v1::ServiceAccount>::new(
+                b.store(),
+            )
+            .get(NS, sa)
+            .await
+            .expect("get")
+            .expect("the account's ServiceAccount");
+        let uid = account_sa.metadata.uid.expect("uid");
+        let orphan = objects::token_secret(&names.with_secret(format!("{sa}-token-xxxxx")), &uid);
+        harvester_cloud::store::Api::<Secret>::new(b.store())
+            .create(&orphan)
+            .await
+            .expect("create the orphan");
+        let orphan_token = eventually("the orphan's token", async || {
+            tokens(&b, sa)
+                .await
+                .into_iter()
+                .find(|(name, _)| name.ends_with("-xxxxx"))
+                .map(|(_, t)| t)
+        })
+        .await;
+        eventually("the orphan's token to work", async || {
+            b.token_works(&orphan_token, &user(sa)).await.then_some(())
+        })
+        .await;
+
+        b.cloud_config().sweep().await.expect("a sweep");
+        eventually("the orphan's token to be refused", async || {
+            (!b.token_works(&orphan_token, &user(sa)).await).then_some(())
+        })
+        .await;
+        assert!(
+            b.token_works(&posted, &user(sa)).await,
+            "the current token works on"
+        );
+        let got = b
+            .get(&format!("namespace={NS}&serviceAccountName={sa}"))
+            .await;
+        assert_eq!(token_of(&got.kubeconfig()), posted);
+    }
 }
 
 suite!(
@@ -162,5 +221,5 @@ suite!(
         embedded => EmbeddedBackend::start_with(&["--token-timeout", "5s"]),
         kube => KubeBackend::start_with(&["--token-timeout", "5s"]),
     ],
-    [a_killed_rotation_leaves_at_most_two_tokens]
+    [a_killed_rotation_leaves_at_most_two_tokens, a_token_nobody_holds_is_ended]
 );

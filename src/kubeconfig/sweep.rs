@@ -124,7 +124,10 @@ impl CloudConfig {
             .into_iter()
             .map(|sa| {
                 (
-                    key(sa.metadata.namespace.as_deref(), sa.metadata.name.as_deref()),
+                    key(
+                        sa.metadata.namespace.as_deref(),
+                        sa.metadata.name.as_deref(),
+                    ),
                     sa,
                 )
             })
@@ -300,7 +303,10 @@ mod tests {
         let later = now + time::Duration::minutes(1);
         let before = now - time::Duration::minutes(1);
         let sa = mk_sa(Some("c"), None);
-        assert_eq!(judge(&mk_secret("c", &[]), Some(&sa), now), Verdict::Keep(None));
+        assert_eq!(
+            judge(&mk_secret("c", &[]), Some(&sa), now),
+            Verdict::Keep(None)
+        );
         assert_eq!(
             judge(&mk_secret("c", &[(EXPIRES, later)]), Some(&sa), now),
             Verdict::Keep(Some(later))
@@ -316,7 +322,10 @@ mod tests {
         );
         // Without the annotation, Harvester's name is the current one.
         let plain = mk_sa(None, None);
-        assert_eq!(judge(&mk_secret("sa-token", &[]), Some(&plain), now), Verdict::Keep(None));
+        assert_eq!(
+            judge(&mk_secret("sa-token", &[]), Some(&plain), now),
+            Verdict::Keep(None)
+        );
     }
 
     #[test]
@@ -335,7 +344,10 @@ mod tests {
             Verdict::End(Ended::Abandoned)
         );
         // The replaced token its rotation did not mark gets the recorded grace.
-        assert_eq!(judge(&mk_secret("a", &[]), Some(&sa), now), Verdict::Retire(later));
+        assert_eq!(
+            judge(&mk_secret("a", &[]), Some(&sa), now),
+            Verdict::Retire(later)
+        );
         let over = mk_sa(Some("c"), Some(("a", before)));
         assert_eq!(
             judge(&mk_secret("a", &[]), Some(&over), now),
@@ -346,7 +358,10 @@ mod tests {
             judge(&mk_secret("x", &[]), Some(&sa), now),
             Verdict::End(Ended::Abandoned)
         );
-        assert_eq!(judge(&mk_secret("x", &[]), None, now), Verdict::End(Ended::Abandoned));
+        assert_eq!(
+            judge(&mk_secret("x", &[]), None, now),
+            Verdict::End(Ended::Abandoned)
+        );
         // A token in its grace keeps it.
         assert_eq!(
             judge(&mk_secret("b", &[(EXPIRES, later)]), Some(&sa), now),

@@ -10,8 +10,8 @@ use std::sync::{
 
 use async_trait::async_trait;
 use harvester_cloud::store::{
-    ChangeStream, Deleted, Dependents, Kind, LabelSelector, ObjectList, ObjectStore,
-    Preconditions, StoreError,
+    ChangeStream, Deleted, Dependents, Kind, LabelSelector, ObjectList, ObjectStore, Preconditions,
+    StoreError,
 };
 use serde_json::Value;
 
@@ -126,7 +126,9 @@ impl ObjectStore for KillAfter {
         preconditions: &Preconditions,
     ) -> Result<Deleted, StoreError> {
         self.write().await;
-        self.inner.delete(kind, namespace, name, preconditions).await
+        self.inner
+            .delete(kind, namespace, name, preconditions)
+            .await
     }
 
     async fn watch(
