@@ -200,7 +200,25 @@ pub mod cases {
         })
         .await;
 
+        // Not a token Secret, though labelled as ours: never the sweeper's.
+        let mut other =
+            objects::token_secret(&names.with_secret("orphan-not-a-token".into()), &uid);
+        other.type_ = Some("Opaque".into());
+        let secrets = harvester_cloud::store::Api::<Secret>::new(b.store());
+        secrets
+            .create(&other)
+            .await
+            .expect("create an Opaque Secret");
+
         b.cloud_config().sweep().await.expect("a sweep");
+        assert!(
+            secrets
+                .get(NS, "orphan-not-a-token")
+                .await
+                .expect("get")
+                .is_some(),
+            "the sweeper deleted a Secret that is not a token"
+        );
         eventually("the orphan's token to be refused", async || {
             (!b.token_works(&orphan_token, &user(sa)).await).then_some(())
         })

@@ -157,7 +157,15 @@ impl CloudConfig {
     pub async fn sweep(&self) -> Result<Option<Duration>, StoreError> {
         let api = self.api::<Secret>();
         // The Secrets first, then their ServiceAccounts: see the module's documentation.
-        let secrets = api.list(None, &managed()).await?;
+        let mut secrets = api.list(None, &managed()).await?;
+        // Only token Secrets: anything else with our label is not the sweeper's to end.
+        secrets.retain(|s| {
+            s.type_.as_deref() == Some(objects::SA_TOKEN_TYPE)
+                && s.metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(objects::SA_NAME_ANNOTATION))
+        });
         let now = OffsetDateTime::now_utc();
         // Only a Secret without an end that has come needs its account judged.
         let open: Vec<Secret> = secrets
