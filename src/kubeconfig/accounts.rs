@@ -155,7 +155,8 @@ pub struct TokenInfo {
     pub created: Option<String>,
     /// The token the account's kubeconfig carries now.
     pub current: bool,
-    /// When it stops working (RFC 3339); absent: never.
+    /// When it stops working (RFC 3339); absent: never. For a token a rotation made and has not
+    /// made current yet, the end it has unless the rotation makes it current.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
     /// When a rotation replaced it.
@@ -349,7 +350,15 @@ impl Accounts {
                 TokenInfo {
                     current: secret == current,
                     created: timestamp(&s.metadata),
-                    expires_at: annotation(s, EXPIRES_AT_ANNOTATION).map(str::to_string),
+                    // A rotation's new token that is not current yet ends with its rotation's
+                    // provisional end, unless the rotation makes it current before.
+                    expires_at: annotation(s, EXPIRES_AT_ANNOTATION)
+                        .or_else(|| {
+                            (secret != current)
+                                .then(|| annotation(s, objects::PROVISIONAL_UNTIL_ANNOTATION))
+                                .flatten()
+                        })
+                        .map(str::to_string),
                     rotated_at: annotation(s, ROTATED_AT_ANNOTATION).map(str::to_string),
                     kind: TOKEN_KIND.into(),
                     secret,

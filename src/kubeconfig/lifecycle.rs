@@ -1,39 +1,49 @@
-//! A cloud-config token's life after POST: rotation with a grace period, expiry, and the sweeper
-//! that ends both.
+//! A cloud-config token's life after POST: rotation with a grace period and expiry ([`super::sweep`]
+//! ends both).
 //!
 //! Every token is a `kubernetes.io/service-account-token` Secret of the account, filled by the
 //! token controller (Kubernetes', or the embedded store's), so the API server (or the embedded
 //! verifier) stops accepting it the moment its Secret is deleted. A token with an end carries it in
-//! [`objects::EXPIRES_AT_ANNOTATION`]; the sweeper deletes each such Secret when its end comes. A
-//! rotation makes a new token Secret, points the ServiceAccount at it
-//! ([`objects::TOKEN_SECRET_ANNOTATION`]) and gives the one it replaces an end `gracePeriod` away;
-//! tokens replaced before that are deleted at once, so only the newest two ever work.
+//! [`objects::EXPIRES_AT_ANNOTATION`]; the sweeper deletes each such Secret when its end comes.
+//!
+//! A rotation is several writes, and the process may stop after any of them; each state between
+//! two of them has at most two working tokens of the account, and the sweeper takes every one of
+//! them to exactly one once the ends pass:
+//! 1. the tokens already replaced (in their grace) are deleted: only the current one works;
+//! 2. the new token Secret is made with a provisional end ([`objects::PROVISIONAL_UNTIL_ANNOTATION`],
+//!    a little past the longest a rotation waits for its token): if the rotation stops here, the
+//!    sweeper deletes it then;
+//! 3. the switch: the ServiceAccount names the new Secret ([`objects::TOKEN_SECRET_ANNOTATION`]) and,
+//!    in the same write, the one it replaces and the end of its grace
+//!    ([`objects::REPLACED_TOKEN_ANNOTATION`]);
+//! 4. the new Secret's provisional end is removed, the replaced one is marked with its end, and any
+//!    other token of the account is deleted (the sweeper does the same for a rotation that stopped).
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use time::OffsetDateTime;
-use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::{
     naming::{AccountNames, safe_concat_name},
     objects::{self, SecretCheck},
     request::AccountRequest,
     service::{CloudConfig, CloudConfigError, ROTATE, store_err, uid_of},
+    sweep::managed,
 };
-use crate::store::{LabelSelector, Preconditions, StoreError};
+use crate::store::{Preconditions, StoreError};
 
-/// The longest the sweeper sleeps between looks (it also wakes when a token with an end is made
-/// here, and at the next end it knows of). Another replica's new tokens are seen within this.
-pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// How often a rotation retries marking a Secret when someone else writes it meanwhile.
+const MARK_TRIES: usize = 5;
 
-/// How often a rotation retries marking the replaced Secret when someone else writes it meanwhile.
-const RETIRE_TRIES: usize = 5;
+/// How much longer than the wait for its token a new token's provisional end is.
+const PROVISIONAL_SLACK: Duration = Duration::from_secs(30);
 
-fn managed() -> LabelSelector {
-    LabelSelector::from_labels([(objects::MANAGED_BY_LABEL, objects::MANAGED_BY)])
-}
+/// The least time a new token's provisional end must still be away for the switch to go ahead:
+/// the sweeper (of any replica) deletes a token that is not current once that end has come, so the
+/// switch must land well before it, clocks a little apart included.
+const SWITCH_MARGIN: Duration = Duration::from_secs(15);
 
 impl CloudConfig {
     /// The account's token Secrets: ours by label, of its ServiceAccount by name (tokens of an
@@ -120,16 +130,34 @@ impl CloudConfig {
         // this one switched it) or comes after this one, and is never this one's to end. Ending
         // whatever was there at clean-up time deleted a newer rotation's fresh current token.
         let old = self.token_secrets(&base).await.map_err(store_err(ROTATE))?;
+        let now = OffsetDateTime::now_utc();
 
-        // The new token.
+        // 1. The tokens already replaced end first, so that the new one is never a third that
+        // works. A replaced token is never current again, whoever switches meanwhile; any other
+        // token may be current by now (a concurrent rotation's switch) and waits for this one's.
+        let recorded = objects::replaced_token(&sa).map(|(name, _)| name.to_string());
+        let mut ended = Vec::new();
+        for secret in &old {
+            let name = secret.metadata.name.clone().unwrap_or_default();
+            if name != current.secret
+                && (objects::is_retired(secret) || recorded.as_deref() == Some(name.as_str()))
+            {
+                self.end_token(secret).await.map_err(store_err(ROTATE))?;
+                ended.push(name);
+            }
+        }
+
+        // 2. The new token, provisional until the switch.
         let suffix = crate::validation::random_alnum(5);
         let new_names =
             base.with_secret(safe_concat_name(&[&base.service_account, "token", &suffix]));
         let mut new = objects::token_secret(&new_names, &sa_uid);
-        let now = OffsetDateTime::now_utc();
         if let Some(lifetime) = req.expiration {
             objects::set_lifetime(&mut new, lifetime, now);
         }
+        let provisional_until = now + self.settings.token_timeout + PROVISIONAL_SLACK;
+        objects::set_provisional(&mut new, provisional_until);
+        let grace_until = now + grace;
         let mut created = Vec::new();
         let issued = async {
             self.create_or_get(&secrets, &new, &mut created)
@@ -137,7 +165,16 @@ impl CloudConfig {
                 .map_err(store_err(ROTATE))?;
             let secret = self.wait_for_token(&new_names, ROTATE).await?;
             let kubeconfig = self.build(&new_names, &server, &secret)?;
-            // The switch: a concurrent rotation that switched first makes this one a conflict.
+            if provisional_until - OffsetDateTime::now_utc() < SWITCH_MARGIN {
+                // The sweeper may take the new token for one that never became current.
+                return Err(CloudConfigError::TokenTimeout {
+                    namespace: ns.to_string(),
+                    name: new_names.secret.clone(),
+                    timeout: self.settings.token_timeout,
+                });
+            }
+            // 3. The switch, with the grace of the token it replaces: a concurrent rotation that
+            // switched first makes this one a conflict.
             let mut sa = sa.clone();
             sa.metadata
                 .annotations
@@ -146,6 +183,11 @@ impl CloudConfig {
                     objects::TOKEN_SECRET_ANNOTATION.into(),
                     new_names.secret.clone(),
                 );
+            let keeps_grace = replaced.is_some() && !grace.is_zero();
+            objects::set_replaced(
+                &mut sa,
+                keeps_grace.then_some((current.secret.as_str(), grace_until)),
+            );
             sas.replace(&sa).await.map_err(|e| match e {
                 StoreError::Conflict { .. } => CloudConfigError::Foreign {
                     step: ROTATE,
@@ -171,35 +213,39 @@ impl CloudConfig {
         crate::metrics::kubeconfig_token("issued");
         crate::metrics::kubeconfig_token("rotated");
 
-        // The old ones: the replaced token gets its grace, older ones (and a replaced one with no
-        // grace) stop now.
-        for secret in old {
-            let name = secret.metadata.name.clone().unwrap_or_default();
-            if name == new_names.secret {
-                continue;
-            }
-            let keep = name == current.secret && !grace.is_zero();
-            let result = if keep {
-                self.retire(secret, now, now + grace).await
-            } else {
-                let pre = Preconditions {
-                    uid: secret.metadata.uid.clone(),
-                    ..Default::default()
-                };
-                match secrets.delete(ns, &name, &pre).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.is_not_found() => Ok(()),
-                    Err(e) => Err(e),
+        // 4. The new token is current: its provisional end goes (the sweeper would remove it too,
+        // and never ends the current token). The replaced token gets its grace, any other token
+        // of the account stops now: none of them can be current, as this rotation's switch came
+        // after it read them.
+        let finished = async {
+            self.mark(ns, &new_names.secret, objects::clear_provisional)
+                .await?;
+            for secret in &old {
+                let name = secret.metadata.name.clone().unwrap_or_default();
+                if name == new_names.secret || ended.contains(&name) {
+                    continue;
                 }
-            };
-            if let Err(e) = result {
-                // The new token is in place; an old one still working would be the leak the
-                // rotation was for, so say so rather than answer as if all was done.
-                return Err(CloudConfigError::Store {
-                    step: "the new token is issued, but an old token Secret could not be ended; rotate again",
-                    source: e,
-                });
+                if name == current.secret && !grace.is_zero() {
+                    self.mark(ns, &name, |s| {
+                        objects::set_retiring(s, now, grace_until);
+                        true
+                    })
+                    .await?;
+                } else {
+                    self.end_token(secret).await?;
+                }
             }
+            Ok::<_, StoreError>(())
+        }
+        .await;
+        if let Err(e) = finished {
+            // The new token is in place; an old one still working would be the leak the
+            // rotation was for, so say so rather than answer as if all was done (the sweeper
+            // finishes it meanwhile).
+            return Err(CloudConfigError::Store {
+                step: "the new token is issued, but an old token Secret could not be ended; rotate again",
+                source: e,
+            });
         }
         self.sweep_now.notify_one();
         info!(namespace = %ns, service_account = %base.service_account, secret = %new_names.secret,
@@ -208,103 +254,47 @@ impl CloudConfig {
         Ok(kubeconfig)
     }
 
-    /// Gives a replaced token Secret its end, re-reading it when someone else wrote it meanwhile.
-    async fn retire(
+    /// Deletes a token Secret (that one, by its UID), if it is still there.
+    async fn end_token(&self, secret: &Secret) -> Result<(), StoreError> {
+        let pre = Preconditions {
+            uid: secret.metadata.uid.clone(),
+            ..Default::default()
+        };
+        let ns = secret.metadata.namespace.as_deref().unwrap_or_default();
+        let name = secret.metadata.name.as_deref().unwrap_or_default();
+        match self.api::<Secret>().delete(ns, name, &pre).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Changes a token Secret as `change` says (which returns whether it changed anything),
+    /// reading it again when someone else (its token controller, the sweeper) wrote it meanwhile.
+    async fn mark(
         &self,
-        mut secret: Secret,
-        now: OffsetDateTime,
-        until: OffsetDateTime,
+        namespace: &str,
+        name: &str,
+        change: impl Fn(&mut Secret) -> bool,
     ) -> Result<(), StoreError> {
         let api = self.api::<Secret>();
-        let ns = secret.metadata.namespace.clone().unwrap_or_default();
-        let name = secret.metadata.name.clone().unwrap_or_default();
-        for _ in 0..RETIRE_TRIES {
-            objects::set_retiring(&mut secret, now, until);
+        for _ in 0..MARK_TRIES {
+            let Some(mut secret) = api.get(namespace, name).await? else {
+                return Ok(());
+            };
+            if !change(&mut secret) {
+                return Ok(());
+            }
             match api.replace(&secret).await {
                 Ok(_) => return Ok(()),
-                Err(StoreError::Conflict { .. }) => match api.get(&ns, &name).await? {
-                    Some(fresh) => secret = fresh,
-                    None => return Ok(()),
-                },
+                Err(StoreError::Conflict { .. }) => continue,
                 Err(e) if e.is_not_found() => return Ok(()),
                 Err(e) => return Err(e),
             }
         }
         Err(StoreError::Conflict {
             kind: "secret".into(),
-            name,
+            name: name.into(),
         })
-    }
-
-    /// One pass of the sweeper: deletes every token Secret of ours whose end has come; returns
-    /// how long until the next end it knows of.
-    pub async fn sweep(&self) -> Result<Option<Duration>, StoreError> {
-        let api = self.api::<Secret>();
-        let now = OffsetDateTime::now_utc();
-        let mut next: Option<Duration> = None;
-        for secret in api.list(None, &managed()).await? {
-            let Some(end) = objects::expires_at(&secret) else {
-                continue;
-            };
-            if end > now {
-                let left = Duration::try_from(end - now).unwrap_or_default();
-                next = Some(next.map_or(left, |n| n.min(left)));
-                continue;
-            }
-            let ns = secret.metadata.namespace.clone().unwrap_or_default();
-            let name = secret.metadata.name.clone().unwrap_or_default();
-            let rotated = secret
-                .metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key(objects::ROTATED_AT_ANNOTATION));
-            let pre = Preconditions {
-                uid: secret.metadata.uid.clone(),
-                ..Default::default()
-            };
-            match api.delete(&ns, &name, &pre).await {
-                Ok(_) => {
-                    let event = if rotated { "retired" } else { "expired" };
-                    crate::metrics::kubeconfig_token(event);
-                    let sa = secret
-                        .metadata
-                        .annotations
-                        .as_ref()
-                        .and_then(|a| a.get(objects::SA_NAME_ANNOTATION))
-                        .cloned()
-                        .unwrap_or_default();
-                    info!(namespace = %ns, secret = %name, service_account = %sa, %event,
-                        "a cloud-config token of service account {ns}/{sa} ended ({event}); its Secret is deleted");
-                }
-                // Gone, or replaced by another Secret of the name: nothing of ours to end.
-                Err(e) if e.is_not_found() || matches!(e, StoreError::Conflict { .. }) => {}
-                Err(e) => {
-                    warn!(namespace = %ns, secret = %name, error = %e, "cannot delete an ended cloud-config token Secret yet; retrying");
-                    next = Some(Duration::from_secs(1));
-                }
-            }
-        }
-        Ok(next)
-    }
-
-    /// Runs [`CloudConfig::sweep`] until `stop`: at the next end it knows of, when a token with an
-    /// end is issued here, and at least every [`SWEEP_EVERY`].
-    pub async fn run_sweeper(self: Arc<Self>, stop: CancellationToken) {
-        loop {
-            let wait = match self.sweep().await {
-                Ok(next) => next.map_or(SWEEP_EVERY, |n| n.min(SWEEP_EVERY)),
-                Err(e) => {
-                    warn!(error = %e, "cannot list cloud-config token Secrets; retrying");
-                    Duration::from_secs(5)
-                }
-            };
-            // A little past the end, so the end has come when we look.
-            let wait = wait + Duration::from_millis(50);
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
-                () = self.sweep_now.notified() => {}
-            }
-        }
     }
 }

@@ -14,6 +14,7 @@ pub mod revoke;
 pub mod seed;
 pub mod served;
 pub mod service;
+pub mod sweep;
 
 pub use request::{AccountRequest, OutputFormat, RequestError};
 pub use revoke::{Kept, Revocation};

@@ -33,6 +33,17 @@ pub const TOKEN_SECRET_ANNOTATION: &str = "harvester-cloud.io/token-secret";
 pub const EXPIRES_AT_ANNOTATION: &str = "harvester-cloud.io/expires-at";
 /// On a token Secret that a rotation replaced: when (RFC 3339, UTC).
 pub const ROTATED_AT_ANNOTATION: &str = "harvester-cloud.io/rotated-at";
+/// On a token Secret a rotation made and has not made current yet: when it stops working if it
+/// never becomes current (RFC 3339, UTC), so a rotation that dies before its switch leaves no
+/// third token behind. Not [`EXPIRES_AT_ANNOTATION`]: a token's end is minted into it (a JWT's
+/// `exp`), and this one must not end once it is current.
+pub const PROVISIONAL_UNTIL_ANNOTATION: &str = "harvester-cloud.io/provisional-until";
+/// On a ServiceAccount, written in the same write as a rotation's switch: the token Secret it
+/// replaced, to keep working until [`REPLACED_UNTIL_ANNOTATION`] and no longer, even if the
+/// rotation stops before it marks that Secret.
+pub const REPLACED_TOKEN_ANNOTATION: &str = "harvester-cloud.io/replaced-token-secret";
+/// See [`REPLACED_TOKEN_ANNOTATION`]: the end of the replaced token's grace (RFC 3339, UTC).
+pub const REPLACED_UNTIL_ANNOTATION: &str = "harvester-cloud.io/replaced-token-until";
 /// On a token Secret issued with `expirationSeconds`: that lifetime, so a retried request for the
 /// same lifetime gets the same token.
 pub const EXPIRATION_SECONDS_ANNOTATION: &str = "harvester-cloud.io/expiration-seconds";
@@ -43,7 +54,7 @@ fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
 
 /// Whole seconds, as a JWT's `exp` and Kubernetes' timestamps are, so a token's claim and its
 /// Secret's end agree to the second.
-fn rfc3339(t: time::OffsetDateTime) -> String {
+pub(crate) fn rfc3339(t: time::OffsetDateTime) -> String {
     t.replace_nanosecond(0)
         .unwrap_or(t)
         .format(&time::format_description::well_known::Rfc3339)
@@ -58,6 +69,57 @@ pub fn expires_at(secret: &Secret) -> Option<time::OffsetDateTime> {
 /// The value of [`EXPIRES_AT_ANNOTATION`] as a time (`None` when it is not RFC 3339).
 pub fn parse_end(value: &str) -> Option<time::OffsetDateTime> {
     time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc3339).ok()
+}
+
+/// When a token Secret a rotation made stops working unless the rotation makes it current.
+pub fn provisional_until(secret: &Secret) -> Option<time::OffsetDateTime> {
+    annotation(&secret.metadata, PROVISIONAL_UNTIL_ANNOTATION).and_then(parse_end)
+}
+
+/// Gives a rotation's new token Secret its provisional end.
+pub fn set_provisional(secret: &mut Secret, until: time::OffsetDateTime) {
+    secret
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(PROVISIONAL_UNTIL_ANNOTATION.into(), rfc3339(until));
+}
+
+/// Removes the provisional end of a token Secret that became current; whether it had one.
+pub fn clear_provisional(secret: &mut Secret) -> bool {
+    secret
+        .metadata
+        .annotations
+        .as_mut()
+        .is_some_and(|a| a.remove(PROVISIONAL_UNTIL_ANNOTATION).is_some())
+}
+
+/// Whether a rotation replaced this token Secret (it is never current again).
+pub fn is_retired(secret: &Secret) -> bool {
+    annotation(&secret.metadata, ROTATED_AT_ANNOTATION).is_some()
+}
+
+/// The token Secret the account's last rotation replaced, and the end of its grace.
+pub fn replaced_token(sa: &ServiceAccount) -> Option<(&str, time::OffsetDateTime)> {
+    let name = annotation(&sa.metadata, REPLACED_TOKEN_ANNOTATION)?;
+    let until = annotation(&sa.metadata, REPLACED_UNTIL_ANNOTATION).and_then(parse_end)?;
+    Some((name, until))
+}
+
+/// Records on the ServiceAccount which token a rotation replaces and until when it works (or
+/// that none keeps working: `None`).
+pub fn set_replaced(sa: &mut ServiceAccount, replaced: Option<(&str, time::OffsetDateTime)>) {
+    let a = sa.metadata.annotations.get_or_insert_default();
+    match replaced {
+        Some((name, until)) => {
+            a.insert(REPLACED_TOKEN_ANNOTATION.into(), name.into());
+            a.insert(REPLACED_UNTIL_ANNOTATION.into(), rfc3339(until));
+        }
+        None => {
+            a.remove(REPLACED_TOKEN_ANNOTATION);
+            a.remove(REPLACED_UNTIL_ANNOTATION);
+        }
+    }
 }
 
 /// Whether a token Secret's end has come.

@@ -15,7 +15,7 @@
 //! | `http_requests_total` | `method`, `route`, `status` | [`observe_http`] (HTTP middleware) |
 //! | `http_request_duration_seconds` (histogram) | `method`, `route`, `status` | [`observe_http`] |
 //! | `cloud_config_issued_total` | `operation` (`create`, `get`, `rotate`), `output` (`kubeconfig`, `cloud-init`) | [`cloud_config_issued`] (HTTP handlers) |
-//! | `kubeconfig_tokens_total` | `event` (`issued`, `rotated`, `expired`, `retired`) | [`kubeconfig_token`] (the cloud-config service and its sweeper) |
+//! | `kubeconfig_tokens_total` | `event` (`issued`, `rotated`, `expired`, `retired`, `abandoned`) | [`kubeconfig_token`] (the cloud-config service and its sweeper) |
 //! | `cloud_config_failures_total` | `operation`, `reason` | [`cloud_config_failed`] (HTTP handlers) |
 //! | `auth_failures_total` | `reason` ([`crate::auth::AuthError::reason`]) | [`auth_failed`] (`Admin` extractor) |
 //! | `watch_relists_total` | `kind` (the kinds the reconcilers watch) | [`watch_relisted`] (store watchers, after a `Gone`) |

@@ -322,6 +322,7 @@ pub fn account_yaml(ns: &str, sa: &str) -> String {
 // --- The Kubernetes backend, against a real control plane ------------------------------------------
 
 pub mod control_plane;
+pub mod faulty;
 pub mod foreign;
 pub mod kube_env;
 pub mod netns;

@@ -1,0 +1,157 @@
+//! A store that stops after its N-th write, as a process killed between two writes does: the N
+//! writes before happened, the next never returns (a test drops the operation then), and nothing
+//! after it happens. The real servers cannot inject faults, so this is the one home-made part of
+//! the crash tests; everything before the kill point and after the restart is the real store.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
+
+use async_trait::async_trait;
+use harvester_cloud::store::{
+    ChangeStream, Deleted, Dependents, Kind, LabelSelector, ObjectList, ObjectStore, Preconditions,
+    StoreError,
+};
+use serde_json::Value;
+
+/// Forwards to `inner` until `writes` writes (creates, replaces, deletes) were made; the next one
+/// hangs for ever. Reads always pass.
+pub struct KillAfter {
+    inner: Arc<dyn ObjectStore>,
+    writes: usize,
+    made: AtomicUsize,
+    killed: tokio::sync::Notify,
+}
+
+impl KillAfter {
+    pub fn new(inner: Arc<dyn ObjectStore>, writes: usize) -> Arc<Self> {
+        Arc::new(KillAfter {
+            inner,
+            writes,
+            made: AtomicUsize::new(0),
+            killed: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Resolves once a write past the kill point was attempted.
+    pub async fn killed(&self) {
+        self.killed.notified().await;
+    }
+
+    /// How many writes went through.
+    pub fn writes_made(&self) -> usize {
+        self.made.load(Ordering::SeqCst).min(self.writes)
+    }
+
+    async fn write(&self) {
+        if self.made.fetch_add(1, Ordering::SeqCst) >= self.writes {
+            // notify_one keeps a permit for a waiter that is not waiting yet.
+            self.killed.notify_one();
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[async_trait]
+impl ObjectStore for KillAfter {
+    async fn get(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, StoreError> {
+        self.inner.get(kind, namespace, name).await
+    }
+
+    async fn get_shared(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Value>>, StoreError> {
+        self.inner.get_shared(kind, namespace, name).await
+    }
+
+    async fn list(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+    ) -> Result<ObjectList, StoreError> {
+        self.inner.list(kind, namespace, selector).await
+    }
+
+    async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        self.write().await;
+        self.inner.create(kind, object).await
+    }
+
+    async fn create_buffered(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        self.write().await;
+        self.inner.create_buffered(kind, object).await
+    }
+
+    async fn create_together(
+        &self,
+        owner_kind: &Kind,
+        owner: Value,
+        dependents: Dependents,
+    ) -> Result<Option<Vec<Value>>, StoreError> {
+        self.write().await;
+        self.inner
+            .create_together(owner_kind, owner, dependents)
+            .await
+    }
+
+    async fn sync(&self) -> Result<(), StoreError> {
+        self.inner.sync().await
+    }
+
+    async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        self.write().await;
+        self.inner.replace(kind, object).await
+    }
+
+    async fn replace_status(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        self.write().await;
+        self.inner.replace_status(kind, object).await
+    }
+
+    async fn delete(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        preconditions: &Preconditions,
+    ) -> Result<Deleted, StoreError> {
+        self.write().await;
+        self.inner
+            .delete(kind, namespace, name, preconditions)
+            .await
+    }
+
+    async fn watch(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        resource_version: &str,
+    ) -> Result<ChangeStream, StoreError> {
+        self.inner.watch(kind, namespace, resource_version).await
+    }
+
+    async fn wait_for_token(
+        &self,
+        namespace: &str,
+        secret_name: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Value, StoreError> {
+        self.inner
+            .wait_for_token(namespace, secret_name, timeout)
+            .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+}
