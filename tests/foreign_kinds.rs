@@ -250,7 +250,7 @@ async fn kube_control_planes_carry_ranchers_crds() {
 /// A Rancher fixture with a field Rancher's Go type lacks (here `userID`: the type's is `userId`,
 /// and Go's JSON decoding alone would take either) never reaches a test's API server.
 #[test]
-#[should_panic(expected = "unknown field \\\"userID\\\"")]
+#[should_panic(expected = "unknown field \"userID\"")]
 fn a_made_up_rancher_field_is_refused() {
     support::foreign::rancher(json!({
         "apiVersion": "management.cattle.io/v3", "kind": "Token",

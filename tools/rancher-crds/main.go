@@ -40,7 +40,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	normancrd "github.com/rancher/norman/store/crd"
@@ -118,31 +120,83 @@ func object(in io.Reader, out io.Writer) error {
 	if err := json.Unmarshal(encoded, &m); err != nil {
 		return err
 	}
-	// encoding/json matches field names without regard to case; Kubernetes does not.
-	if err := sameKeys(given, m, ""); err != nil {
+	if err := exactKeys(given, reflect.TypeOf(obj), ""); err != nil {
 		return fmt.Errorf("object: not a Rancher %s: %w", head.Kind, err)
 	}
 	dropNullTimestamps(m)
 	return json.NewEncoder(out).Encode(m)
 }
 
-// sameKeys fails on a key of given that the encoding does not have, spelt exactly.
-func sameKeys(given, encoded any, path string) error {
-	g, ok := given.(map[string]any)
-	if !ok {
+// exactKeys fails on a key of given that no field of t has as its JSON name, spelt exactly
+// (encoding/json matches names without regard to case; Kubernetes does not), walking t's structs,
+// maps and slices alongside given. A type that decodes itself (times, quantities) is not walked.
+func exactKeys(given any, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if reflect.PointerTo(t).Implements(unmarshaler) {
 		return nil
 	}
-	e, _ := encoded.(map[string]any)
-	for k, v := range g {
-		ev, ok := e[k]
+	switch t.Kind() {
+	case reflect.Struct:
+		obj, ok := given.(map[string]any)
 		if !ok {
-			return fmt.Errorf("unknown field %q", path+k)
+			return nil // a wrong type: the strict decode has said so
 		}
-		if err := sameKeys(v, ev, path+k+"."); err != nil {
-			return err
+		fields := map[string]reflect.Type{}
+		jsonFields(t, fields)
+		for k, v := range obj {
+			ft, ok := fields[k]
+			if !ok {
+				return fmt.Errorf("unknown field %q", path+k)
+			}
+			if err := exactKeys(v, ft, path+k+"."); err != nil {
+				return err
+			}
+		}
+	case reflect.Map:
+		if obj, ok := given.(map[string]any); ok {
+			for k, v := range obj {
+				if err := exactKeys(v, t.Elem(), path+k+"."); err != nil {
+					return err
+				}
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if list, ok := given.([]any); ok {
+			for i, v := range list {
+				if err := exactKeys(v, t.Elem(), fmt.Sprintf("%s%d.", path, i)); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	return nil
+}
+
+var unmarshaler = reflect.TypeFor[json.Unmarshaler]()
+
+// jsonFields collects t's fields by their JSON names, those of inlined embedded structs included.
+func jsonFields(t reflect.Type, into map[string]reflect.Type) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" || (!f.IsExported() && !f.Anonymous) {
+			continue
+		}
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		if name == "" && f.Anonymous && ft.Kind() == reflect.Struct {
+			jsonFields(ft, into)
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		into[name] = f.Type
+	}
 }
 
 // dropNullTimestamps removes the null creationTimestamps of empty ObjectMetas: the API server
