@@ -283,6 +283,62 @@ pub mod cases {
         }
     }
 
+    /// A rotation whose store refuses one of its writes fails, and gives up its claim on the
+    /// account: the next rotation goes through at once (it does not wait for the claim's end),
+    /// and at most two token Secrets are left. Each write is refused in turn, until the rotation
+    /// gets through.
+    pub async fn a_failed_rotation_gives_up_its_claim<B: Backend>(b: B) {
+        use harvester_cloud::kubeconfig::objects;
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let sa = "release";
+        b.post(&account(NS, sa)).await.kubeconfig();
+        rotate(&b, sa, "1h").await;
+        let req = request::from_json(
+            serde_json::json!({"namespace": NS, "serviceAccountName": sa, "gracePeriod": "1h"})
+                .to_string()
+                .as_bytes(),
+        )
+        .expect("a valid rotation");
+        for refused in 0.. {
+            assert!(refused < 30, "a rotation makes fewer than 30 writes");
+            let faulty = support::faulty::KillAfter::failing(b.service_store(), refused);
+            let cloud_config =
+                CloudConfig::new(faulty.clone(), b.cloud_config().settings().clone());
+            let failed = match cloud_config.rotate(&req).await {
+                Ok(_) => false,
+                Err(e) => {
+                    assert!(
+                        faulty.writes_made() == refused,
+                        "write {refused} refused, the rotation failed otherwise: {e}"
+                    );
+                    true
+                }
+            };
+            let account_sa = harvester_cloud::store::Api::<ServiceAccount>::new(b.store())
+                .get(NS, sa)
+                .await
+                .expect("get")
+                .expect("the account");
+            let claim = account_sa
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(objects::ROTATING_UNTIL_ANNOTATION));
+            assert_eq!(claim, None, "write {refused} refused: a claim is left");
+            let left = tokens(&b, sa).await;
+            assert!(left.len() <= 2, "write {refused} refused: {left:?}");
+            // The next rotation, through the API, at once.
+            let next = rotate(&b, sa, "1h").await;
+            let got = b
+                .get(&format!("namespace={NS}&serviceAccountName={sa}"))
+                .await;
+            assert_eq!(token_of(&got.kubeconfig()), token_of(&next));
+            if !failed {
+                break;
+            }
+        }
+    }
+
     /// A token Secret of the account that is neither current nor has an end, as a rotation killed
     /// before this was fixed left one: the sweeper ends it, and only it.
     pub async fn a_token_nobody_holds_is_ended<B: Backend>(b: B) {
@@ -360,5 +416,6 @@ suite!(
         a_killed_rotation_leaves_at_most_two_tokens,
         a_token_nobody_holds_is_ended,
         concurrent_rotations_never_make_a_third_token,
+        a_failed_rotation_gives_up_its_claim,
     ]
 );

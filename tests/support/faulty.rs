@@ -23,6 +23,8 @@ use serde_json::Value;
 pub struct KillAfter {
     inner: Arc<dyn ObjectStore>,
     writes: usize,
+    /// The write past the kill point fails at once instead, and the ones after it pass.
+    fails: bool,
     made: AtomicUsize,
     killed: tokio::sync::Notify,
 }
@@ -32,6 +34,19 @@ impl KillAfter {
         Arc::new(KillAfter {
             inner,
             writes,
+            fails: false,
+            made: AtomicUsize::new(0),
+            killed: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// As [`KillAfter::new`], but the write after `writes` writes fails (as a store that is
+    /// briefly unreachable refuses it) and the process lives on: later writes pass.
+    pub fn failing(inner: Arc<dyn ObjectStore>, writes: usize) -> Arc<Self> {
+        Arc::new(KillAfter {
+            inner,
+            writes,
+            fails: true,
             made: AtomicUsize::new(0),
             killed: tokio::sync::Notify::new(),
         })
@@ -47,12 +62,21 @@ impl KillAfter {
         self.made.load(Ordering::SeqCst).min(self.writes)
     }
 
-    async fn write(&self) {
-        if self.made.fetch_add(1, Ordering::SeqCst) >= self.writes {
+    async fn write(&self) -> Result<(), StoreError> {
+        let n = self.made.fetch_add(1, Ordering::SeqCst);
+        if self.fails {
+            if n == self.writes {
+                self.killed.notify_one();
+                return Err(StoreError::Backend(
+                    "injected: the store is unreachable".into(),
+                ));
+            }
+        } else if n >= self.writes {
             // notify_one keeps a permit for a waiter that is not waiting yet.
             self.killed.notify_one();
             std::future::pending::<()>().await;
         }
+        Ok(())
     }
 }
 
@@ -86,12 +110,12 @@ impl ObjectStore for KillAfter {
     }
 
     async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        self.write().await;
+        self.write().await?;
         self.inner.create(kind, object).await
     }
 
     async fn create_buffered(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        self.write().await;
+        self.write().await?;
         self.inner.create_buffered(kind, object).await
     }
 
@@ -101,7 +125,7 @@ impl ObjectStore for KillAfter {
         owner: Value,
         dependents: Dependents,
     ) -> Result<Option<Vec<Value>>, StoreError> {
-        self.write().await;
+        self.write().await?;
         self.inner
             .create_together(owner_kind, owner, dependents)
             .await
@@ -112,12 +136,12 @@ impl ObjectStore for KillAfter {
     }
 
     async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        self.write().await;
+        self.write().await?;
         self.inner.replace(kind, object).await
     }
 
     async fn replace_status(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        self.write().await;
+        self.write().await?;
         self.inner.replace_status(kind, object).await
     }
 
@@ -128,7 +152,7 @@ impl ObjectStore for KillAfter {
         name: &str,
         preconditions: &Preconditions,
     ) -> Result<Deleted, StoreError> {
-        self.write().await;
+        self.write().await?;
         self.inner
             .delete(kind, namespace, name, preconditions)
             .await
