@@ -602,6 +602,40 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_is_set_read_and_removed_alone() {
+        let n = mk_names();
+        let until = time::OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let mut sa = service_account(&n);
+        assert_eq!(rotating_until(&sa), None);
+        set_rotating(&mut sa, None);
+        assert_eq!(sa.metadata.annotations, None);
+        set_replaced(&mut sa, Some(("c-token-a", until)));
+        set_rotating(&mut sa, Some(until));
+        assert_eq!(rotating_until(&sa), Some(until));
+        set_rotating(&mut sa, None);
+        assert_eq!(rotating_until(&sa), None);
+        assert_eq!(replaced_token(&sa), Some(("c-token-a", until)));
+        // A claim that does not parse is none (it never blocks a rotation).
+        sa.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(ROTATING_UNTIL_ANNOTATION.into(), "soon".into());
+        assert_eq!(rotating_until(&sa), None);
+    }
+
+    #[test]
+    fn a_retired_token_keeps_its_grace_not_a_provisional_end() {
+        let n = mk_names();
+        let now = time::OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let mut s = token_secret(&n, "u");
+        set_provisional(&mut s, now + time::Duration::seconds(35));
+        set_retiring(&mut s, now, now + time::Duration::hours(1));
+        assert_eq!(provisional_until(&s), None);
+        assert_eq!(expires_at(&s), Some(now + time::Duration::hours(1)));
+        assert!(is_retired(&s));
+    }
+
+    #[test]
     fn colliding_account_is_foreign() {
         // ns=a-b, sa=c and ns=a, sa=b-c both name their ClusterRoleBinding a-b-c.
         let (mine, theirs) = (AccountNames::new("a", "b-c"), mk_names());
