@@ -2,7 +2,8 @@
 //! (with its sweeper) leaves at most two working tokens of the account, GET serves one that works,
 //! and once the ends the rotation gave have passed exactly one works. Each kill point is a write
 //! of the rotation ([`support::faulty::KillAfter`]), tried in turn until the rotation runs to its
-//! end, on one account each.
+//! end, on one account each. And rotations of one account at once, every write of theirs watched
+//! ([`support::faulty::Observed`]): never a third token.
 
 #[macro_use]
 mod support;
@@ -166,6 +167,178 @@ pub mod cases {
         }
     }
 
+    /// Rotations of one account at once, 8 per round: after every write any of them makes, at
+    /// most two token Secrets of the account exist (each works until deleted); each answers with
+    /// a new token or with a conflict that says another rotation is under way and to retry; after
+    /// each round GET serves one of the tokens answered, and it and the one it replaced work, no
+    /// other. Each rotation made its token before the losers got their conflict at the switch, so
+    /// for a moment three or more tokens worked.
+    pub async fn concurrent_rotations_never_make_a_third_token<B: Backend>(b: B) {
+        use std::sync::{Arc, Mutex};
+        let sa = "race";
+        let first = token_of(&b.post(&account(NS, sa)).await.kubeconfig());
+        let seen: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+        let observer = b.store();
+        let check: support::faulty::Check = {
+            let seen = seen.clone();
+            Box::new(move || {
+                let (seen, observer) = (seen.clone(), observer.clone());
+                Box::pin(async move {
+                    let listed = observer
+                        .list(
+                            &Kind::of::<Secret>(),
+                            Some(NS),
+                            &LabelSelector::everything(),
+                        )
+                        .await
+                        .expect("list Secrets");
+                    let names: Vec<String> = listed
+                        .items
+                        .iter()
+                        .filter(|s| {
+                            s["type"] == "kubernetes.io/service-account-token"
+                                && s["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+                                    == sa
+                        })
+                        .filter_map(|s| Some(s["metadata"]["name"].as_str()?.to_string()))
+                        .collect();
+                    if names.len() > 2 {
+                        seen.lock().expect("lock").push(names);
+                    }
+                })
+            })
+        };
+        let observed = support::faulty::Observed::new(b.service_store(), check);
+        let cloud_config = Arc::new(CloudConfig::new(
+            observed,
+            b.cloud_config().settings().clone(),
+        ));
+        let req = request::from_json(
+            serde_json::json!({"namespace": NS, "serviceAccountName": sa, "gracePeriod": "1h"})
+                .to_string()
+                .as_bytes(),
+        )
+        .expect("a valid rotation");
+        let mut answered = vec![first];
+        for round in 0..4 {
+            let replies = futures::future::join_all((0..8).map(|_| {
+                let (cloud_config, req) = (cloud_config.clone(), req.clone());
+                tokio::spawn(async move { cloud_config.rotate(&req).await })
+            }))
+            .await;
+            let thirds = seen.lock().expect("lock").clone();
+            let most = thirds.iter().max_by_key(|names| names.len());
+            assert!(
+                thirds.is_empty(),
+                "round {round}: more than two token Secrets after {} writes, at most {most:?}",
+                thirds.len()
+            );
+            let mut winners = 0;
+            for r in replies {
+                match r.expect("a rotation task") {
+                    Ok(kubeconfig) => {
+                        winners += 1;
+                        answered.push(token_of(&kubeconfig));
+                    }
+                    Err(e @ harvester_cloud::kubeconfig::CloudConfigError::Foreign { .. }) => {
+                        let m = e.to_string();
+                        assert!(m.contains("under way") && m.contains("retry"), "{m}");
+                    }
+                    Err(e) => panic!("round {round}: a rotation failed: {e}"),
+                }
+            }
+            assert!(winners >= 1, "round {round}: no rotation went through");
+
+            let got = b
+                .get(&format!("namespace={NS}&serviceAccountName={sa}"))
+                .await;
+            assert_eq!(
+                got.status,
+                axum::http::StatusCode::OK,
+                "round {round}: {}",
+                got.text()
+            );
+            let current = token_of(&got.kubeconfig());
+            assert!(
+                answered.contains(&current),
+                "round {round}: GET serves a token no rotation answered"
+            );
+            let left = tokens(&b, sa).await;
+            assert_eq!(left.len(), 2, "round {round}: {left:?}");
+            for (name, token) in &left {
+                assert!(
+                    answered.contains(token),
+                    "round {round}: {name} holds a token no rotation answered"
+                );
+                eventually(
+                    &format!("round {round}: {name}'s token to work"),
+                    async || b.token_works(token, &user(sa)).await.then_some(()),
+                )
+                .await;
+            }
+            assert!(
+                left.iter().any(|(_, token)| *token == current),
+                "round {round}: GET's token is not one of the account's: {left:?}"
+            );
+        }
+    }
+
+    /// A rotation whose store refuses one of its writes fails, and gives up its claim on the
+    /// account: the next rotation goes through at once (it does not wait for the claim's end),
+    /// and at most two token Secrets are left. Each write is refused in turn, until the rotation
+    /// gets through.
+    pub async fn a_failed_rotation_gives_up_its_claim<B: Backend>(b: B) {
+        use harvester_cloud::kubeconfig::objects;
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let sa = "release";
+        b.post(&account(NS, sa)).await.kubeconfig();
+        rotate(&b, sa, "1h").await;
+        let req = request::from_json(
+            serde_json::json!({"namespace": NS, "serviceAccountName": sa, "gracePeriod": "1h"})
+                .to_string()
+                .as_bytes(),
+        )
+        .expect("a valid rotation");
+        for refused in 0.. {
+            assert!(refused < 30, "a rotation makes fewer than 30 writes");
+            let faulty = support::faulty::KillAfter::failing(b.service_store(), refused);
+            let cloud_config =
+                CloudConfig::new(faulty.clone(), b.cloud_config().settings().clone());
+            let failed = match cloud_config.rotate(&req).await {
+                Ok(_) => false,
+                Err(e) => {
+                    assert!(
+                        faulty.writes_made() == refused,
+                        "write {refused} refused, the rotation failed otherwise: {e}"
+                    );
+                    true
+                }
+            };
+            let account_sa = harvester_cloud::store::Api::<ServiceAccount>::new(b.store())
+                .get(NS, sa)
+                .await
+                .expect("get")
+                .expect("the account");
+            let claim = account_sa
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(objects::ROTATING_UNTIL_ANNOTATION));
+            assert_eq!(claim, None, "write {refused} refused: a claim is left");
+            let left = tokens(&b, sa).await;
+            assert!(left.len() <= 2, "write {refused} refused: {left:?}");
+            // The next rotation, through the API, at once.
+            let next = rotate(&b, sa, "1h").await;
+            let got = b
+                .get(&format!("namespace={NS}&serviceAccountName={sa}"))
+                .await;
+            assert_eq!(token_of(&got.kubeconfig()), token_of(&next));
+            if !failed {
+                break;
+            }
+        }
+    }
+
     /// A token Secret of the account that is neither current nor has an end, as a rotation killed
     /// before this was fixed left one: the sweeper ends it, and only it.
     pub async fn a_token_nobody_holds_is_ended<B: Backend>(b: B) {
@@ -239,5 +412,10 @@ suite!(
         embedded => EmbeddedBackend::start_with(&["--token-timeout", "5s"]),
         kube => KubeBackend::start_with(&["--token-timeout", "5s"]),
     ],
-    [a_killed_rotation_leaves_at_most_two_tokens, a_token_nobody_holds_is_ended]
+    [
+        a_killed_rotation_leaves_at_most_two_tokens,
+        a_token_nobody_holds_is_ended,
+        concurrent_rotations_never_make_a_third_token,
+        a_failed_rotation_gives_up_its_claim,
+    ]
 );

@@ -9,21 +9,30 @@
 //! A rotation is several writes, and the process may stop after any of them; each state between
 //! two of them has at most two working tokens of the account, and the sweeper takes every one of
 //! them to exactly one once the ends pass:
-//! 1. the tokens already replaced (in their grace) are deleted: only the current one works;
+//! 0. the claim: the ServiceAccount, written on the version the rotation read, records that a
+//!    rotation holds the account until the new token's provisional end
+//!    ([`objects::ROTATING_UNTIL_ANNOTATION`]); a rotation that finds a live claim, or loses the
+//!    race to write one, is a conflict at once, before it made anything. So at most one rotation
+//!    of an account is between its claim and its switch (the claim of one that stopped lapses);
+//! 1. every token but the current one is deleted (the one replaced, in its grace, and any a
+//!    stopped rotation left): only the current one works;
 //! 2. the new token Secret is made with a provisional end ([`objects::PROVISIONAL_UNTIL_ANNOTATION`],
 //!    a little past the longest a rotation waits for its token): if the rotation stops here, the
 //!    sweeper deletes it then;
 //! 3. the switch: the ServiceAccount names the new Secret ([`objects::TOKEN_SECRET_ANNOTATION`]) and,
 //!    in the same write, the one it replaces and the end of its grace
-//!    ([`objects::REPLACED_TOKEN_ANNOTATION`]);
+//!    ([`objects::REPLACED_TOKEN_ANNOTATION`]), and the claim goes; written on the version the
+//!    claim wrote, so nobody wrote the account in between;
 //! 4. the new Secret's provisional end is removed, the replaced one is marked with its end, and any
 //!    other token of the account is deleted (the sweeper does the same for a rotation that stopped).
+//!
+//! A rotation that fails before its switch deletes its new Secret and gives up its claim.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use time::OffsetDateTime;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{
     naming::{AccountNames, safe_concat_name},
@@ -125,57 +134,65 @@ impl CloudConfig {
             });
         }
         self.check_bindings(&base, &sa_uid).await?;
-        // The tokens this rotation may end, read after the ServiceAccount: any token made later is
-        // a concurrent rotation's, which either loses the switch (it read the ServiceAccount before
-        // this one switched it) or comes after this one, and is never this one's to end. Ending
-        // whatever was there at clean-up time deleted a newer rotation's fresh current token.
-        let old = self.token_secrets(&base).await.map_err(store_err(ROTATE))?;
         let now = OffsetDateTime::now_utc();
-
-        // 1. The tokens already replaced end first, so that the new one is never a third that
-        // works. A replaced token is never current again, whoever switches meanwhile; any other
-        // token may be current by now (a concurrent rotation's switch) and waits for this one's.
-        let recorded = objects::replaced_token(&sa).map(|(name, _)| name.to_string());
-        let mut ended = Vec::new();
-        for secret in &old {
-            let name = secret.metadata.name.clone().unwrap_or_default();
-            if name != current.secret
-                && (objects::is_retired(secret) || recorded.as_deref() == Some(name.as_str()))
-            {
-                self.end_token(secret).await.map_err(store_err(ROTATE))?;
-                ended.push(name);
-            }
-        }
-
-        // 2. The new token, provisional until the switch.
-        let suffix = crate::validation::random_alnum(5);
-        let new_names =
-            base.with_secret(safe_concat_name(&[&base.service_account, "token", &suffix]));
-        let mut new = objects::token_secret(&new_names, &sa_uid);
-        if let Some(lifetime) = req.expiration {
-            objects::set_lifetime(&mut new, lifetime, now);
-        }
         let provisional_until = now + self.settings.token_timeout + PROVISIONAL_SLACK;
-        objects::set_provisional(&mut new, provisional_until);
+
+        // 0. The claim: from here to the switch, no other rotation of the account runs.
+        let claimed = self.claim(&sa, &base, provisional_until, now).await?;
         let grace_until = now + grace;
         let mut created = Vec::new();
+        let mut switched = false;
         let issued = async {
+            // The tokens this rotation may end, read under the claim: a token made later is
+            // a rotation's whose claim lapsed, which can no longer switch.
+            let old = self.token_secrets(&base).await.map_err(store_err(ROTATE))?;
+
+            // 1. Every token but the current one ends first, so that the new one is never a third
+            // that works: the one replaced (in its grace), and any a rotation left that stopped
+            // before its switch. Under the claim none of them can become current.
+            let mut ended = Vec::new();
+            for secret in &old {
+                let name = secret.metadata.name.clone().unwrap_or_default();
+                if name != current.secret {
+                    self.end_token(secret).await.map_err(store_err(ROTATE))?;
+                    ended.push(name);
+                }
+            }
+
+            // 2. The new token, provisional until the switch; not made once the claim is near
+            // its end (the sweeper may take it for one that never became current, and another
+            // rotation may claim the account).
+            let suffix = crate::validation::random_alnum(5);
+            let new_names =
+                base.with_secret(safe_concat_name(&[&base.service_account, "token", &suffix]));
+            let mut new = objects::token_secret(&new_names, &sa_uid);
+            if let Some(lifetime) = req.expiration {
+                objects::set_lifetime(&mut new, lifetime, now);
+            }
+            objects::set_provisional(&mut new, provisional_until);
+            let too_late = || {
+                (provisional_until - OffsetDateTime::now_utc() < SWITCH_MARGIN).then(|| {
+                    CloudConfigError::TokenTimeout {
+                        namespace: ns.to_string(),
+                        name: new_names.secret.clone(),
+                        timeout: self.settings.token_timeout,
+                    }
+                })
+            };
+            if let Some(e) = too_late() {
+                return Err(e);
+            }
             self.create_or_get(&secrets, &new, &mut created)
                 .await
                 .map_err(store_err(ROTATE))?;
             let secret = self.wait_for_token(&new_names, ROTATE).await?;
             let kubeconfig = self.build(&new_names, &server, &secret)?;
-            if provisional_until - OffsetDateTime::now_utc() < SWITCH_MARGIN {
-                // The sweeper may take the new token for one that never became current.
-                return Err(CloudConfigError::TokenTimeout {
-                    namespace: ns.to_string(),
-                    name: new_names.secret.clone(),
-                    timeout: self.settings.token_timeout,
-                });
+            if let Some(e) = too_late() {
+                return Err(e);
             }
-            // 3. The switch, with the grace of the token it replaces: a concurrent rotation that
-            // switched first makes this one a conflict.
-            let mut sa = sa.clone();
+            // 3. The switch, with the grace of the token it replaces, and the claim's end: its
+            // precondition (the version the claim wrote) proves nobody wrote the account since.
+            let mut sa = claimed.clone();
             sa.metadata
                 .annotations
                 .get_or_insert_default()
@@ -188,25 +205,30 @@ impl CloudConfig {
                 &mut sa,
                 keeps_grace.then_some((current.secret.as_str(), grace_until)),
             );
+            objects::set_rotating(&mut sa, None);
             sas.replace(&sa).await.map_err(|e| match e {
                 StoreError::Conflict { .. } => CloudConfigError::Foreign {
                     step: ROTATE,
                     message: format!(
-                        "serviceaccount {ns}/{} changed while its token was rotated (another rotation?); retry",
+                        "serviceaccount {ns}/{} changed while its token was rotated (the rotation took past its claim, or someone else wrote it); retry",
                         base.service_account
                     ),
                 },
                 e => store_err(ROTATE)(e),
             })?;
+            switched = true;
             // The new Secret was created buffered.
             self.store.sync().await.map_err(store_err(ROTATE))?;
-            Ok::<_, CloudConfigError>(kubeconfig)
+            Ok::<_, CloudConfigError>((kubeconfig, new_names, old, ended))
         }
         .await;
-        let kubeconfig = match issued {
-            Ok(k) => k,
+        let (kubeconfig, new_names, old, ended) = match issued {
+            Ok(issued) => issued,
             Err(e) => {
                 self.roll_back(created).await;
+                if !switched {
+                    self.release(&claimed).await;
+                }
                 return Err(e);
             }
         };
@@ -252,6 +274,59 @@ impl CloudConfig {
             replaced = %current.secret, grace_seconds = grace.as_secs(),
             "kubeconfig for service account {ns}/{} is rotated", base.service_account);
         Ok(kubeconfig)
+    }
+
+    /// Claims the account for one rotation until `until`: one write of its ServiceAccount, on the
+    /// version `sa` was read at. A live claim of another rotation, or a lost race to write one,
+    /// is a conflict that says to retry. Returns the ServiceAccount as the claim wrote it.
+    async fn claim(
+        &self,
+        sa: &ServiceAccount,
+        names: &AccountNames,
+        until: OffsetDateTime,
+        now: OffsetDateTime,
+    ) -> Result<ServiceAccount, CloudConfigError> {
+        let under_way = |until: Option<OffsetDateTime>| CloudConfigError::Foreign {
+            step: ROTATE,
+            message: format!(
+                "a rotation of serviceaccount {}/{} is under way{}; retry",
+                names.namespace,
+                names.service_account,
+                until.map_or_else(
+                    || " (it claimed the account as this one began)".to_string(),
+                    |t| format!(" (until {} at the latest)", objects::rfc3339(t))
+                ),
+            ),
+        };
+        if let Some(held) = objects::rotating_until(sa).filter(|t| *t > now) {
+            return Err(under_way(Some(held)));
+        }
+        let mut claimed = sa.clone();
+        objects::set_rotating(&mut claimed, Some(until));
+        self.api::<ServiceAccount>()
+            .replace(&claimed)
+            .await
+            .map_err(|e| match e {
+                StoreError::Conflict { .. } => under_way(None),
+                e => store_err(ROTATE)(e),
+            })
+    }
+
+    /// Gives up the claim of a rotation that failed before its switch, so the next one need not
+    /// wait for its end; only if nobody wrote the ServiceAccount since (else the claim is not
+    /// ours to remove, or is gone). When this fails too, the claim lapses at its end.
+    async fn release(&self, claimed: &ServiceAccount) {
+        let mut sa = claimed.clone();
+        objects::set_rotating(&mut sa, None);
+        match self.api::<ServiceAccount>().replace(&sa).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() || matches!(e, StoreError::Conflict { .. }) => {}
+            Err(e) => {
+                warn!(namespace = sa.metadata.namespace.as_deref().unwrap_or_default(),
+                    service_account = sa.metadata.name.as_deref().unwrap_or_default(), error = %e,
+                    "cannot give up the claim of a failed rotation; it lapses at its end");
+            }
+        }
     }
 
     /// Deletes a token Secret (that one, by its UID), if it is still there.

@@ -44,6 +44,11 @@ pub const PROVISIONAL_UNTIL_ANNOTATION: &str = "harvester-cloud.io/provisional-u
 pub const REPLACED_TOKEN_ANNOTATION: &str = "harvester-cloud.io/replaced-token-secret";
 /// See [`REPLACED_TOKEN_ANNOTATION`]: the end of the replaced token's grace (RFC 3339, UTC).
 pub const REPLACED_UNTIL_ANNOTATION: &str = "harvester-cloud.io/replaced-token-until";
+/// On a ServiceAccount while a rotation of it is under way: until when that rotation holds the
+/// account (RFC 3339, UTC; the provisional end of the token it makes). Another rotation before
+/// then is a conflict; the rotation's switch removes it in the same write, and one that stops
+/// before leaves it to lapse.
+pub const ROTATING_UNTIL_ANNOTATION: &str = "harvester-cloud.io/rotating-until";
 /// On a token Secret issued with `expirationSeconds`: that lifetime, so a retried request for the
 /// same lifetime gets the same token.
 pub const EXPIRATION_SECONDS_ANNOTATION: &str = "harvester-cloud.io/expiration-seconds";
@@ -122,6 +127,28 @@ pub fn set_replaced(sa: &mut ServiceAccount, replaced: Option<(&str, time::Offse
     }
 }
 
+/// Until when a rotation holds the account, if one claimed it (the time may have passed).
+pub fn rotating_until(sa: &ServiceAccount) -> Option<time::OffsetDateTime> {
+    annotation(&sa.metadata, ROTATING_UNTIL_ANNOTATION).and_then(parse_end)
+}
+
+/// Records a rotation's claim on the ServiceAccount until `until`, or removes it (`None`).
+pub fn set_rotating(sa: &mut ServiceAccount, until: Option<time::OffsetDateTime>) {
+    match until {
+        Some(until) => {
+            sa.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(ROTATING_UNTIL_ANNOTATION.into(), rfc3339(until));
+        }
+        None => {
+            if let Some(a) = sa.metadata.annotations.as_mut() {
+                a.remove(ROTATING_UNTIL_ANNOTATION);
+            }
+        }
+    }
+}
+
 /// Whether a token Secret's end has come.
 pub fn has_ended(secret: &Secret) -> bool {
     expires_at(secret).is_some_and(|end| end <= time::OffsetDateTime::now_utc())
@@ -138,9 +165,12 @@ pub fn set_lifetime(secret: &mut Secret, lifetime: std::time::Duration, now: tim
 }
 
 /// Marks a token Secret as replaced at `now`, working until `until` (or its own end, if sooner).
+/// A provisional end left on it (its rotation stopped after its switch) goes: it was current, and
+/// its grace is its end now.
 pub fn set_retiring(secret: &mut Secret, now: time::OffsetDateTime, until: time::OffsetDateTime) {
     let end = expires_at(secret).map_or(until, |e| e.min(until));
     let a = secret.metadata.annotations.get_or_insert_default();
+    a.remove(PROVISIONAL_UNTIL_ANNOTATION);
     a.insert(ROTATED_AT_ANNOTATION.into(), rfc3339(now));
     a.insert(EXPIRES_AT_ANNOTATION.into(), rfc3339(end));
 }
@@ -569,6 +599,40 @@ mod tests {
         crb.metadata.owner_references = role_binding(&n, "uid-1").metadata.owner_references;
         assert!(owned_by(&crb.metadata, &n, "uid-1"));
         assert!(!owned_by(&crb.metadata, &n, "uid-2"));
+    }
+
+    #[test]
+    fn a_claim_is_set_read_and_removed_alone() {
+        let n = mk_names();
+        let until = time::OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let mut sa = service_account(&n);
+        assert_eq!(rotating_until(&sa), None);
+        set_rotating(&mut sa, None);
+        assert_eq!(sa.metadata.annotations, None);
+        set_replaced(&mut sa, Some(("c-token-a", until)));
+        set_rotating(&mut sa, Some(until));
+        assert_eq!(rotating_until(&sa), Some(until));
+        set_rotating(&mut sa, None);
+        assert_eq!(rotating_until(&sa), None);
+        assert_eq!(replaced_token(&sa), Some(("c-token-a", until)));
+        // A claim that does not parse is none (it never blocks a rotation).
+        sa.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(ROTATING_UNTIL_ANNOTATION.into(), "soon".into());
+        assert_eq!(rotating_until(&sa), None);
+    }
+
+    #[test]
+    fn a_retired_token_keeps_its_grace_not_a_provisional_end() {
+        let n = mk_names();
+        let now = time::OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let mut s = token_secret(&n, "u");
+        set_provisional(&mut s, now + time::Duration::seconds(35));
+        set_retiring(&mut s, now, now + time::Duration::hours(1));
+        assert_eq!(provisional_until(&s), None);
+        assert_eq!(expires_at(&s), Some(now + time::Duration::hours(1)));
+        assert!(is_retired(&s));
     }
 
     #[test]

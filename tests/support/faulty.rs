@@ -1,7 +1,10 @@
-//! A store that stops after its N-th write, as a process killed between two writes does: the N
+//! Stores that wrap the real one, for the rotation crash and race tests.
+//!
+//! [`KillAfter`] stops after its N-th write, as a process killed between two writes does: the N
 //! writes before happened, the next never returns (a test drops the operation then), and nothing
 //! after it happens. The real servers cannot inject faults, so this is the one home-made part of
 //! the crash tests; everything before the kill point and after the restart is the real store.
+//! [`Observed`] lets a test look at the store after every write, before the next one.
 
 use std::sync::{
     Arc,
@@ -20,6 +23,8 @@ use serde_json::Value;
 pub struct KillAfter {
     inner: Arc<dyn ObjectStore>,
     writes: usize,
+    /// The write past the kill point fails at once instead, and the ones after it pass.
+    fails: bool,
     made: AtomicUsize,
     killed: tokio::sync::Notify,
 }
@@ -29,6 +34,19 @@ impl KillAfter {
         Arc::new(KillAfter {
             inner,
             writes,
+            fails: false,
+            made: AtomicUsize::new(0),
+            killed: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// As [`KillAfter::new`], but the write after `writes` writes fails (as a store that is
+    /// briefly unreachable refuses it) and the process lives on: later writes pass.
+    pub fn failing(inner: Arc<dyn ObjectStore>, writes: usize) -> Arc<Self> {
+        Arc::new(KillAfter {
+            inner,
+            writes,
+            fails: true,
             made: AtomicUsize::new(0),
             killed: tokio::sync::Notify::new(),
         })
@@ -44,12 +62,21 @@ impl KillAfter {
         self.made.load(Ordering::SeqCst).min(self.writes)
     }
 
-    async fn write(&self) {
-        if self.made.fetch_add(1, Ordering::SeqCst) >= self.writes {
+    async fn write(&self) -> Result<(), StoreError> {
+        let n = self.made.fetch_add(1, Ordering::SeqCst);
+        if self.fails {
+            if n == self.writes {
+                self.killed.notify_one();
+                return Err(StoreError::Backend(
+                    "injected: the store is unreachable".into(),
+                ));
+            }
+        } else if n >= self.writes {
             // notify_one keeps a permit for a waiter that is not waiting yet.
             self.killed.notify_one();
             std::future::pending::<()>().await;
         }
+        Ok(())
     }
 }
 
@@ -83,12 +110,12 @@ impl ObjectStore for KillAfter {
     }
 
     async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        self.write().await;
+        self.write().await?;
         self.inner.create(kind, object).await
     }
 
     async fn create_buffered(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        self.write().await;
+        self.write().await?;
         self.inner.create_buffered(kind, object).await
     }
 
@@ -98,7 +125,7 @@ impl ObjectStore for KillAfter {
         owner: Value,
         dependents: Dependents,
     ) -> Result<Option<Vec<Value>>, StoreError> {
-        self.write().await;
+        self.write().await?;
         self.inner
             .create_together(owner_kind, owner, dependents)
             .await
@@ -109,12 +136,12 @@ impl ObjectStore for KillAfter {
     }
 
     async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        self.write().await;
+        self.write().await?;
         self.inner.replace(kind, object).await
     }
 
     async fn replace_status(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        self.write().await;
+        self.write().await?;
         self.inner.replace_status(kind, object).await
     }
 
@@ -125,9 +152,134 @@ impl ObjectStore for KillAfter {
         name: &str,
         preconditions: &Preconditions,
     ) -> Result<Deleted, StoreError> {
-        self.write().await;
+        self.write().await?;
         self.inner
             .delete(kind, namespace, name, preconditions)
+            .await
+    }
+
+    async fn watch(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        resource_version: &str,
+    ) -> Result<ChangeStream, StoreError> {
+        self.inner.watch(kind, namespace, resource_version).await
+    }
+
+    async fn wait_for_token(
+        &self,
+        namespace: &str,
+        secret_name: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Value, StoreError> {
+        self.inner
+            .wait_for_token(namespace, secret_name, timeout)
+            .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+}
+
+/// What [`Observed`] runs after each write, with the writes held until it returns.
+pub type Check =
+    Box<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+
+/// Forwards to `inner`, one write at a time, and runs `check` after each write before the next
+/// one starts: `check` sees every state the writes through this store leave, none skipped (the
+/// writes of others, as a token controller filling a Secret, are not held).
+pub struct Observed {
+    inner: Arc<dyn ObjectStore>,
+    writing: tokio::sync::Mutex<()>,
+    check: Check,
+}
+
+impl Observed {
+    pub fn new(inner: Arc<dyn ObjectStore>, check: Check) -> Arc<Self> {
+        Arc::new(Observed {
+            inner,
+            writing: tokio::sync::Mutex::new(()),
+            check,
+        })
+    }
+
+    async fn write<T>(&self, op: impl std::future::Future<Output = T>) -> T {
+        let _one = self.writing.lock().await;
+        let out = op.await;
+        (self.check)().await;
+        out
+    }
+}
+
+#[async_trait]
+impl ObjectStore for Observed {
+    async fn get(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, StoreError> {
+        self.inner.get(kind, namespace, name).await
+    }
+
+    async fn get_shared(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<Value>>, StoreError> {
+        self.inner.get_shared(kind, namespace, name).await
+    }
+
+    async fn list(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+    ) -> Result<ObjectList, StoreError> {
+        self.inner.list(kind, namespace, selector).await
+    }
+
+    async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        self.write(self.inner.create(kind, object)).await
+    }
+
+    async fn create_buffered(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        self.write(self.inner.create_buffered(kind, object)).await
+    }
+
+    async fn create_together(
+        &self,
+        owner_kind: &Kind,
+        owner: Value,
+        dependents: Dependents,
+    ) -> Result<Option<Vec<Value>>, StoreError> {
+        self.write(self.inner.create_together(owner_kind, owner, dependents))
+            .await
+    }
+
+    async fn sync(&self) -> Result<(), StoreError> {
+        self.inner.sync().await
+    }
+
+    async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        self.write(self.inner.replace(kind, object)).await
+    }
+
+    async fn replace_status(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
+        self.write(self.inner.replace_status(kind, object)).await
+    }
+
+    async fn delete(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        preconditions: &Preconditions,
+    ) -> Result<Deleted, StoreError> {
+        self.write(self.inner.delete(kind, namespace, name, preconditions))
             .await
     }
 
