@@ -339,6 +339,46 @@ pub mod cases {
         }
     }
 
+    /// A rotation whose write is made but whose reply is lost (each write in turn): whatever it
+    /// answers, the account keeps a working token that GET serves, at most two work, and the next
+    /// rotation goes ahead. When the lost reply is the switch's, the new token may be current:
+    /// rolling it back would leave the account with none.
+    pub async fn a_lost_reply_never_leaves_the_account_without_a_token<B: Backend>(b: B) {
+        let sa = "lost-reply";
+        b.post(&account(NS, sa)).await.kubeconfig();
+        let req = request::from_json(
+            serde_json::json!({"namespace": NS, "serviceAccountName": sa, "gracePeriod": "1h"})
+                .to_string()
+                .as_bytes(),
+        )
+        .expect("a valid rotation");
+        for lost in 0.. {
+            assert!(lost < 30, "a rotation makes fewer than 30 writes");
+            let faulty = support::faulty::KillAfter::landing(b.service_store(), lost);
+            let cloud_config =
+                CloudConfig::new(faulty.clone(), b.cloud_config().settings().clone());
+            let done = cloud_config.rotate(&req).await.is_ok() && !faulty.reached();
+            let got = b
+                .get(&format!("namespace={NS}&serviceAccountName={sa}"))
+                .await;
+            let served = token_of(&got.kubeconfig());
+            assert!(
+                b.token_works(&served, &user(sa)).await,
+                "reply {lost} lost: GET serves a token that does not work"
+            );
+            let left = tokens(&b, sa).await;
+            assert!(left.len() <= 2, "reply {lost} lost: {left:?}");
+            let next = rotate(&b, sa, "1h").await;
+            let got = b
+                .get(&format!("namespace={NS}&serviceAccountName={sa}"))
+                .await;
+            assert_eq!(token_of(&got.kubeconfig()), token_of(&next));
+            if done {
+                break;
+            }
+        }
+    }
+
     /// A token Secret of the account that is neither current nor has an end, as a rotation killed
     /// before this was fixed left one: the sweeper ends it, and only it.
     pub async fn a_token_nobody_holds_is_ended<B: Backend>(b: B) {
@@ -417,5 +457,6 @@ suite!(
         a_token_nobody_holds_is_ended,
         concurrent_rotations_never_make_a_third_token,
         a_failed_rotation_gives_up_its_claim,
+        a_lost_reply_never_leaves_the_account_without_a_token,
     ]
 );

@@ -142,6 +142,9 @@ impl CloudConfig {
         let grace_until = now + grace;
         let mut created = Vec::new();
         let mut switched = false;
+        // Set while the switch may have landed without this rotation knowing (an error other than
+        // a conflict, or a failed sync after it).
+        let mut switch_unsure = false;
         let issued = async {
             // The tokens this rotation may end, read under the claim: a token made later is
             // a rotation's whose claim lapsed, which can no longer switch.
@@ -206,14 +209,19 @@ impl CloudConfig {
                 keeps_grace.then_some((current.secret.as_str(), grace_until)),
             );
             objects::set_rotating(&mut sa, None);
+            switch_unsure = true;
             sas.replace(&sa).await.map_err(|e| match e {
-                StoreError::Conflict { .. } => CloudConfigError::Foreign {
-                    step: ROTATE,
-                    message: format!(
-                        "serviceaccount {ns}/{} changed while its token was rotated (the rotation took past its claim, or someone else wrote it); retry",
-                        base.service_account
-                    ),
-                },
+                StoreError::Conflict { .. } => {
+                    // Refused: the switch did not land.
+                    switch_unsure = false;
+                    CloudConfigError::Foreign {
+                        step: ROTATE,
+                        message: format!(
+                            "serviceaccount {ns}/{} changed while its token was rotated (the rotation took past its claim, or someone else wrote it); retry",
+                            base.service_account
+                        ),
+                    }
+                }
                 e => store_err(ROTATE)(e),
             })?;
             switched = true;
@@ -225,7 +233,15 @@ impl CloudConfig {
         let (kubeconfig, new_names, old, ended) = match issued {
             Ok(issued) => issued,
             Err(e) => {
-                self.roll_back(created).await;
+                if switch_unsure {
+                    // The new token may be current: deleting it would leave the account with
+                    // none (GET 404). It keeps its provisional end, so the sweeper deletes it then
+                    // unless the switch landed, and otherwise clears that end.
+                    warn!(namespace = %ns, service_account = %base.service_account, error = %e,
+                        "the switch of a rotation may have landed; its new token is left to the sweeper");
+                } else {
+                    self.roll_back(created).await;
+                }
                 if !switched {
                     self.release(&claimed).await;
                 }
@@ -303,13 +319,34 @@ impl CloudConfig {
         }
         let mut claimed = sa.clone();
         objects::set_rotating(&mut claimed, Some(until));
-        self.api::<ServiceAccount>()
-            .replace(&claimed)
-            .await
-            .map_err(|e| match e {
-                StoreError::Conflict { .. } => under_way(None),
-                e => store_err(ROTATE)(e),
-            })
+        match self.api::<ServiceAccount>().replace(&claimed).await {
+            Ok(claimed) => Ok(claimed),
+            Err(StoreError::Conflict { .. }) => Err(under_way(None)),
+            Err(e) => {
+                // The claim may have landed all the same (a reply lost): if the account carries
+                // this rotation's claim (its deadline is to the nanosecond, so it is this one's),
+                // give it up, or every rotation of the account waits for it to lapse.
+                let mine = claimed
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(objects::ROTATING_UNTIL_ANNOTATION).cloned());
+                if let Ok(Some(now)) = self
+                    .api::<ServiceAccount>()
+                    .get(&names.namespace, &names.service_account)
+                    .await
+                    && now
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(objects::ROTATING_UNTIL_ANNOTATION).cloned())
+                        == mine
+                {
+                    self.release(&now).await;
+                }
+                Err(store_err(ROTATE)(e))
+            }
+        }
     }
 
     /// Gives up the claim of a rotation that failed before its switch, so the next one need not

@@ -139,7 +139,14 @@ pub fn set_rotating(sa: &mut ServiceAccount, until: Option<time::OffsetDateTime>
             sa.metadata
                 .annotations
                 .get_or_insert_default()
-                .insert(ROTATING_UNTIL_ANNOTATION.into(), rfc3339(until));
+                // To the nanosecond: the value tells one rotation's claim from another's (a
+                // rotation whose claim write failed looks for its own; see `lifecycle`).
+                .insert(
+                    ROTATING_UNTIL_ANNOTATION.into(),
+                    until
+                        .format(&time::format_description::well_known::Rfc3339)
+                        .unwrap_or_default(),
+                );
         }
         None => {
             if let Some(a) = sa.metadata.annotations.as_mut() {

@@ -25,8 +25,15 @@ pub struct KillAfter {
     writes: usize,
     /// The write past the kill point fails at once instead, and the ones after it pass.
     fails: bool,
+    /// The write past the kill point is made, and then reported failed (a reply lost on the way
+    /// back); the ones after it pass.
+    lands: bool,
     made: AtomicUsize,
     killed: tokio::sync::Notify,
+}
+
+fn injected() -> StoreError {
+    StoreError::Backend("injected: the store is unreachable".into())
 }
 
 impl KillAfter {
@@ -35,6 +42,7 @@ impl KillAfter {
             inner,
             writes,
             fails: false,
+            lands: false,
             made: AtomicUsize::new(0),
             killed: tokio::sync::Notify::new(),
         })
@@ -47,6 +55,20 @@ impl KillAfter {
             inner,
             writes,
             fails: true,
+            lands: false,
+            made: AtomicUsize::new(0),
+            killed: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// As [`KillAfter::failing`], but the write after `writes` writes is made before it is
+    /// reported failed: the caller cannot know whether it landed.
+    pub fn landing(inner: Arc<dyn ObjectStore>, writes: usize) -> Arc<Self> {
+        Arc::new(KillAfter {
+            inner,
+            writes,
+            fails: true,
+            lands: true,
             made: AtomicUsize::new(0),
             killed: tokio::sync::Notify::new(),
         })
@@ -62,21 +84,37 @@ impl KillAfter {
         self.made.load(Ordering::SeqCst).min(self.writes)
     }
 
-    async fn write(&self) -> Result<(), StoreError> {
+    /// Whether a write past the kill point was attempted.
+    pub fn reached(&self) -> bool {
+        self.made.load(Ordering::SeqCst) > self.writes
+    }
+
+    /// Whether the write may go ahead (an error if it is refused); `Ok(true)`: make it, then
+    /// report it failed ([`KillAfter::lost`]).
+    async fn write(&self) -> Result<bool, StoreError> {
         let n = self.made.fetch_add(1, Ordering::SeqCst);
         if self.fails {
             if n == self.writes {
                 self.killed.notify_one();
-                return Err(StoreError::Backend(
-                    "injected: the store is unreachable".into(),
-                ));
+                if self.lands {
+                    return Ok(true);
+                }
+                return Err(injected());
             }
         } else if n >= self.writes {
             // notify_one keeps a permit for a waiter that is not waiting yet.
             self.killed.notify_one();
             std::future::pending::<()>().await;
         }
-        Ok(())
+        Ok(false)
+    }
+
+    /// The outcome of a write made: as it was, or, when its reply is to be lost, an error.
+    fn lost<T>(lose: bool, outcome: Result<T, StoreError>) -> Result<T, StoreError> {
+        match outcome {
+            Ok(_) if lose => Err(injected()),
+            other => other,
+        }
     }
 }
 
@@ -110,13 +148,13 @@ impl ObjectStore for KillAfter {
     }
 
     async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        self.write().await?;
-        self.inner.create(kind, object).await
+        let lose = self.write().await?;
+        Self::lost(lose, self.inner.create(kind, object).await)
     }
 
     async fn create_buffered(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        self.write().await?;
-        self.inner.create_buffered(kind, object).await
+        let lose = self.write().await?;
+        Self::lost(lose, self.inner.create_buffered(kind, object).await)
     }
 
     async fn create_together(
@@ -125,10 +163,13 @@ impl ObjectStore for KillAfter {
         owner: Value,
         dependents: Dependents,
     ) -> Result<Option<Vec<Value>>, StoreError> {
-        self.write().await?;
-        self.inner
-            .create_together(owner_kind, owner, dependents)
-            .await
+        let lose = self.write().await?;
+        Self::lost(
+            lose,
+            self.inner
+                .create_together(owner_kind, owner, dependents)
+                .await,
+        )
     }
 
     async fn sync(&self) -> Result<(), StoreError> {
@@ -136,13 +177,13 @@ impl ObjectStore for KillAfter {
     }
 
     async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        self.write().await?;
-        self.inner.replace(kind, object).await
+        let lose = self.write().await?;
+        Self::lost(lose, self.inner.replace(kind, object).await)
     }
 
     async fn replace_status(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        self.write().await?;
-        self.inner.replace_status(kind, object).await
+        let lose = self.write().await?;
+        Self::lost(lose, self.inner.replace_status(kind, object).await)
     }
 
     async fn delete(
@@ -152,10 +193,13 @@ impl ObjectStore for KillAfter {
         name: &str,
         preconditions: &Preconditions,
     ) -> Result<Deleted, StoreError> {
-        self.write().await?;
-        self.inner
-            .delete(kind, namespace, name, preconditions)
-            .await
+        let lose = self.write().await?;
+        Self::lost(
+            lose,
+            self.inner
+                .delete(kind, namespace, name, preconditions)
+                .await,
+        )
     }
 
     async fn watch(
