@@ -72,28 +72,8 @@ pub fn cloud_init(kubeconfig: &str, path: Option<&str>) -> String {
     out
 }
 
-/// Encodes `s` as a JSON string literal exactly as Go's `encoding/json` does (HTML-safe escaping of
-/// `<`, `>`, `&`, and escaping of U+2028/U+2029), with no trailing newline.
-pub fn go_json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '<' | '>' | '&' | '\u{2028}' | '\u{2029}' => {
-                out.push_str(&format!("\\u{:04x}", c as u32));
-            }
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
+/// Go's `encoding/json` string encoding (the body of a served kubeconfig is one).
+pub use crate::validation::go_json_string;
 
 /// A YAML scalar as go-yaml v2 emits a string in block context: plain when that reads back as the
 /// same string, double-quoted when plain text would resolve to another type (`123`, `true`, `null`,
