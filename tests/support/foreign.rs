@@ -93,42 +93,40 @@ pub fn crds(dir: &Path) -> Vec<Value> {
 /// type encodes it. Token and the `cluster.cattle.io` kinds are schemaless as Rancher installs them
 /// (norman's catch-all CRDs), so the API server would keep any field a test made up.
 pub fn rancher(obj: Value) -> Value {
-    use std::io::Write;
-    let tool = dir().join("bin/rancher-crds");
-    let mut child = Command::new(&tool)
-        .arg("object")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+    tool("rancher-crds", &["object".into()], Some(&obj.to_string()))
+}
+
+fn run(args: &[String]) -> Value {
+    tool("foreign-crds", args, None)
+}
+
+/// Runs `bin/<name>` of the foreign kinds with `args` (and `stdin`), and reads the JSON it prints;
+/// a failure panics with what the tool said.
+fn tool(name: &str, args: &[String], stdin: Option<&str>) -> Value {
+    use std::{io::Write, process::Stdio};
+    let path = dir().join("bin").join(name);
+    let mut child = Command::new(&path)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", tool.display()));
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
+    // Dropped at the end of the statement: the tool sees the end of its input.
     child
         .stdin
         .take()
         .expect("stdin")
-        .write_all(obj.to_string().as_bytes())
-        .expect("writes the fixture");
-    let out = child.wait_with_output().expect("rancher-crds ends");
+        .write_all(stdin.unwrap_or_default().as_bytes())
+        .expect("writes the tool's input");
+    let out = child.wait_with_output().expect("the tool ends");
     assert!(
         out.status.success(),
-        "{obj} is not Rancher's: {}",
+        "{name} {args:?} refused {}: {}",
+        stdin.unwrap_or("its arguments"),
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("rancher-crds prints JSON")
-}
-
-fn run(args: &[String]) -> Value {
-    let tool = dir().join("bin/foreign-crds");
-    let out = Command::new(&tool)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", tool.display()));
-    assert!(
-        out.status.success(),
-        "foreign-crds {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("foreign-crds prints JSON")
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{name} prints JSON: {e}"))
 }
 
 /// A VirtualMachineInstance as KubeVirt writes it, `status` included: by default Running in
