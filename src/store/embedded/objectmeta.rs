@@ -75,24 +75,22 @@ pub fn is_builtin_group(group: &str) -> bool {
     !group.contains('.') || group.ends_with(".k8s.io")
 }
 
+fn metadata(v: Option<&Value>) -> Option<&Map<String, Value>> {
+    v.and_then(|v| v.get("metadata")).and_then(Value::as_object)
+}
+
 fn judge(object: &Value, old: Option<&Value>, builtin: bool) -> Result<(), String> {
+    // Borrowed, not copied: this runs on every write, and annotations may hold 256 KiB.
     let empty = Map::new();
-    let meta = |v: &Value| -> Map<String, Value> {
-        v.get("metadata")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default()
-    };
-    let new = meta(object);
-    let old = old.map(meta);
-    let old = old.as_ref().unwrap_or(&empty);
+    let new = metadata(Some(object)).unwrap_or(&empty);
+    let old = metadata(old).unwrap_or(&empty);
     let mut errs = Errors::default();
-    labels(&new, old, &mut errs);
-    annotations(&new, old, &mut errs);
-    owner_references(&new, old, &mut errs);
-    finalizers(&new, old, &mut errs);
+    labels(new, old, &mut errs);
+    annotations(new, old, &mut errs);
+    owner_references(new, old, &mut errs);
+    finalizers(new, old, &mut errs);
     if builtin {
-        kube_finalizer_names(&new, old, &mut errs);
+        kube_finalizer_names(new, old, &mut errs);
     }
     match errs.aggregate() {
         None => Ok(()),
