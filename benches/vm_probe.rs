@@ -20,11 +20,11 @@ use std::{
 };
 
 use harvester_cloud::{
-    controller::{
+    controller::leader::AlwaysLeader,
+    crd::{
+        self, HealthCheck, IPPool, Listener, LoadBalancer, LoadBalancerSpec,
         kinds::{VirtualMachineInstance, vmi_kind},
-        leader::AlwaysLeader,
     },
-    crd::{self, HealthCheck, IPPool, Listener, LoadBalancer, LoadBalancerSpec},
     ipam::{self, PoolSpec, RangeSpec, Selector, Tuple},
     lb, metrics,
     store::{

@@ -1,7 +1,7 @@
 //! Wiring: opens the store of the chosen backend behind admission, prepares TLS, keys and seed
 //! objects, builds the HTTP state, runs the reconcilers next to the server, and stops both on one
-//! shutdown signal. The subcommands' own work is their modules' (`auth::cli`, `kubeconfig::cli`,
-//! `guest::ccm`, `crd`).
+//! shutdown signal. The subcommands' own work is their modules' (`cli::token`, `cli::kubeconfig`,
+//! `cli::ccm`, `crd`).
 
 use std::{
     io::IsTerminal,
@@ -16,8 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
-    auth::kubernetes::KubeAuthenticator,
-    auth::{ApiToken, cli::ensure_admin_token, embedded::EmbeddedAuthenticator},
+    auth::{ApiToken, embedded::EmbeddedAuthenticator, kubernetes::KubeAuthenticator},
     certs,
     config::{BackendKind, Cli, Command, GlobalArgs, LogFormat, ServeArgs},
     controller::leader::{AlwaysLeader, LeaderElector, LeaseElector, LeaseTiming, lead},
@@ -43,17 +42,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(&cli.global, &args).await,
         Command::Token { command } => {
-            Ok(crate::auth::cli::run(&cli.global.data_dir, command).await?)
+            Ok(crate::cli::token::run(&cli.global.data_dir, command).await?)
         }
         Command::Crds => {
             print!("{}", crate::crd::crds_yaml()?);
             Ok(())
         }
-        Command::Kubeconfig { command } => Ok(crate::kubeconfig::cli::run(command).await?),
+        Command::Kubeconfig { command } => Ok(crate::cli::kubeconfig::run(command).await?),
         Command::Ccm(args) => {
             let shutdown = CancellationToken::new();
             cancel_on_signal(shutdown.clone());
-            crate::guest::ccm::run(&args, shutdown).await?;
+            crate::cli::ccm::run(&args, shutdown).await?;
             info!("stopped");
             Ok(())
         }
@@ -198,7 +197,7 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
     let data_dir = &global.data_dir;
     let store = EmbeddedStore::open_with(data_dir, args.durability, args.reinitialize).await?;
 
-    let admin_token = ensure_admin_token(store.pool(), data_dir).await?;
+    let admin_token = crate::cli::token::ensure_admin_token(store.pool(), data_dir).await?;
 
     let tls = certs::serving(args, Some(data_dir))?;
 
@@ -224,6 +223,7 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
     store.set_token_controller(Arc::new(TokenController {
         issuer: issuer.clone(),
         ca_pem: token_ca,
+        end_annotation: Some(crate::kubeconfig::objects::EXPIRES_AT_ANNOTATION),
     }));
 
     let dyn_store: Arc<dyn ObjectStore> = store.clone();
@@ -321,7 +321,7 @@ async fn serve(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Result<()> {
     // Metrics stay up until the API has drained, so a scrape during the drain still answers.
     let metrics_stop = CancellationToken::new();
     let metrics = tokio::spawn(
-        crate::metrics::server::serve(metrics_listener, metrics_stop.clone())
+        crate::http::metrics_listener::serve(metrics_listener, metrics_stop.clone())
             .instrument(info_span!("metrics")),
     );
     cancel_on_signal(shutdown.clone());
@@ -413,7 +413,8 @@ fn spawn_reconcilers(
         concurrency: args.lb_concurrency,
         // No kube-vip announces VM load balancers' addresses on the embedded store.
         fill_service_ingress: matches!(args.backend, BackendKind::Embedded),
-        revoke_accounts_of_removed_clusters: !args.keep_accounts_of_removed_clusters,
+        cluster_accounts: (!args.keep_accounts_of_removed_clusters)
+            .then(|| cluster_accounts(store.clone())),
         probe_policy: crate::lb::vm::prober::AddressPolicy::allowing(args.probe_allow_cidr.clone()),
         ..crate::lb::Settings::default()
     };
@@ -557,4 +558,36 @@ pub async fn serve_on(
     served?;
     info!("stopped");
     Ok(())
+}
+
+/// The cloud-config accounts as the load balancer's guest-cluster cleanup revokes them: the one
+/// place where the two domains meet.
+pub fn cluster_accounts(store: Arc<dyn ObjectStore>) -> Arc<dyn crate::lb::ClusterAccounts> {
+    Arc::new(RevokeAccounts(crate::kubeconfig::accounts::Accounts::new(
+        store,
+    )))
+}
+
+struct RevokeAccounts(crate::kubeconfig::accounts::Accounts);
+
+#[async_trait::async_trait]
+impl crate::lb::ClusterAccounts for RevokeAccounts {
+    async fn revoke_of_cluster(
+        &self,
+        namespace: &str,
+        cluster: &str,
+    ) -> Result<Option<crate::lb::ClusterRevocation>, Box<dyn std::error::Error + Send + Sync>>
+    {
+        let Some(revocation) = self.0.revoke_of_cluster(namespace, cluster).await? else {
+            return Ok(None);
+        };
+        Ok(Some(crate::lb::ClusterRevocation {
+            deleted: revocation.deleted,
+            kept: revocation
+                .kept
+                .into_iter()
+                .map(|k| (k.object, k.reason))
+                .collect(),
+        }))
+    }
 }

@@ -5,6 +5,7 @@
 pub mod app;
 pub mod auth;
 pub mod certs;
+pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod crd;

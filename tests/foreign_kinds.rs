@@ -8,7 +8,7 @@
 mod support;
 
 use axum::http::{Method, StatusCode};
-use harvester_cloud::{controller::kinds::VirtualMachineInstance, lb::vm::endpoints};
+use harvester_cloud::{crd::kinds::VirtualMachineInstance, lb::vm::endpoints};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api,

@@ -31,10 +31,8 @@ use axum::{
 use clap::Parser;
 use harvester_cloud::{
     config::{Cli, Command},
-    controller::{
-        kinds::{NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance},
-        leader::AlwaysLeader,
-    },
+    controller::leader::AlwaysLeader,
+    crd::kinds::{NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance},
     guest::{
         self,
         clusters::{ClusterKey, ClusterStore},
@@ -438,7 +436,9 @@ impl KubeEnv {
     fn start_ccm(&mut self) {
         let args = ccm_args(self.dir.path());
         self.ccm = Some(Task::spawn(|stop| async move {
-            guest::ccm::run(&args, stop).await.expect("the ccm runs");
+            harvester_cloud::cli::ccm::run(&args, stop)
+                .await
+                .expect("the ccm runs");
         }));
     }
 
@@ -2553,7 +2553,9 @@ mod kube_only {
         .expect("writes");
         let args_b = ccm_args(dir_b.path());
         let ccm_b = Task::spawn(|stop| async move {
-            guest::ccm::run(&args_b, stop).await.expect("the ccm runs");
+            harvester_cloud::cli::ccm::run(&args_b, stop)
+                .await
+                .expect("the ccm runs");
         });
         let mut probes = support::Refusals::refusal_probes(&env);
         probes.push(guest_b.refusal_probe(&[CCM_USER]));
@@ -2733,7 +2735,10 @@ mod kube_only {
             .expect("waits");
         let text = std::fs::read_to_string(&log).expect("reads the log");
         assert!(status.success(), "exit after SIGTERM: {status}\n{text}");
-        assert!(text.contains(guest::ccm::CLUSTER_NAME_WARNING), "{text}");
+        assert!(
+            text.contains(harvester_cloud::cli::ccm::CLUSTER_NAME_WARNING),
+            "{text}"
+        );
         let leases: ::kube::Api<k8s_openapi::api::coordination::v1::Lease> =
             ::kube::Api::namespaced(env.guest_client.clone(), "kube-system");
         let lease = leases

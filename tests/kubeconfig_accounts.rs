@@ -15,7 +15,8 @@ use axum::{
     http::{Method, StatusCode},
 };
 use harvester_cloud::{
-    controller::{kinds::VirtualMachine, leader::AlwaysLeader},
+    controller::leader::AlwaysLeader,
+    crd::kinds::VirtualMachine,
     lb,
     store::{Api, LabelSelector, ObjectStore, Preconditions},
 };
@@ -43,11 +44,11 @@ impl Reconcilers {
         let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
         let stop = CancellationToken::new();
         tokio::spawn(lb::run(
-            store,
+            store.clone(),
             lb::Settings {
                 concurrency: 16,
                 identity: "test".into(),
-                revoke_accounts_of_removed_clusters: revoke,
+                cluster_accounts: revoke.then(|| harvester_cloud::app::cluster_accounts(store)),
                 ..lb::Settings::default()
             },
             Arc::new(AlwaysLeader),

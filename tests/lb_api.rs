@@ -16,10 +16,8 @@ use axum::{
     http::{Method, StatusCode},
 };
 use harvester_cloud::{
-    controller::{
-        kinds::{NetworkAttachmentDefinition, VirtualMachine},
-        leader::AlwaysLeader,
-    },
+    controller::leader::AlwaysLeader,
+    crd::kinds::{NetworkAttachmentDefinition, VirtualMachine},
     lb,
     store::{Api, LabelSelector, ObjectStore, Preconditions},
 };

@@ -25,7 +25,8 @@ use std::{
 
 use axum::http::{Method, StatusCode};
 use harvester_cloud::{
-    controller::{kinds::VirtualMachineInstance, leader::AlwaysLeader},
+    controller::leader::AlwaysLeader,
+    crd::kinds::VirtualMachineInstance,
     lb,
     store::{Api, LabelSelector, ObjectStore},
 };

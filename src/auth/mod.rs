@@ -8,7 +8,6 @@
 //! The embedded backend's admin tokens are records in its database ([`tokens`], hashes only),
 //! managed from the command line ([`cli`]).
 
-pub mod cli;
 pub mod embedded;
 pub mod hash;
 pub mod kubernetes;

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
 
 use crate::{
-    kubeconfig::objects::{MANAGED_BY, MANAGED_BY_LABEL},
+    crd::keys::{MANAGED_BY, MANAGED_BY_LABEL},
     store::{Api, LabelSelector, ObjectStore, Preconditions},
 };
 

@@ -1,6 +1,5 @@
 //! The kit every reconciler uses, on the store port of either backend: leader election
-//! ([`leader`]), Events ([`events`]), the foreign kinds they read ([`kinds`]), the back-off of failed
-//! objects ([`backoff`]), the finalizer that brackets a reconcile ([`mod@finalizer`]) and the
+//! ([`leader`]), Events ([`events`]), the back-off of failed objects ([`backoff`]), the finalizer that brackets a reconcile ([`mod@finalizer`]) and the
 //! read-modify-write with conflict retry that every write of a reconciler goes through ([`mod@modify`]).
 //!
 //! The load balancer reconcilers and the guest reconciler stand on it side by side; nothing here
@@ -9,7 +8,6 @@
 pub mod backoff;
 pub mod events;
 pub mod finalizer;
-pub mod kinds;
 pub mod leader;
 pub mod modify;
 

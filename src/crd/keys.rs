@@ -107,3 +107,8 @@ pub const NODE_DRIVER: &str = "docker-machine-driver-harvester";
 pub const ANNOTATION_REMOVE_ALL_PVCS: &str = "harvesterhci.io/removeAllPersistentVolumeClaims";
 /// A NetworkAttachmentDefinition's VLAN ID.
 pub const LABEL_VLAN_ID: &str = "network.harvesterhci.io/vlan-id";
+
+/// The label on every object this service makes (its value [`MANAGED_BY`]).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// The value of [`MANAGED_BY_LABEL`] on objects this service makes.
+pub const MANAGED_BY: &str = "harvester-cloud";

@@ -24,6 +24,7 @@ use crate::{
 };
 
 pub mod keys;
+pub mod kinds;
 
 use keys::{ANNOTATION_CLUSTER, ANNOTATION_NAMESPACE, ANNOTATION_NETWORK, ANNOTATION_PROJECT};
 

@@ -42,8 +42,7 @@ use tracing::{debug, info, warn};
 
 use super::mapping::GuestContext;
 use crate::{
-    controller::kinds::VirtualMachineInstance,
-    crd::keys,
+    crd::{keys, kinds::VirtualMachineInstance},
     kubeconfig::objects::{MANAGED_BY, MANAGED_BY_LABEL},
     store::{Api, Kind, ObjectStore, StoreError, watcher::watcher},
 };
@@ -67,7 +66,7 @@ pub fn is_node_of(vmi: &VirtualMachineInstance, cluster: &str) -> bool {
 /// Whether the NAD mapping of cluster `cluster` is kept at all: not for an empty name or the
 /// framework default, which many clusters may share.
 pub fn syncs(cluster: &str) -> bool {
-    !super::ccm::cluster_name_is_default(cluster)
+    !super::naming::cluster_name_is_default(cluster)
 }
 
 /// Multus network (as written) → guest interface of one VMI; `None` unless it counts: Running, not

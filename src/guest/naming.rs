@@ -38,6 +38,11 @@ pub fn load_balancer_namespace(context_namespace: Option<&str>) -> String {
         .to_string()
 }
 
+/// Whether upstream warns about this cluster name (`--cluster-name` empty or `kubernetes`).
+pub fn cluster_name_is_default(name: &str) -> bool {
+    name.is_empty() || name == "kubernetes"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,7 @@ pub mod kubeconfigs;
 pub mod lb;
 pub mod limits;
 pub mod metrics;
+pub mod metrics_listener;
 pub mod openapi;
 pub mod path;
 pub mod server;

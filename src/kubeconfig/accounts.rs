@@ -22,7 +22,7 @@ use super::{
     objects::{self, EXPIRES_AT_ANNOTATION, MANAGED_BY, MANAGED_BY_LABEL, ROTATED_AT_ANNOTATION},
 };
 use crate::{
-    controller::kinds::VirtualMachine,
+    crd::kinds::VirtualMachine,
     store::{Api, Kind, LabelSelector, ObjectStore, StoreError, decode_listed},
 };
 

@@ -3,12 +3,12 @@
 //! for it ([`seed`]), and `harvester-cloud kubeconfig generate` ([`cli`]).
 
 pub mod accounts;
-pub mod cli;
 mod fresh;
 pub mod lifecycle;
 pub mod naming;
 pub mod objects;
 pub mod render;
+pub mod rendered;
 pub mod request;
 pub mod revoke;
 pub mod seed;
@@ -16,7 +16,7 @@ pub mod served;
 pub mod service;
 pub mod sweep;
 
+pub use rendered::Rendered;
 pub use request::{AccountRequest, OutputFormat, RequestError};
 pub use revoke::{Kept, Revocation};
-pub use served::Rendered;
 pub use service::{CloudConfig, CloudConfigError, Settings};

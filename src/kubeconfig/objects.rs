@@ -17,8 +17,7 @@ use super::{
     request::{CLOUDPROVIDER_ROLE, CSI_DRIVER_ROLE},
 };
 
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-pub const MANAGED_BY: &str = "harvester-cloud";
+pub use crate::crd::keys::{MANAGED_BY, MANAGED_BY_LABEL};
 pub const SA_TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
 pub const SA_NAME_ANNOTATION: &str = "kubernetes.io/service-account.name";
 pub const SA_UID_ANNOTATION: &str = "kubernetes.io/service-account.uid";

@@ -10,12 +10,7 @@
 //! revocation, an edited binding, a Secret recreated) changes a uid or a resourceVersion, so no
 //! entry outlives the objects it describes. Only successes are kept.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, OnceLock},
-};
-
-use bytes::Bytes;
+use std::sync::Arc;
 
 use k8s_openapi::api::{
     core::v1::{Secret, ServiceAccount},
@@ -27,131 +22,14 @@ use tracing::debug;
 use super::{
     naming::AccountNames,
     objects::{self, SecretCheck},
-    render,
-    request::{AccountRequest, OutputFormat},
+    rendered::{Rendered, Served, Version},
+    request::AccountRequest,
     service::{
         CloudConfig, CloudConfigError, GET_CRB, GET_RB, GET_SA, judge_cluster_role_binding,
         judge_role_binding, store_err, uid_of,
     },
 };
-use crate::{
-    store::{Kind, Object, StoreError},
-    sync::lock,
-};
-
-/// How many accounts' kubeconfigs are kept; past that the cache starts over (a guest cluster
-/// reads its own account, so a few thousand entries cover any real installation).
-const CAPACITY: usize = 4096;
-
-/// One stored object version: what the store changes on every write of it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Version {
-    uid: String,
-    resource_version: String,
-}
-
-impl Version {
-    fn of(v: &Value) -> Option<Version> {
-        let meta = v.get("metadata")?;
-        Some(Version {
-            uid: meta.get("uid")?.as_str()?.to_string(),
-            resource_version: meta.get("resourceVersion")?.as_str()?.to_string(),
-        })
-    }
-
-    fn is(&self, v: &Value) -> bool {
-        let meta = v.get("metadata");
-        let field = |f: &str| meta.and_then(|m| m.get(f)).and_then(Value::as_str);
-        field("uid") == Some(self.uid.as_str())
-            && field("resourceVersion") == Some(self.resource_version.as_str())
-    }
-}
-
-/// A rendered kubeconfig and what it was made from.
-struct Served {
-    service_account: Version,
-    /// The token Secret's name, as the ServiceAccount version above names it.
-    secret_name: String,
-    secret: Version,
-    role_binding: Version,
-    cluster_role_binding: Version,
-    server: String,
-    /// When the token stops working, if it has an end.
-    end: Option<time::OffsetDateTime>,
-    kubeconfig: Arc<Rendered>,
-}
-
-/// A kubeconfig and the response bodies made of it, each encoded on first use.
-pub struct Rendered {
-    text: String,
-    json: OnceLock<Bytes>,
-    cloud_init: OnceLock<Bytes>,
-}
-
-impl Rendered {
-    pub fn new(text: String) -> Self {
-        Rendered {
-            text,
-            json: OnceLock::new(),
-            cloud_init: OnceLock::new(),
-        }
-    }
-
-    pub fn text(&self) -> &str {
-        &self.text
-    }
-
-    /// The response body in `output`: a Go-encoded JSON string, or cloud-init user data writing
-    /// it to `path` (Harvester's two paths when `None`).
-    pub fn body(&self, output: OutputFormat, path: Option<&str>) -> Bytes {
-        match (output, path) {
-            (OutputFormat::Kubeconfig, _) => self
-                .json
-                .get_or_init(|| render::go_json_string(&self.text).into())
-                .clone(),
-            (OutputFormat::CloudInit, None) => self
-                .cloud_init
-                .get_or_init(|| render::cloud_init(&self.text, None).into())
-                .clone(),
-            (OutputFormat::CloudInit, Some(path)) => {
-                render::cloud_init(&self.text, Some(path)).into()
-            }
-        }
-    }
-}
-
-/// The kubeconfigs GET served, by namespace and ServiceAccount name.
-#[derive(Default)]
-pub(super) struct ServedCache {
-    entries: Mutex<HashMap<(String, String), Arc<Served>>>,
-}
-
-impl ServedCache {
-    fn get(&self, names: &AccountNames) -> Option<Arc<Served>> {
-        // Keyed by owned strings; a lookup builds the key once (no allocation-free borrow of a
-        // tuple of Strings).
-        let key = (names.namespace.clone(), names.service_account.clone());
-        lock(&self.entries).get(&key).cloned()
-    }
-
-    /// Drops an account's entry (revoked, or found gone), so its token is not kept in memory
-    /// longer than needed. Correctness never depends on it: an entry is only served while the
-    /// objects it was made from are there unchanged.
-    pub(super) fn forget(&self, namespace: &str, service_account: &str) {
-        lock(&self.entries).remove(&(namespace.to_string(), service_account.to_string()));
-    }
-
-    fn put(&self, names: &AccountNames, served: Served) {
-        let mut entries = lock(&self.entries);
-        if entries.len() >= CAPACITY {
-            entries.clear();
-        }
-        entries.insert(
-            (names.namespace.clone(), names.service_account.clone()),
-            Arc::new(served),
-        );
-    }
-}
+use crate::store::{Kind, Object, StoreError};
 
 fn decode<K: Object>(v: &Value, step: &'static str) -> Result<K, CloudConfigError> {
     serde_json::from_value(v.clone()).map_err(|e| CloudConfigError::Store {

@@ -131,7 +131,7 @@ pub struct CloudConfig {
     /// The server URL from the `vip` ConfigMap, and when it was read.
     vip_url: Mutex<Option<(Instant, String)>>,
     /// What GET rendered, by the versions of the objects it was made from.
-    pub(super) served: super::served::ServedCache,
+    pub(super) served: super::rendered::ServedCache,
 }
 
 /// How long a positive answer about the ClusterRoles or the VIP is reused. Both change rarely, and

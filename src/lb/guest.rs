@@ -17,9 +17,8 @@ use tracing::info;
 
 use super::Shared;
 use crate::{
-    controller::{Event, FinalizerError, events::EventType, finalizer_when, kinds::VirtualMachine},
-    crd::{VM_FINALIZER, keys::LABEL_GUEST_CLUSTER},
-    kubeconfig::accounts::AccountsError,
+    controller::{Event, FinalizerError, events::EventType, finalizer_when},
+    crd::{VM_FINALIZER, keys::LABEL_GUEST_CLUSTER, kinds::VirtualMachine},
     store::{Api, LabelSelector, Preconditions, StoreError},
 };
 
@@ -43,7 +42,7 @@ pub enum GuestCleanupError {
         source: StoreError,
     },
     #[error(transparent)]
-    RevokeAccount(#[from] AccountsError),
+    RevokeAccount(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// The Event on a VM whose guest cluster's cloud-config account was revoked.
@@ -163,7 +162,11 @@ async fn revoke_cluster_account(
     let Some(accounts) = &ctx.accounts else {
         return Ok(());
     };
-    let Some(revocation) = accounts.revoke_of_cluster(namespace, cluster).await? else {
+    let Some(revocation) = accounts
+        .revoke_of_cluster(namespace, cluster)
+        .await
+        .map_err(GuestCleanupError::RevokeAccount)?
+    else {
         return Ok(());
     };
     if revocation.deleted.is_empty() {
@@ -176,8 +179,8 @@ async fn revoke_cluster_account(
         "guest cluster {cluster} is being removed: revoked its cloud-config account {namespace}/{cluster} (deleted {})",
         revocation.deleted.join(", ")
     );
-    for kept in &revocation.kept {
-        message.push_str(&format!("; kept {}: {}", kept.object, kept.reason));
+    for (object, reason) in &revocation.kept {
+        message.push_str(&format!("; kept {object}: {reason}"));
     }
     ctx.events
         .record(vm, EventType::Normal, REASON_ACCOUNT_REVOKED, message);

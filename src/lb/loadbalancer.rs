@@ -40,9 +40,8 @@ use crate::{
     store::StoreError,
 };
 
-/// Fallback re-checks for load balancers that wait for an event (a pool appearing or freeing an
-/// address); the event normally comes first.
-const UNMATCHED_RECHECK: Duration = Duration::from_secs(30);
+/// Fallback re-check of a load balancer waiting for a pool to free an address; the event
+/// normally comes first.
 const EXHAUSTED_RECHECK: Duration = Duration::from_secs(60);
 
 /// A failed reconcile of one LoadBalancer (the controller retries it with back-off).
@@ -82,31 +81,7 @@ impl LbError {
     }
 }
 
-/// Why a load balancer has no address (its Ready message), and when to look again.
-pub struct Refusal {
-    reason: &'static str,
-    message: String,
-    recheck: Option<Duration>,
-}
-
-impl Refusal {
-    pub(super) fn new(reason: &'static str, message: String, recheck: Option<Duration>) -> Self {
-        Refusal {
-            reason,
-            message,
-            recheck,
-        }
-    }
-
-    /// No usable pool: a pool change wakes the load balancer; the re-check is a fallback.
-    pub(super) fn unmatched(reason: &'static str, message: String) -> Self {
-        Refusal {
-            reason,
-            message,
-            recheck: Some(UNMATCHED_RECHECK),
-        }
-    }
-}
+pub use super::refusal::Refusal;
 
 pub async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Shared>) -> Result<Action, LbError> {
     let namespace = lb.metadata.namespace.clone().ok_or(LbError::MissingField {

@@ -16,6 +16,7 @@ pub mod loadbalancer;
 pub mod objects;
 pub mod owners;
 pub mod pools;
+pub mod refusal;
 pub mod vm;
 pub mod webhook;
 
@@ -40,17 +41,41 @@ use crate::{
     controller::{
         Backoff, default_identity,
         events::Recorder,
-        kinds::{VirtualMachine, VirtualMachineInstance, vmi_kind},
-        leader,
-        leader::LeaderElector,
+        leader::{self, LeaderElector},
     },
-    crd::{IPPool, LoadBalancer, lb_api, lb_kind, pool_api, pool_kind},
+    crd::{
+        IPPool, LoadBalancer,
+        kinds::{VirtualMachine, VirtualMachineInstance, vmi_kind},
+        lb_api, lb_kind, pool_api, pool_kind,
+    },
     store::{Api, Kind, ObjectStore, watcher::watcher},
     sync::lock,
 };
 
+/// What the guest-cluster cleanup needs of the cloud-config domain: revoking the account issued
+/// for a guest cluster that Rancher removes. The binary wires the cloud-config accounts in; `lb`
+/// knows no other domain.
+#[async_trait::async_trait]
+pub trait ClusterAccounts: Send + Sync {
+    /// Revokes the account of `cluster` in `namespace` if this service issued it (`None`: there was
+    /// none).
+    async fn revoke_of_cluster(
+        &self,
+        namespace: &str,
+        cluster: &str,
+    ) -> Result<Option<ClusterRevocation>, Box<dyn std::error::Error + Send + Sync>>;
+}
+
+/// What a revocation did: the objects deleted (`kind namespace/name`), and those of the account's
+/// names that were not the account's, left alone, with why.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterRevocation {
+    pub deleted: Vec<String>,
+    pub kept: Vec<(String, String)>,
+}
+
 /// How the reconcilers run.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Settings {
     /// LoadBalancers reconciled at once. Many in flight let the store and the pool tasks batch
     /// their writes.
@@ -60,11 +85,23 @@ pub struct Settings {
     /// Write the ingress of VM load balancers' Services (`status.loadBalancer.ingress`) as kube-vip
     /// would: where no kube-vip runs (the embedded backend). Off on Kubernetes, where kube-vip does.
     pub fill_service_ingress: bool,
-    /// Revoke the cloud-config accounts of a guest cluster Rancher removes (off:
-    /// `--keep-accounts-of-removed-clusters`).
-    pub revoke_accounts_of_removed_clusters: bool,
+    /// Where the cloud-config accounts of a guest cluster Rancher removes are revoked (`None`:
+    /// kept, `--keep-accounts-of-removed-clusters`).
+    pub cluster_accounts: Option<Arc<dyn ClusterAccounts>>,
     /// The addresses VM load balancers' health checks may connect to (`--probe-allow-cidr`).
     pub probe_policy: vm::prober::AddressPolicy,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("concurrency", &self.concurrency)
+            .field("identity", &self.identity)
+            .field("fill_service_ingress", &self.fill_service_ingress)
+            .field("revokes_cluster_accounts", &self.cluster_accounts.is_some())
+            .field("probe_policy", &self.probe_policy)
+            .finish()
+    }
 }
 
 impl Default for Settings {
@@ -73,7 +110,7 @@ impl Default for Settings {
             concurrency: 1024,
             identity: default_identity(),
             fill_service_ingress: false,
-            revoke_accounts_of_removed_clusters: true,
+            cluster_accounts: None,
             probe_policy: vm::prober::AddressPolicy::default(),
         }
     }
@@ -88,7 +125,7 @@ pub struct Shared {
     pub pools: Pools,
     pub events: Recorder,
     /// The cloud-config accounts, when a removed guest cluster's are to be revoked.
-    pub accounts: Option<crate::kubeconfig::accounts::Accounts>,
+    pub accounts: Option<Arc<dyn ClusterAccounts>>,
     /// The VM load balancers' Services, EndpointSlices, backends and prober.
     pub vm: vm::VmContext,
     wake: Wake,
@@ -237,9 +274,7 @@ pub async fn run_controllers(
         pool_cache: pool_reader.clone(),
         pools: Pools::new(store.clone(), wake_tx.clone(), events.clone(), stop.clone()),
         events,
-        accounts: settings
-            .revoke_accounts_of_removed_clusters
-            .then(|| crate::kubeconfig::accounts::Accounts::new(store.clone())),
+        accounts: settings.cluster_accounts.clone(),
         vm: vm::VmContext::new(
             store.clone(),
             vmi_reader,

@@ -1,5 +1,5 @@
 //! Prometheus metrics: one process-wide registry, the functions that record into it, and the
-//! Prometheus text (0.0.4) encoding that the separate metrics listener ([`server`]) serves at
+//! Prometheus text (0.0.4) encoding that the separate metrics listener (the binary's `http::metrics_listener`) serves at
 //! `/metrics` (never on the API port).
 //!
 //! The registry is a process-wide static, like Prometheus metrics themselves: recording needs no
@@ -33,8 +33,6 @@
 //! | `lb_probe_targets` | none | [`set_probe_targets`] (backends the prober probes) |
 //! | `kubeconfig_accounts_cleaned_up_total` | none | [`accounts_cleaned_up`] (guest-cluster cleanup: accounts of a removed guest cluster revoked) |
 //! | `build_info` | `version` | always 1 |
-
-pub mod server;
 
 use std::{
     sync::{LazyLock, atomic::AtomicU64},

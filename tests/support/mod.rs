@@ -90,16 +90,16 @@ pub async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>
 /// status subresource). Returns it as stored.
 pub async fn create_vmi(
     store: std::sync::Arc<dyn harvester_cloud::store::ObjectStore>,
-    vmi: &harvester_cloud::controller::kinds::VirtualMachineInstance,
-) -> harvester_cloud::controller::kinds::VirtualMachineInstance {
+    vmi: &harvester_cloud::crd::kinds::VirtualMachineInstance,
+) -> harvester_cloud::crd::kinds::VirtualMachineInstance {
     vmi_api(store).create(vmi).await.expect("creates the VMI")
 }
 
 /// Typed store access to VirtualMachineInstances.
 pub fn vmi_api(
     store: std::sync::Arc<dyn harvester_cloud::store::ObjectStore>,
-) -> harvester_cloud::store::Api<harvester_cloud::controller::kinds::VirtualMachineInstance> {
-    harvester_cloud::store::Api::with_kind(store, harvester_cloud::controller::kinds::vmi_kind())
+) -> harvester_cloud::store::Api<harvester_cloud::crd::kinds::VirtualMachineInstance> {
+    harvester_cloud::store::Api::with_kind(store, harvester_cloud::crd::kinds::vmi_kind())
 }
 
 /// A service under test, reached through its router.

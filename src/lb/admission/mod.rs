@@ -35,10 +35,10 @@ use self::{
     network::{NetworkError, NetworkRejection, mutate_pool},
 };
 use crate::{
-    controller::kinds::{NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance},
     crd::{
         IPPool, LoadBalancer,
         keys::{LABEL_CREATOR, NODE_DRIVER},
+        kinds::{NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance},
         pool_api,
     },
     ipam::{self, PoolEntry},

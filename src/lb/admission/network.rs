@@ -6,12 +6,10 @@
 
 use serde_json::Value;
 
-use crate::{
-    controller::kinds::NetworkAttachmentDefinition,
-    crd::{
-        IPPool,
-        keys::{LABEL_GLOBAL_POOL, LABEL_VID, LABEL_VLAN_ID},
-    },
+use crate::crd::{
+    IPPool,
+    keys::{LABEL_GLOBAL_POOL, LABEL_VID, LABEL_VLAN_ID},
+    kinds::NetworkAttachmentDefinition,
 };
 
 /// Why an IPPool's VM network is refused, wrapped as upstream's mutator wraps it.

@@ -306,8 +306,7 @@ impl ObjectStore for AdmittedStore {
 mod tests {
     use super::*;
     use crate::{
-        controller::kinds::VirtualMachineInstance,
-        crd::{keys::ANNOTATION_NETWORK, lb_api, pool_api},
+        crd::{keys::ANNOTATION_NETWORK, kinds::VirtualMachineInstance, lb_api, pool_api},
         ipam::{PoolSpec, RangeSpec},
         store::{
             Api,
@@ -414,7 +413,10 @@ mod network_tests {
     use super::*;
     use crate::ipam::{PoolSpec, RangeSpec, Selector};
     use crate::store::embedded::{Durability, EmbeddedStore};
-    use crate::{controller::kinds::NetworkAttachmentDefinition, crd::keys::LABEL_VID, store::Api};
+    use crate::{
+        crd::{keys::LABEL_VID, kinds::NetworkAttachmentDefinition},
+        store::Api,
+    };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn mk_pool(name: &str, network: &str) -> IPPool {

@@ -15,7 +15,7 @@ use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use serde_json::Value;
 
 use crate::{
-    controller::kinds::{VirtualMachineInstance, vmi_kind},
+    crd::kinds::{VirtualMachineInstance, vmi_kind},
     lb::objects::{ObjectError, decode_list, key_from_url},
     store::{Api, Deleted, Kind, LabelSelector, Object, ObjectStore, Preconditions, StoreError},
 };

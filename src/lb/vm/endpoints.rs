@@ -29,12 +29,10 @@ use k8s_openapi::{
 use serde_json::Value;
 
 use super::{prober::Health, service::owner_reference};
-use crate::{
-    controller::kinds::VirtualMachineInstance,
-    crd::{
-        LoadBalancer,
-        keys::{LABEL_SERVICE_LB, LABEL_SERVICE_NAME_K8S},
-    },
+use crate::crd::{
+    LoadBalancer,
+    keys::{LABEL_SERVICE_LB, LABEL_SERVICE_NAME_K8S},
+    kinds::VirtualMachineInstance,
 };
 
 /// Upstream's dummy endpoint: its address and the UID of its `targetRef`.

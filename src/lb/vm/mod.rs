@@ -48,15 +48,14 @@ use self::{
     endpoints::{Backends, Flip},
     prober::{Health, Prober},
 };
-use super::{Shared, loadbalancer::Refusal, pools::set_condition};
+use super::{Shared, pools::set_condition, refusal::Refusal};
 use crate::{
     controller::{
         Target,
         events::{EventType, Recorder},
-        kinds::VirtualMachineInstance,
         modify,
     },
-    crd::{LoadBalancer, LoadBalancerStatus},
+    crd::{LoadBalancer, LoadBalancerStatus, kinds::VirtualMachineInstance},
     ipam::WorkloadType,
     store::{Api, Object, ObjectStore, Preconditions, StoreError},
     sync::lock,

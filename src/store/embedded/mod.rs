@@ -113,6 +113,9 @@ pub struct TokenController {
     pub issuer: Arc<Issuer>,
     /// PEM bytes placed in each token Secret's `ca.crt`.
     pub ca_pem: Vec<u8>,
+    /// The annotation of a token Secret that holds its end (RFC 3339), if any: minted into the
+    /// token as `exp`. The domain that sets it says which one; the store knows no domain.
+    pub end_annotation: Option<&'static str>,
 }
 
 pub struct EmbeddedStore {

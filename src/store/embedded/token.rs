@@ -28,7 +28,7 @@ impl EmbeddedStore {
         if secret.get("type").and_then(Value::as_str) != Some(SA_TOKEN_TYPE) {
             return None;
         }
-        self.token_controller()?;
+        let controller = self.token_controller()?;
         let (namespace, secret_name) = crate::store::object_key(secret);
         let annotation = |k: &str| {
             secret
@@ -62,8 +62,12 @@ impl EmbeddedStore {
             .to_string();
         // A cloud-config token with an end carries it as `exp` too (the sweeper deletes its Secret
         // then; the claim holds even if the sweeper is late).
-        let exp = annotation(crate::kubeconfig::objects::EXPIRES_AT_ANNOTATION)
-            .and_then(|v| crate::kubeconfig::objects::parse_end(&v))
+        let exp = controller
+            .end_annotation
+            .and_then(annotation)
+            .and_then(|v| {
+                time::OffsetDateTime::parse(&v, &time::format_description::well_known::Rfc3339).ok()
+            })
             .map(time::OffsetDateTime::unix_timestamp);
         Some(Claims {
             namespace,

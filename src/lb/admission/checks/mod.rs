@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::Namespace;
 
 use crate::{
-    controller::kinds::{VirtualMachine, VirtualMachineInstance},
     crd::{
         LoadBalancer,
         keys::{
@@ -16,6 +15,7 @@ use crate::{
             ANNOTATION_NETWORK, ANNOTATION_PROJECT, LABEL_CREATOR, LABEL_GUEST_CLUSTER,
             LABEL_GUEST_CLUSTER_NAME, NODE_DRIVER,
         },
+        kinds::{VirtualMachine, VirtualMachineInstance},
     },
     lb::vm::health::MAX_PERIOD_SECONDS,
 };

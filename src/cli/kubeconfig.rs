@@ -13,7 +13,7 @@ use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 
-use super::{
+use crate::kubeconfig::{
     AccountRequest, CloudConfig, CloudConfigError, RequestError, Revocation, Settings,
     accounts::{Account, AccountPage, Accounts, AccountsError, ListQuery, MAX_LIMIT},
     render,
@@ -112,7 +112,7 @@ pub async fn run(command: KubeconfigCommand) -> Result<(), KubeconfigCliError> {
                 body["cloudConfigPath"] = p.clone().into();
             }
             // Validated as the service validates it, before anything is sent or written.
-            let req = super::request::from_json(body.to_string().as_bytes())?;
+            let req = crate::kubeconfig::request::from_json(body.to_string().as_bytes())?;
             let kubeconfig = rotate(&target, &req, body, server_url).await?;
             match output {
                 RotateOutput::Kubeconfig => print!("{kubeconfig}"),
@@ -550,11 +550,12 @@ pub fn list_output(accounts: &[Account], kind: OutputKind) -> Result<String, Kub
         "EXPIRES".into(),
     ]];
     for a in accounts {
-        let binding = |what: &str, b: &super::accounts::BindingState| match (b.exists, b.ours) {
-            (true, true) => None,
-            (false, _) => Some(format!("{what} missing")),
-            (true, false) => Some(format!("{what} not ours")),
-        };
+        let binding =
+            |what: &str, b: &crate::kubeconfig::accounts::BindingState| match (b.exists, b.ours) {
+                (true, true) => None,
+                (false, _) => Some(format!("{what} missing")),
+                (true, false) => Some(format!("{what} not ours")),
+            };
         let problems: Vec<String> = [
             binding("rolebinding", &a.bindings.role_binding),
             binding("clusterrolebinding", &a.bindings.cluster_role_binding),

@@ -1,4 +1,4 @@
-//! `harvester-cloud ccm`: the guest-Service reconciler ([`super::reconcile`]) inside a guest
+//! `harvester-cloud ccm`: the guest-Service reconciler ([`crate::guest::reconcile`]) inside a guest
 //! cluster, as the Harvester Cloud Provider's load balancing runs there. Guest Services come from the
 //! guest cluster's API (in cluster, or `--kubeconfig`); LoadBalancers go to Harvester through the
 //! cloud-config kubeconfig that Harvester's (or this service's) cloud-config API issued, in the
@@ -16,9 +16,9 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
-use super::{
+use crate::guest::{
     mapping::{GuestContext, normalize_management_network},
-    naming::load_balancer_namespace,
+    naming::{cluster_name_is_default, load_balancer_namespace},
     reconcile::{self, Ports},
 };
 use crate::{
@@ -69,11 +69,6 @@ pub enum CcmError {
         "cannot read the guest cluster's identity (the uid of namespace kube-system): {reason}"
     )]
     Identity { reason: String },
-}
-
-/// Whether upstream warns about this cluster name.
-pub fn cluster_name_is_default(name: &str) -> bool {
-    name.is_empty() || name == "kubernetes"
 }
 
 /// The cloud-config: a client for Harvester and the LoadBalancer namespace (its current context's
@@ -183,7 +178,7 @@ pub async fn run(args: &CcmArgs, shutdown: CancellationToken) -> Result<(), CcmE
     };
     let ports = Ports { guest, harvester };
     let metrics = tokio::spawn(
-        crate::metrics::server::serve(metrics_listener, shutdown.clone())
+        crate::http::metrics_listener::serve(metrics_listener, shutdown.clone())
             .instrument(tracing::info_span!("metrics")),
     );
     lead(

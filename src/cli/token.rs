@@ -8,7 +8,7 @@ use sqlx::SqlitePool;
 use time::{OffsetDateTime, format_description::well_known::Rfc3339};
 use tracing::info;
 
-use super::{
+use crate::auth::{
     ApiToken,
     tokens::{self, TokenStoreError},
 };

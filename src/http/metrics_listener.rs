@@ -27,9 +27,9 @@ async fn metrics() -> impl IntoResponse {
     (
         [(
             header::CONTENT_TYPE,
-            HeaderValue::from_static(super::CONTENT_TYPE),
+            HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
         )],
-        super::encode(),
+        crate::metrics::encode(),
     )
 }
 
