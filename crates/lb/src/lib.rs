@@ -1,0 +1,533 @@
+//! The load balancer reconcilers (LoadBalancer, IPPool, guest-cluster cleanup), their admission
+//! checks, and the leader election that decides which replica runs them.
+//!
+//! Everything runs on the store port, so the same code serves the embedded and the Kubernetes
+//! backend: each kind is listed and watched through [`crate::store::watcher`], cached in a kube-runtime
+//! reflector, and driven by `kube::runtime::Controller::for_stream`. Allocation state lives only in
+//! IPPool statuses; [`pools`] serialises each pool's writes in-process.
+//!
+//! Entry point: [`run`], which waits for leadership, runs the controllers until leadership is lost or
+//! the shutdown token is cancelled, and starts over.
+#![forbid(unsafe_code)]
+
+// The crates below this one, under the names the modules use.
+use harvester_cloud_api as crd;
+use harvester_cloud_controller as controller;
+use harvester_cloud_ipam as ipam;
+use harvester_cloud_metrics as metrics;
+use harvester_cloud_store as store;
+use harvester_cloud_store::sync;
+
+pub mod admission;
+pub mod guest;
+pub mod ippool;
+pub mod loadbalancer;
+pub mod objects;
+pub mod owners;
+pub mod pools;
+pub mod refusal;
+pub mod vm;
+pub mod webhook;
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use kube::runtime::{
+    Controller, PredicateConfig, WatchStreamExt,
+    controller::{Action, Config},
+    reflector::{self, ObjectRef, Store},
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span, warn};
+
+use self::pools::{Pools, Wake};
+use crate::{
+    controller::{
+        Backoff, default_identity,
+        events::Recorder,
+        leader::{self, LeaderElector},
+    },
+    crd::{
+        IPPool, LoadBalancer,
+        kinds::{VirtualMachine, VirtualMachineInstance, vmi_kind},
+        lb_api, lb_kind, pool_api, pool_kind,
+    },
+    store::{Api, Kind, ObjectStore, watcher::watcher},
+    sync::lock,
+};
+
+/// What the guest-cluster cleanup needs of the cloud-config domain: revoking the account issued
+/// for a guest cluster that Rancher removes. The binary wires the cloud-config accounts in; `lb`
+/// knows no other domain.
+#[async_trait::async_trait]
+pub trait ClusterAccounts: Send + Sync {
+    /// Revokes the account of `cluster` in `namespace` if this service issued it (`None`: there was
+    /// none).
+    async fn revoke_of_cluster(
+        &self,
+        namespace: &str,
+        cluster: &str,
+    ) -> Result<Option<ClusterRevocation>, Box<dyn std::error::Error + Send + Sync>>;
+}
+
+/// What a revocation did: the objects deleted (`kind namespace/name`), and those of the account's
+/// names that were not the account's, left alone, with why.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterRevocation {
+    pub deleted: Vec<String>,
+    pub kept: Vec<(String, String)>,
+}
+
+/// How the reconcilers run.
+#[derive(Clone)]
+pub struct Settings {
+    /// LoadBalancers reconciled at once. Many in flight let the store and the pool tasks batch
+    /// their writes.
+    pub concurrency: u16,
+    /// This replica's name in Events and the Lease.
+    pub identity: String,
+    /// Write the ingress of VM load balancers' Services (`status.loadBalancer.ingress`) as kube-vip
+    /// would: where no kube-vip runs (the embedded backend). Off on Kubernetes, where kube-vip does.
+    pub fill_service_ingress: bool,
+    /// Where the cloud-config accounts of a guest cluster Rancher removes are revoked (`None`:
+    /// kept, `--keep-accounts-of-removed-clusters`).
+    pub cluster_accounts: Option<Arc<dyn ClusterAccounts>>,
+    /// The addresses VM load balancers' health checks may connect to (`--probe-allow-cidr`).
+    pub probe_policy: vm::prober::AddressPolicy,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("concurrency", &self.concurrency)
+            .field("identity", &self.identity)
+            .field("fill_service_ingress", &self.fill_service_ingress)
+            .field("revokes_cluster_accounts", &self.cluster_accounts.is_some())
+            .field("probe_policy", &self.probe_policy)
+            .finish()
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            concurrency: 1024,
+            identity: default_identity(),
+            fill_service_ingress: false,
+            cluster_accounts: None,
+            probe_policy: vm::prober::AddressPolicy::default(),
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Shared {
+    pub store: Arc<dyn ObjectStore>,
+    pub lbs: Api<LoadBalancer>,
+    pub pools_api: Api<IPPool>,
+    pub pool_cache: Store<IPPool>,
+    pub pools: Pools,
+    pub events: Recorder,
+    /// The cloud-config accounts, when a removed guest cluster's are to be revoked.
+    pub accounts: Option<Arc<dyn ClusterAccounts>>,
+    /// The VM load balancers' Services, EndpointSlices, backends and prober.
+    pub vm: vm::VmContext,
+    wake: Wake,
+    /// Load balancers that found no usable pool; any pool change wakes them.
+    unmatched: Mutex<HashSet<ObjectRef<LoadBalancer>>>,
+    /// Bumped on every pool change, so a load balancer that failed to match while a pool appeared
+    /// notices it missed the wake-up.
+    pool_generation: std::sync::atomic::AtomicU64,
+    /// Consecutive failures per object.
+    backoff: Backoff,
+    /// The resourceVersion each LoadBalancer was last applied at (`namespace/name`).
+    applied: Mutex<std::collections::HashMap<String, String>>,
+}
+
+impl Shared {
+    /// Records a load balancer that found no pool and returns how to report it.
+    fn unmatched(
+        &self,
+        lb: ObjectRef<LoadBalancer>,
+        reason: &'static str,
+        message: String,
+    ) -> loadbalancer::Refusal {
+        let before = self.generation();
+        lock(&self.unmatched).insert(lb.clone());
+        if self.generation() != before {
+            // A pool changed while this one was choosing: look again now.
+            let _ = self.wake.send(lb);
+        }
+        loadbalancer::Refusal::unmatched(reason, message)
+    }
+
+    /// Records that `lb` was applied at exactly this version.
+    fn applied_at(&self, key: &str, lb: &LoadBalancer) {
+        if let Some(version) = &lb.metadata.resource_version {
+            lock(&self.applied).insert(key.to_string(), version.clone());
+        }
+    }
+
+    /// The load balancer is gone: nothing to remember of it.
+    fn forget_applied(&self, key: &str) {
+        lock(&self.applied).remove(key);
+    }
+
+    /// Whether this very version of `lb` has been applied already: the change that made it was
+    /// this reconciler's own write (the finalizer, added in the same pass that then applied on
+    /// the object as written), so reconciling it again would only find a cache one write behind
+    /// and conflict.
+    fn already_applied(&self, lb: &LoadBalancer) -> bool {
+        let (Some(namespace), Some(name), Some(version)) = (
+            &lb.metadata.namespace,
+            &lb.metadata.name,
+            &lb.metadata.resource_version,
+        ) else {
+            return false;
+        };
+        lock(&self.applied).get(&format!("{namespace}/{name}")) == Some(version)
+    }
+
+    fn generation(&self) -> u64 {
+        self.pool_generation
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A pool appeared or changed: every load balancer that found none looks again.
+    fn pools_changed(&self) {
+        self.pool_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let waiting: Vec<_> = lock(&self.unmatched).drain().collect();
+        if !waiting.is_empty() {
+            debug!(
+                count = waiting.len(),
+                "pools changed; waking unmatched load balancers"
+            );
+        }
+        for lb in waiting {
+            let _ = self.wake.send(lb);
+        }
+    }
+}
+
+/// Runs the reconcilers whenever this replica leads, until `shutdown`.
+pub async fn run(
+    store: Arc<dyn ObjectStore>,
+    settings: Settings,
+    elector: Arc<dyn LeaderElector>,
+    shutdown: CancellationToken,
+) {
+    leader::lead(
+        elector.as_ref(),
+        &shutdown,
+        "load balancer reconcilers",
+        &settings.identity,
+        |stop| {
+            let controllers = run_controllers(store.clone(), &settings, stop);
+            async move {
+                crate::metrics::set_leader(true);
+                controllers.await;
+                crate::metrics::set_leader(false);
+            }
+        },
+    )
+    .await;
+}
+
+/// What a LoadBalancer reconcile depends on: everything but `status` and the resourceVersion.
+/// Not `generation` either: the spec is here already, and on Harvester's CRDs (no status
+/// subresource) every status write moves the generation, which would reconcile each LoadBalancer
+/// once more after each of its own status writes.
+fn lb_fingerprint(lb: &LoadBalancer) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let m = &lb.metadata;
+    let relevant = (
+        &m.uid,
+        &m.labels,
+        &m.annotations,
+        &m.finalizers,
+        m.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
+        serde_json::to_string(&lb.spec).ok(),
+    );
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    relevant.hash(&mut h);
+    Some(h.finish())
+}
+
+fn kind_of<K: crate::store::Object>() -> Kind {
+    Kind::of::<K>()
+}
+
+/// Runs the three controllers until `stop`.
+pub async fn run_controllers(
+    store: Arc<dyn ObjectStore>,
+    settings: &Settings,
+    stop: CancellationToken,
+) {
+    let (wake_tx, wake_rx) = mpsc::unbounded_channel();
+    let (pool_reader, pool_writer) = reflector::store::<IPPool>();
+    let (lb_reader, lb_writer) = reflector::store::<LoadBalancer>();
+    let (vm_reader, vm_writer) = reflector::store::<VirtualMachine>();
+    let (vmi_reader, vmi_writer) = reflector::store::<VirtualMachineInstance>();
+    let prober =
+        vm::prober::Prober::start(wake_tx.clone(), stop.clone(), settings.probe_policy.clone());
+    let events = Recorder::start(store.clone(), &settings.identity, stop.clone());
+    let ctx = Arc::new(Shared {
+        lbs: lb_api(store.clone()),
+        pools_api: pool_api(store.clone()),
+        pool_cache: pool_reader.clone(),
+        pools: Pools::new(store.clone(), wake_tx.clone(), events.clone(), stop.clone()),
+        events,
+        accounts: settings.cluster_accounts.clone(),
+        vm: vm::VmContext::new(
+            store.clone(),
+            vmi_reader,
+            prober,
+            settings.fill_service_ingress,
+        ),
+        wake: wake_tx,
+        unmatched: Mutex::new(HashSet::new()),
+        pool_generation: std::sync::atomic::AtomicU64::new(0),
+        backoff: Backoff::default(),
+        applied: Mutex::default(),
+        store: store.clone(),
+    });
+    let shutdown = || {
+        let stop = stop.clone();
+        async move { stop.cancelled().await }
+    };
+
+    // Readers kept to tell, at shutdown, whether each cache ever filled (see `until_stopped`).
+    let (pool_cache, lb_cache, vm_cache) =
+        (pool_reader.clone(), lb_reader.clone(), vm_reader.clone());
+    // A pool task's own status writes (one per allocation round) are known to it: reconciling the
+    // pool for each would read and decode its whole status again. A deleting pool's are not
+    // skipped: the release of its last address is what lets it go.
+    let pool_stream = reflector::reflector(
+        pool_writer,
+        watcher::<IPPool>(store.clone(), pool_kind(), None),
+    )
+    .applied_objects()
+    .filter({
+        let ctx = ctx.clone();
+        move |pool| {
+            let own = pool
+                .as_ref()
+                .is_ok_and(|p| !p.is_deleting() && ctx.pools.wrote(p));
+            std::future::ready(!own)
+        }
+    });
+    let pools = Controller::for_stream(pool_stream, pool_reader)
+        .graceful_shutdown_on(shutdown())
+        .run(
+            |pool, ctx| timed("ippool", ippool::reconcile(pool, ctx)),
+            |pool, e: &ippool::PoolReconcileError, ctx: Arc<Shared>| {
+                warn!(pool = pool.metadata.name.as_deref().unwrap_or_default(), error = %e, "IP pool reconcile failed");
+                ctx.backoff.failed(
+                    pool.metadata.name.as_deref().unwrap_or_default(),
+                    e.is_conflict(),
+                )
+            },
+            ctx.clone(),
+        )
+        .for_each(log_result("ippool"));
+
+    // Status-only changes (this controller's own writes, mostly) do not call for a reconcile; waking
+    // up for them would only find the cache one write behind.
+    let lb_stream = reflector::reflector(
+        lb_writer,
+        watcher::<LoadBalancer>(store.clone(), lb_kind(), None),
+    )
+    .applied_objects()
+    .predicate_filter(lb_fingerprint, PredicateConfig::default())
+    // After the predicate, which so remembers the version as seen: a later change back (our
+    // finalizer removed by hand) still differs from it.
+    .filter({
+        let ctx = ctx.clone();
+        move |lb| {
+            let own = lb.as_ref().is_ok_and(|lb| ctx.already_applied(lb));
+            std::future::ready(!own)
+        }
+    });
+    // VM load balancers: a VMI wakes those that select it and those it was a backend of; their own
+    // Services and EndpointSlices wake their owner.
+    let vmis = reflector::reflector(
+        vmi_writer,
+        watcher::<VirtualMachineInstance>(store.clone(), vmi_kind(), None),
+    )
+    .touched_objects();
+    let services = watcher::<Service>(store.clone(), kind_of::<Service>(), None).touched_objects();
+    let slices =
+        watcher::<EndpointSlice>(store.clone(), kind_of::<EndpointSlice>(), None).touched_objects();
+    let vmi_owners = {
+        let (ctx, lbs) = (ctx.clone(), lb_reader.clone());
+        move |vmi: VirtualMachineInstance| ctx.vm.load_balancers_of(&vmi, &lbs)
+    };
+    let controller = Controller::for_stream(lb_stream, lb_reader)
+        .with_config(Config::default().concurrency(settings.concurrency))
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            wake_rx,
+        ))
+        .watches_stream(vmis, vmi_owners)
+        .watches_stream(services, |svc: Service| {
+            vm::service::owner_of(&svc.metadata)
+        })
+        .watches_stream(slices, |slice: EndpointSlice| {
+            vm::service::owner_of(&slice.metadata)
+        })
+        .graceful_shutdown_on(shutdown())
+        .run(
+            |lb, ctx| timed("loadbalancer", loadbalancer::reconcile(lb, ctx)),
+            |lb, e: &loadbalancer::LbError, ctx: Arc<Shared>| {
+                let key = format!(
+                    "{}/{}",
+                    lb.metadata.namespace.as_deref().unwrap_or_default(),
+                    lb.metadata.name.as_deref().unwrap_or_default()
+                );
+                if e.is_conflict() {
+                    debug!(lb = %key, error = %e, "load balancer changed meanwhile; retrying");
+                } else {
+                    warn!(lb = %key, error = %e, "load balancer reconcile failed");
+                }
+                ctx.backoff.failed(&key, e.is_conflict())
+            },
+            ctx.clone(),
+        )
+        .for_each(log_result("loadbalancer"));
+    // Pool selection and cleanup read the pool cache, so load balancers wait for its first list.
+    // Waiting here, once, rather than in every reconcile: kube-runtime's readiness signal wakes only
+    // the last of several concurrent waiters.
+    let lbs = {
+        let (pools_ready, stop) = (ctx.pool_cache.clone(), stop.clone());
+        async move {
+            tokio::select! {
+                ready = pools_ready.wait_until_ready() => if ready.is_ok() {
+                    controller.await;
+                },
+                _ = stop.cancelled() => {},
+            }
+        }
+    };
+
+    let vm_stream = reflector::reflector(
+        vm_writer,
+        watcher::<VirtualMachine>(store.clone(), kind_of::<VirtualMachine>(), None),
+    )
+    .applied_objects();
+    let vms = Controller::for_stream(vm_stream, vm_reader)
+        .graceful_shutdown_on(shutdown())
+        .run(
+            |vm, ctx| timed("guestcluster", guest::reconcile(vm, ctx)),
+            |vm, e: &guest::GuestCleanupError, ctx: Arc<Shared>| {
+                let key = format!(
+                    "vm/{}/{}",
+                    vm.metadata.namespace.as_deref().unwrap_or_default(),
+                    vm.metadata.name.as_deref().unwrap_or_default()
+                );
+                warn!(vm = %key, error = %e, "guest cluster cleanup failed");
+                ctx.backoff.failed(&key, e.is_conflict())
+            },
+            ctx.clone(),
+        )
+        .for_each(log_result("guestcluster"));
+
+    tokio::join!(
+        until_stopped(pools, pool_cache, stop.clone())
+            .instrument(info_span!("controller", kind = "IPPool")),
+        until_stopped(lbs, lb_cache, stop.clone())
+            .instrument(info_span!("controller", kind = "LoadBalancer")),
+        until_stopped(vms, vm_cache, stop.clone())
+            .instrument(info_span!("controller", kind = "VirtualMachine")),
+    );
+    debug!("controllers stopped");
+}
+
+/// A reconcile failure as a metrics label: a lost write race (retried at once) is not a fault.
+trait FailureReason {
+    fn reason(&self) -> &'static str;
+}
+
+macro_rules! failure_reason {
+    ($($t:ty),*) => {$(
+        impl FailureReason for $t {
+            fn reason(&self) -> &'static str {
+                if self.is_conflict() { "conflict" } else { "failed" }
+            }
+        }
+    )*};
+}
+failure_reason!(
+    loadbalancer::LbError,
+    ippool::PoolReconcileError,
+    guest::GuestCleanupError
+);
+
+/// Runs one reconcile and records its duration, and its failure, in the metrics.
+async fn timed<E: FailureReason>(
+    controller: &'static str,
+    reconcile: impl Future<Output = Result<Action, E>>,
+) -> Result<Action, E> {
+    let started = std::time::Instant::now();
+    let result = reconcile.await;
+    crate::metrics::observe_reconcile(
+        controller,
+        started.elapsed(),
+        result.as_ref().err().map(FailureReason::reason),
+    );
+    result
+}
+
+/// Runs a controller until it has shut down. One whose cache never filled (its kind is not served in
+/// this cluster, or its list keeps failing) is dropped at `stop` instead: kube-runtime holds such a
+/// controller's runner until the cache is ready, so its graceful shutdown would never finish, and it
+/// has no reconcile in flight to wait for.
+async fn until_stopped<K>(
+    run: impl Future<Output = ()>,
+    cache: reflector::Store<K>,
+    stop: CancellationToken,
+) where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    tokio::pin!(run);
+    tokio::select! {
+        _ = &mut run => return,
+        _ = stop.cancelled() => {}
+    }
+    if futures::FutureExt::now_or_never(cache.wait_until_ready()).is_some() {
+        run.await;
+    } else {
+        debug!("controller stopped before its cache filled");
+    }
+}
+
+/// What a controller's run stream yields.
+type RunResult<K, E1, E2> =
+    Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E1, E2>>;
+
+/// Logs what a controller reports; reconcile errors were already logged by the error policy.
+fn log_result<K, E1, E2>(
+    controller: &'static str,
+) -> impl FnMut(RunResult<K, E1, E2>) -> std::future::Ready<()>
+where
+    K: kube::Resource,
+    E1: std::error::Error + 'static,
+    E2: std::error::Error + 'static,
+{
+    move |result| {
+        match result {
+            Ok(_) => {}
+            Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
+            Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
+                debug!(controller, object = %obj, "object is gone");
+            }
+            Err(e) => warn!(controller, error = %e, "controller error"),
+        }
+        std::future::ready(())
+    }
+}

@@ -1,0 +1,255 @@
+//! The embedded store's durable side: opening (and migrating) the SQLite file, loading every
+//! object into the memory index on start, and committing a write's rows in one transaction.
+
+use std::{path::Path, str::FromStr, sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use serde_json::Value;
+use sqlx::{
+    Row, SqliteConnection,
+    sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    },
+};
+
+use super::{
+    OpenError,
+    state::{Row as StateRow, State},
+};
+use crate::{ChangeType, StoreError};
+
+/// Opens the database file of a data directory for maintenance commands (tokens), without the
+/// exclusive lock and the object index that `serve` holds.
+pub async fn open_pool(data_dir: &Path) -> Result<SqlitePool, OpenError> {
+    create_data_dir(data_dir)?;
+    let path = data_dir.join(DB_FILE);
+    prepare_database_file(data_dir, false)?;
+    migrated_pool(&path, &options(&path, SqliteSynchronous::Full), 2).await
+}
+
+pub(super) const DB_FILE: &str = "harvester-cloud.db";
+
+/// What in a data directory says an earlier start used it (besides the database).
+const PRIOR_STATE: &[&str] = &["admin-token", "tls", "admin-tokens.changed"];
+
+/// Checks the database file before SQLite opens it, and makes it private. A missing database in
+/// a directory an earlier start used, or an empty (zero-length) one, is refused: SQLite would
+/// silently start a new store, and the service a new signing key and admin token, over what was
+/// lost. `reinitialize` starts anew on purpose instead.
+pub(super) fn prepare_database_file(data_dir: &Path, reinitialize: bool) -> Result<(), OpenError> {
+    let path = data_dir.join(DB_FILE);
+    let existing = std::fs::metadata(&path).ok();
+    let problem = match &existing {
+        Some(m) if m.len() > 0 => None,
+        Some(_) => Some("is empty (zero bytes)".to_string()),
+        None => {
+            let evidence: Vec<&str> = PRIOR_STATE
+                .iter()
+                .copied()
+                .filter(|f| data_dir.join(f).exists())
+                .collect();
+            (!evidence.is_empty()).then(|| {
+                format!(
+                    "is missing, but {} holds {} from an earlier start",
+                    data_dir.display(),
+                    evidence.join(", ")
+                )
+            })
+        }
+    };
+    if let Some(problem) = problem {
+        if !reinitialize {
+            return Err(OpenError::LostDatabase {
+                path: path.clone(),
+                problem,
+            });
+        }
+        tracing::warn!(path = %path.display(), %problem, "--reinitialize: starting with an empty store");
+        for suffix in ["", "-wal", "-shm"] {
+            let f = data_dir.join(format!("{DB_FILE}{suffix}"));
+            if f.exists() {
+                std::fs::remove_file(&f).map_err(|source| OpenError::CreateDir {
+                    path: f.clone(),
+                    source,
+                })?;
+            }
+        }
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        // The database holds the signing key and every issued token: readable by its owner only.
+        // SQLite gives its -wal and -shm files the database's mode.
+        if !path.exists() {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|source| OpenError::CreateDir {
+                    path: path.clone(),
+                    source,
+                })?;
+        }
+        for suffix in ["", "-wal", "-shm"] {
+            let f = data_dir.join(format!("{DB_FILE}{suffix}"));
+            if f.exists() {
+                let _ = std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A pool of `connections` on the database at `path`, migrated to the current schema.
+pub(super) async fn migrated_pool(
+    path: &Path,
+    options: &SqliteConnectOptions,
+    connections: u32,
+) -> Result<SqlitePool, OpenError> {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(connections)
+        .connect_with(options.clone())
+        .await
+        .map_err(|source| OpenError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    migrate(&pool, path).await?;
+    Ok(pool)
+}
+
+pub(super) fn create_data_dir(data_dir: &Path) -> Result<(), OpenError> {
+    std::fs::create_dir_all(data_dir).map_err(|source| OpenError::CreateDir {
+        path: data_dir.to_path_buf(),
+        source,
+    })?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // The directory holds the signing key and token hashes: keep other users out.
+        let _ = std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700));
+    }
+    Ok(())
+}
+
+/// Connection options. `SqliteSynchronous::Full` makes SQLite fsync inside every commit; the store
+/// instead commits with `Normal` and lets its syncer fsync the WAL once per group of commits.
+pub(super) fn options(path: &Path, synchronous: SqliteSynchronous) -> SqliteConnectOptions {
+    SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(synchronous)
+        .busy_timeout(Duration::from_secs(10))
+}
+
+async fn migrate(pool: &SqlitePool, path: &Path) -> Result<(), OpenError> {
+    sqlx::migrate!("./migrations")
+        .run(pool)
+        .await
+        .map_err(|source| OpenError::Migrate {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+const DELETE_ROW: &str =
+    "DELETE FROM objects WHERE api_version = ? AND kind = ? AND namespace = ? AND name = ?;";
+const UPSERT_ROW: &str = "INSERT INTO objects (api_version, kind, namespace, name, uid, resource_version, body)
+     VALUES (?, ?, ?, ?, ?, ?, ?)
+     ON CONFLICT (api_version, kind, namespace, name)
+     DO UPDATE SET uid = excluded.uid, resource_version = excluded.resource_version, body = excluded.body;";
+
+/// What a deletion counts for in the history's size (its object is not serialised).
+const DELETED_BYTES: usize = 1024;
+
+/// Stores `rows` and the new resourceVersion in one transaction, sent to SQLite as one
+/// multi-statement query: one round trip to the connection's worker instead of one per statement,
+/// which is most of a small write's cost. Returns each row's stored size.
+pub(super) async fn commit(
+    conn: &mut SqliteConnection,
+    rows: &[StateRow],
+    last_rv: u64,
+) -> Result<Vec<usize>, StoreError> {
+    let mut sql = String::from("BEGIN IMMEDIATE;");
+    let mut bodies = Vec::with_capacity(rows.len());
+    for row in rows {
+        match row.change {
+            ChangeType::Deleted => {
+                sql.push_str(DELETE_ROW);
+                bodies.push(None);
+            }
+            ChangeType::Added | ChangeType::Modified => {
+                sql.push_str(UPSERT_ROW);
+                bodies.push(Some(
+                    serde_json::to_string(&*row.object).map_err(StoreError::backend)?,
+                ));
+            }
+        }
+    }
+    sql.push_str("UPDATE meta SET value = ? WHERE key = 'resource_version'; COMMIT;");
+    // Built only from the constant statements above; every value is a bind, consumed in order
+    // across the statements.
+    let sizes = bodies
+        .iter()
+        .map(|b| b.as_ref().map_or(DELETED_BYTES, String::len))
+        .collect();
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for (row, body) in rows.iter().zip(bodies) {
+        q = q
+            .bind(row.api_version.as_str())
+            .bind(row.kind.as_str())
+            .bind(row.namespace.as_str())
+            .bind(row.name.as_str());
+        if let Some(body) = body {
+            q = q.bind(row.uid.as_str()).bind(row.rv as i64).bind(body);
+        }
+    }
+    let result = q.bind(last_rv.to_string()).execute(&mut *conn).await;
+    if let Err(e) = result {
+        // A statement failed inside the transaction: undo whatever ran before it.
+        let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+        return Err(StoreError::backend(e));
+    }
+    Ok(sizes)
+}
+
+pub(super) async fn load(pool: &SqlitePool) -> Result<State, StoreError> {
+    let rv: String = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'resource_version'")
+        .fetch_one(pool)
+        .await
+        .map_err(StoreError::backend)?;
+    let mut state = State::new(u64::from_str(&rv).map_err(StoreError::backend)?);
+    let mut rows = sqlx::query(
+        "SELECT api_version, kind, namespace, name, uid, resource_version, body FROM objects",
+    )
+    .fetch(pool);
+    while let Some(row) = rows.next().await {
+        let row = row.map_err(StoreError::backend)?;
+        let body: String = row.get("body");
+        let object: Value = match serde_json::from_str(&body) {
+            Ok(v) => v,
+            Err(e) => {
+                // One corrupt row must not keep the service down: it stays in the file, out of
+                // the index, and the log says which.
+                let (kind, namespace, name): (String, String, String) =
+                    (row.get("kind"), row.get("namespace"), row.get("name"));
+                tracing::error!(%kind, %namespace, %name, error = %e, "a stored object is not JSON; leaving it out");
+                continue;
+            }
+        };
+        let rv: i64 = row.get("resource_version");
+        state.insert_loaded(StateRow {
+            api_version: row.get("api_version"),
+            kind: row.get("kind"),
+            namespace: row.get("namespace"),
+            name: row.get("name"),
+            uid: row.get("uid"),
+            rv: rv as u64,
+            change: ChangeType::Added,
+            object: Arc::new(object),
+        });
+    }
+    Ok(state)
+}

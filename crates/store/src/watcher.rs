@@ -1,0 +1,328 @@
+//! kube-runtime watcher events from the store port: list, then watch from the list's resourceVersion,
+//! and list again when the watch says the version is too old (`Gone`), exactly as kube-runtime's own
+//! watcher does against the Kubernetes API. The stream feeds a reflector and
+//! `kube::runtime::Controller::for_stream`, so one controller driver serves every backend.
+//!
+//! The stream never ends on its own: failures are reported as items (the controller logs them) and
+//! retried with a capped exponential back-off; a watch that simply ends (Kubernetes closes watches
+//! after a timeout) is resumed from the last resourceVersion seen.
+
+use std::{fmt::Debug, sync::Arc, time::Duration};
+
+use futures::{Stream, StreamExt, stream};
+use kube::core::Status;
+use kube::runtime::watcher::{Error as WatchError, Event};
+use tracing::{debug, warn};
+
+use super::{
+    Change, ChangeStream, ChangeType, Kind, LabelSelector, Object, ObjectStore, StoreError,
+};
+
+/// First and largest pause after a failed list or watch.
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+enum State {
+    /// Must list (first start, or the watch position is gone).
+    Listing,
+    /// Watching from `rv`; `stream` is `None` when the watch must be (re)started.
+    Watching {
+        rv: String,
+        stream: Option<ChangeStream>,
+    },
+}
+
+struct Source {
+    store: Arc<dyn ObjectStore>,
+    kind: Kind,
+    namespace: Option<String>,
+    failures: u32,
+}
+
+impl Source {
+    async fn pause_after_failure(&mut self) {
+        if self.failures > 0 {
+            let factor = 1u32 << self.failures.min(10);
+            tokio::time::sleep((BACKOFF_START * factor).min(BACKOFF_MAX)).await;
+        }
+    }
+
+    fn failed(&mut self, what: &str, e: &StoreError) -> WatchError {
+        self.failures = self.failures.saturating_add(1);
+        warn!(kind = %self.kind.kind, error = %e, failures = self.failures, "{what} failed; retrying");
+        WatchError::WatchError(
+            Status::failure(
+                &format!("{what} of {} failed: {e}", self.kind.plural),
+                "StoreError",
+            )
+            .boxed(),
+        )
+    }
+
+    fn decode<K: Object>(&self, value: &serde_json::Value) -> Option<K> {
+        // Decoded from the shared change by reference: a copy of the JSON first would cost as much
+        // again (a pool status holds thousands of entries).
+        match K::deserialize(value) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                let (namespace, name) = super::object_key(value);
+                // One undecodable object must not stop the controller for all others.
+                warn!(kind = %self.kind.kind, %namespace, %name, error = %e, "skipping an object that does not decode");
+                None
+            }
+        }
+    }
+}
+
+/// The watcher event stream of `kind` (in `namespace`, or all namespaces).
+pub fn watcher<K>(
+    store: Arc<dyn ObjectStore>,
+    kind: Kind,
+    namespace: Option<String>,
+) -> impl Stream<Item = Result<Event<K>, WatchError>> + Send + 'static
+where
+    K: Object + Debug,
+{
+    let source = Source {
+        store,
+        kind,
+        namespace,
+        failures: 0,
+    };
+    stream::unfold((source, State::Listing), |(mut source, state)| async move {
+        let (items, next) = step::<K>(&mut source, state).await;
+        Some((stream::iter(items), (source, next)))
+    })
+    .flatten()
+}
+
+async fn step<K: Object + Debug>(
+    source: &mut Source,
+    state: State,
+) -> (Vec<Result<Event<K>, WatchError>>, State) {
+    match state {
+        State::Listing => {
+            source.pause_after_failure().await;
+            let listed = source
+                .store
+                .list(
+                    &source.kind,
+                    source.namespace.as_deref(),
+                    &LabelSelector::everything(),
+                )
+                .await;
+            match listed {
+                Ok(list) => {
+                    source.failures = 0;
+                    let mut events = Vec::with_capacity(list.items.len() + 2);
+                    events.push(Ok(Event::Init));
+                    events.extend(
+                        list.items
+                            .iter()
+                            .filter_map(|v| source.decode::<K>(v))
+                            .map(|k| Ok(Event::InitApply(k))),
+                    );
+                    events.push(Ok(Event::InitDone));
+                    debug!(kind = %source.kind.kind, objects = list.items.len(), resource_version = %list.resource_version, "listed");
+                    (
+                        events,
+                        State::Watching {
+                            rv: list.resource_version,
+                            stream: None,
+                        },
+                    )
+                }
+                Err(e) => (vec![Err(source.failed("list", &e))], State::Listing),
+            }
+        }
+        State::Watching { rv, stream: None } => {
+            source.pause_after_failure().await;
+            match source
+                .store
+                .watch(&source.kind, source.namespace.as_deref(), &rv)
+                .await
+            {
+                Ok(stream) => (
+                    Vec::new(),
+                    State::Watching {
+                        rv,
+                        stream: Some(stream),
+                    },
+                ),
+                Err(StoreError::Gone) => {
+                    debug!(kind = %source.kind.kind, "watch position is gone; listing again");
+                    crate::metrics::watch_relisted(&source.kind.kind);
+                    (Vec::new(), State::Listing)
+                }
+                Err(e) => (
+                    vec![Err(source.failed("watch", &e))],
+                    State::Watching { rv, stream: None },
+                ),
+            }
+        }
+        State::Watching {
+            rv,
+            stream: Some(mut stream),
+        } => match stream.next().await {
+            Some(Ok(change)) => {
+                source.failures = 0;
+                let rv = change.resource_version.to_string();
+                let events = event_of(source, &change).into_iter().map(Ok).collect();
+                (
+                    events,
+                    State::Watching {
+                        rv,
+                        stream: Some(stream),
+                    },
+                )
+            }
+            Some(Err(StoreError::Gone)) => {
+                debug!(kind = %source.kind.kind, "watch position is gone; listing again");
+                crate::metrics::watch_relisted(&source.kind.kind);
+                (Vec::new(), State::Listing)
+            }
+            Some(Err(e)) => (
+                vec![Err(source.failed("watch", &e))],
+                State::Watching { rv, stream: None },
+            ),
+            // Watches end (Kubernetes closes them after a timeout): resume where this one stopped.
+            None => (Vec::new(), State::Watching { rv, stream: None }),
+        },
+    }
+}
+
+fn event_of<K: Object + Debug>(source: &Source, change: &Change) -> Option<Event<K>> {
+    let object = source.decode::<K>(&change.object)?;
+    Some(match change.change {
+        ChangeType::Added | ChangeType::Modified => Event::Apply(object),
+        ChangeType::Deleted => Event::Delete(object),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        Api, Preconditions,
+        embedded::{Durability, EmbeddedStore},
+    };
+    use k8s_openapi::{api::core::v1::ConfigMap, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+
+    fn mk_cm(name: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn names(events: &[Event<ConfigMap>]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::Init => "init".to_string(),
+                Event::InitApply(c) => {
+                    format!("initapply:{}", c.metadata.name.clone().unwrap_or_default())
+                }
+                Event::InitDone => "initdone".to_string(),
+                Event::Apply(c) => format!("apply:{}", c.metadata.name.clone().unwrap_or_default()),
+                Event::Delete(c) => {
+                    format!("delete:{}", c.metadata.name.clone().unwrap_or_default())
+                }
+            })
+            .collect()
+    }
+
+    /// A fresh embedded store (the directory lives as long as the first half).
+    async fn open() -> (tempfile::TempDir, Arc<dyn ObjectStore>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .expect("opens");
+        (dir, store)
+    }
+
+    #[tokio::test]
+    async fn lists_then_follows_changes() {
+        let (_dir, dyn_store) = open().await;
+        let api = Api::<ConfigMap>::new(dyn_store.clone());
+        api.create(&mk_cm("a")).await.expect("create");
+        let events = watcher::<ConfigMap>(dyn_store, Kind::of::<ConfigMap>(), None);
+        tokio::pin!(events);
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.push(events.next().await.expect("event").expect("ok"));
+        }
+        assert_eq!(names(&seen), ["init", "initapply:a", "initdone"]);
+        api.create(&mk_cm("b")).await.expect("create");
+        api.delete("ns", "a", &Preconditions::default())
+            .await
+            .expect("delete");
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            seen.push(events.next().await.expect("event").expect("ok"));
+        }
+        assert_eq!(names(&seen), ["apply:b", "delete:a"]);
+    }
+
+    fn relists() -> f64 {
+        // Each test runs in a process of its own (nextest), so the count is this test's.
+        crate::metrics::sample(
+            &crate::metrics::encode(),
+            "harvester_cloud_watch_relists_total{kind=\"ConfigMap\"}",
+        )
+        .unwrap_or(0.0)
+    }
+
+    /// Creates `count` ConfigMaps of `bytes` each while the watcher reads nothing (it has
+    /// subscribed: a poll that times out left it waiting on the store's changes), then reads until
+    /// it has seen them all; whether it listed again.
+    async fn fall_behind(count: usize, bytes: usize) -> bool {
+        let (_dir, dyn_store) = open().await;
+        let api = Api::<ConfigMap>::new(dyn_store.clone());
+        let events = watcher::<ConfigMap>(dyn_store, Kind::of::<ConfigMap>(), None);
+        tokio::pin!(events);
+        for _ in 0..2 {
+            events.next().await.expect("event").expect("ok");
+        }
+        let idle = tokio::time::timeout(Duration::from_millis(50), events.next()).await;
+        assert!(idle.is_err(), "nothing to see yet");
+        let data = "x".repeat(bytes);
+        for i in 0..count {
+            let mut cm = mk_cm(&format!("cm{i}"));
+            cm.data = Some([("d".to_string(), data.clone())].into());
+            api.create(&cm).await.expect("create");
+        }
+        let mut relisted = false;
+        let mut seen = std::collections::HashSet::new();
+        while seen.len() < count {
+            match events.next().await.expect("event").expect("ok") {
+                Event::Init => relisted = true,
+                Event::InitApply(c) | Event::Apply(c) => {
+                    seen.insert(c.metadata.name.unwrap_or_default());
+                }
+                _ => {}
+            }
+        }
+        relisted
+    }
+
+    /// A watcher further behind than the store's change channel holds (4,096 changes) resumes
+    /// from the history and misses nothing, without listing again.
+    #[tokio::test]
+    async fn a_watcher_behind_the_channel_resumes_from_the_history() {
+        assert!(!fall_behind(5_000, 10).await, "no list again");
+        assert_eq!(relists(), 0.0);
+    }
+
+    /// A watcher further behind than the history reaches (16 MiB of changes) lists again, as
+    /// after a 410 from Kubernetes, misses nothing, and is counted.
+    #[tokio::test]
+    async fn a_watcher_behind_the_history_lists_again_and_is_counted() {
+        assert!(fall_behind(4_200, 8 << 10).await, "listed again");
+        assert!(relists() >= 1.0, "and the relist was counted");
+    }
+}
