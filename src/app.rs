@@ -24,7 +24,7 @@ use crate::{
     issuer::Issuer,
     kubeconfig::{CloudConfig, Settings, seed::seed, service::vip_url},
     lb::{
-        admission::{AdmittedStore, NetworkCheck},
+        admission::{NetworkCheck, admitted},
         objects::Objects,
     },
     store::{
@@ -164,7 +164,7 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
         },
     ));
     // Pools' networks must name existing NetworkAttachmentDefinitions, as upstream's mutator wants.
-    let admitted = Arc::new(AdmittedStore::new(store.clone(), NetworkCheck::Require));
+    let admitted = Arc::new(admitted(store.clone(), NetworkCheck::Require));
     let state = AppState {
         cloud_config,
         authenticator: Arc::new(KubeAuthenticator::new(
@@ -241,7 +241,7 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
         },
     ));
     // The embedded backend has no VM networks to look pools' networks up in.
-    let admitted = Arc::new(AdmittedStore::new(dyn_store.clone(), NetworkCheck::Skip));
+    let admitted = Arc::new(admitted(dyn_store.clone(), NetworkCheck::Skip));
     // Guest clusters' LoadBalancers go through the same admission as the API's.
     let guests = crate::guest::api::GuestClusters::new(dyn_store.clone(), admitted.clone());
     let state = AppState {

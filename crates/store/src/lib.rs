@@ -12,6 +12,7 @@ pub mod validation;
 // The crates below this one, under the names the modules use.
 use harvester_cloud_metrics as metrics;
 
+pub mod admitted;
 pub mod embedded;
 pub mod kubernetes;
 pub mod selector;

@@ -24,7 +24,7 @@ pub mod checks;
 pub mod network;
 pub mod store;
 
-pub use store::AdmittedStore;
+pub use store::{AdmittedStore, admitted};
 
 use std::sync::Arc;
 

@@ -4,12 +4,10 @@
 //! validated; a refusal is an error carrying the webhook's message. Other kinds, status writes (the
 //! webhooks do not watch the status subresource) and reads pass straight through.
 //!
-//! Admission judges the object as the store will keep it, never a writer's claim about it: a create
-//! is judged without a status (the store drops it), an update with the stored status (the store
-//! keeps it) and against the very version it replaces (an update without a resourceVersion is made
-//! conditional on the version judged), a delete against the version it deletes.
+//! The decorator is the store's ([`crate::store::admitted`]: it judges the object as the store will
+//! keep it, never a writer's claim about it); this is what [`Admission`] does with what it is given.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Serialize, de::DeserializeOwned};
@@ -19,14 +17,18 @@ use super::{Admission, AdmitError, NetworkCheck};
 use crate::{
     crd::{IPPool, LoadBalancer, lb_kind, pool_kind},
     store::{
-        ChangeStream, Deleted, Kind, LabelSelector, ObjectList, ObjectStore, Preconditions,
-        StoreError, object_key,
+        Kind, ObjectStore, StoreError,
+        admitted::{Admit, Admitted},
+        object_key,
     },
 };
 
 /// A store behind admission.
-pub struct AdmittedStore {
-    admission: Admission,
+pub type AdmittedStore = Admitted<Admission>;
+
+/// `inner` behind admission; what the checks read comes from `inner` too.
+pub fn admitted(inner: Arc<dyn ObjectStore>, networks: NetworkCheck) -> AdmittedStore {
+    Admitted::new(inner.clone(), Admission::new(inner, networks))
 }
 
 /// The kinds admission judges.
@@ -44,42 +46,6 @@ fn judged(kind: &Kind) -> Option<Judged> {
         Some(Judged::Pool)
     } else {
         None
-    }
-}
-
-impl AdmittedStore {
-    /// `inner` behind admission; what the checks read comes from `inner` too.
-    pub fn new(inner: Arc<dyn ObjectStore>, networks: NetworkCheck) -> Self {
-        AdmittedStore {
-            admission: Admission::new(inner, networks),
-        }
-    }
-
-    /// The checks, for the admission webhooks.
-    pub fn admission(&self) -> &Admission {
-        &self.admission
-    }
-
-    /// The store behind admission.
-    pub fn inner(&self) -> &Arc<dyn ObjectStore> {
-        self.admission.store()
-    }
-
-    async fn stored<K: DeserializeOwned>(
-        &self,
-        kind: &Kind,
-        namespace: &str,
-        name: &str,
-    ) -> Result<K, StoreError> {
-        let current = self
-            .inner()
-            .get(kind, namespace, name)
-            .await?
-            .ok_or_else(|| StoreError::NotFound {
-                kind: kind.singular(),
-                name: name.to_string(),
-            })?;
-        decode(kind, current)
     }
 }
 
@@ -131,174 +97,68 @@ fn encode<K: Serialize>(kind: &Kind, object: &K) -> Result<Value, StoreError> {
     Ok(value)
 }
 
-/// The deletion marks as the store will keep them: the stored object's (none on a create), never
-/// the writer's. An object "being deleted" skips most checks, so a body may not claim it.
-fn as_stored(
-    meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    stored: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
-) {
-    meta.deletion_timestamp = stored.and_then(|s| s.deletion_timestamp.clone());
-    meta.deletion_grace_period_seconds = stored.and_then(|s| s.deletion_grace_period_seconds);
-}
-
-/// An update is conditional on the version it was judged against.
-fn pin_version(
-    meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    current: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) {
-    if meta
-        .resource_version
-        .as_deref()
-        .unwrap_or_default()
-        .is_empty()
-    {
-        meta.resource_version = current.resource_version.clone();
-    }
-}
-
 #[async_trait]
-impl ObjectStore for AdmittedStore {
-    async fn get(
-        &self,
-        kind: &Kind,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<Value>, StoreError> {
-        self.inner().get(kind, namespace, name).await
+impl Admit for Admission {
+    fn judges(&self, kind: &Kind) -> bool {
+        judged(kind).is_some()
     }
 
-    async fn list(
-        &self,
-        kind: &Kind,
-        namespace: Option<&str>,
-        selector: &LabelSelector,
-    ) -> Result<ObjectList, StoreError> {
-        self.inner().list(kind, namespace, selector).await
+    fn judges_delete(&self, kind: &Kind) -> bool {
+        matches!(judged(kind), Some(Judged::Pool))
     }
 
     async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        let object = match judged(kind) {
-            None => object,
+        match judged(kind) {
+            None => Ok(object),
             Some(Judged::LoadBalancer) => {
                 let mut lb: LoadBalancer = decode(kind, object)?;
-                // The store drops a status on create (a subresource) and a client's deletion
-                // marks: judged without them.
-                lb.status = None;
-                as_stored(&mut lb.metadata, None);
-                self.admission
-                    .admit_lb_create(&mut lb)
+                self.admit_lb_create(&mut lb)
                     .await
                     .map_err(|e| refused(kind, lb.metadata.name.as_deref(), e))?;
-                encode(kind, &lb)?
+                encode(kind, &lb)
             }
             Some(Judged::Pool) => {
                 let mut pool: IPPool = decode(kind, object)?;
-                pool.status = None;
-                as_stored(&mut pool.metadata, None);
-                self.admission
-                    .admit_pool_create(&mut pool)
+                self.admit_pool_create(&mut pool)
                     .await
                     .map_err(|e| refused(kind, pool.metadata.name.as_deref(), e))?;
-                encode(kind, &pool)?
+                encode(kind, &pool)
             }
-        };
-        self.inner().create(kind, object).await
+        }
     }
 
-    async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        let Some(judged) = judged(kind) else {
-            return self.inner().replace(kind, object).await;
-        };
-        let (namespace, name) = object_key(&object);
-        let object = match judged {
-            Judged::LoadBalancer => {
-                let current: LoadBalancer = self.stored(kind, &namespace, &name).await?;
-                let mut lb: LoadBalancer = decode(kind, object)?;
-                pin_version(&mut lb.metadata, &current.metadata);
-                // The store keeps the stored status (a subresource) and whether the object is
-                // being deleted: judged with those, whatever the body claims.
-                lb.status = current.status.clone();
-                as_stored(&mut lb.metadata, Some(&current.metadata));
-                self.admission
-                    .admit_lb_update(&current, &mut lb)
-                    .await
-                    .map_err(|e| refused(kind, Some(&name), e))?;
-                encode(kind, &lb)?
-            }
-            Judged::Pool => {
-                let current: IPPool = self.stored(kind, &namespace, &name).await?;
-                let mut pool: IPPool = decode(kind, object)?;
-                pin_version(&mut pool.metadata, &current.metadata);
-                // What the pool holds is its stored status, and whether it is being deleted is
-                // the store's: an update is judged with those.
-                pool.status = current.status.clone();
-                as_stored(&mut pool.metadata, Some(&current.metadata));
-                self.admission
-                    .admit_pool_update(&current, &mut pool)
-                    .await
-                    .map_err(|e| refused(kind, Some(&name), e))?;
-                encode(kind, &pool)?
-            }
-        };
-        self.inner().replace(kind, object).await
-    }
-
-    /// Status writes are not admitted (the webhooks do not watch the status subresource).
-    async fn replace_status(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        self.inner().replace_status(kind, object).await
-    }
-
-    async fn delete(
+    async fn update(
         &self,
         kind: &Kind,
-        namespace: &str,
-        name: &str,
-        preconditions: &Preconditions,
-    ) -> Result<Deleted, StoreError> {
-        let Some(Judged::Pool) = judged(kind) else {
-            return self
-                .inner()
-                .delete(kind, namespace, name, preconditions)
-                .await;
-        };
-        let current: IPPool = self.stored(kind, namespace, name).await?;
-        self.admission
-            .admit_pool_delete(&current)
-            .map_err(|e| refused(kind, Some(name), e))?;
-        // Conditional on the version just judged: an address allocated since makes this a conflict
-        // instead of deleting a pool that holds it.
-        let judged = Preconditions {
-            uid: preconditions.uid.clone().or(current.metadata.uid),
-            resource_version: preconditions
-                .resource_version
-                .clone()
-                .or(current.metadata.resource_version),
-        };
-        self.inner().delete(kind, namespace, name, &judged).await
-    }
-
-    async fn watch(
-        &self,
-        kind: &Kind,
-        namespace: Option<&str>,
-        resource_version: &str,
-    ) -> Result<ChangeStream, StoreError> {
-        self.inner().watch(kind, namespace, resource_version).await
-    }
-
-    async fn wait_for_token(
-        &self,
-        namespace: &str,
-        secret_name: &str,
-        timeout: Duration,
+        current: Value,
+        object: Value,
     ) -> Result<Value, StoreError> {
-        self.inner()
-            .wait_for_token(namespace, secret_name, timeout)
-            .await
+        let name = object_key(&object).1;
+        match judged(kind) {
+            None => Ok(object),
+            Some(Judged::LoadBalancer) => {
+                let current: LoadBalancer = decode(kind, current)?;
+                let mut lb: LoadBalancer = decode(kind, object)?;
+                self.admit_lb_update(&current, &mut lb)
+                    .await
+                    .map_err(|e| refused(kind, Some(&name), e))?;
+                encode(kind, &lb)
+            }
+            Some(Judged::Pool) => {
+                let current: IPPool = decode(kind, current)?;
+                let mut pool: IPPool = decode(kind, object)?;
+                self.admit_pool_update(&current, &mut pool)
+                    .await
+                    .map_err(|e| refused(kind, Some(&name), e))?;
+                encode(kind, &pool)
+            }
+        }
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.inner().ping().await
+    async fn delete(&self, kind: &Kind, current: &Value) -> Result<(), StoreError> {
+        let current: IPPool = decode(kind, current.clone())?;
+        self.admit_pool_delete(&current)
+            .map_err(|e| refused(kind, current.metadata.name.as_deref(), e))
     }
 }
 
@@ -309,7 +169,7 @@ mod tests {
         crd::{keys::ANNOTATION_NETWORK, kinds::VirtualMachineInstance, lb_api, pool_api},
         ipam::{PoolSpec, RangeSpec},
         store::{
-            Api,
+            Api, Preconditions,
             embedded::{Durability, EmbeddedStore},
         },
     };
@@ -330,8 +190,7 @@ mod tests {
             .create(&vmi)
             .await
             .expect("creates");
-        let store: Arc<dyn ObjectStore> =
-            Arc::new(AdmittedStore::new(inner.clone(), NetworkCheck::Skip));
+        let store: Arc<dyn ObjectStore> = Arc::new(admitted(inner.clone(), NetworkCheck::Skip));
         let lbs = lb_api(store);
         let lb: LoadBalancer = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "lb", "namespace": "default",
@@ -364,8 +223,7 @@ mod tests {
         let inner: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
             .await
             .expect("opens");
-        let admitted: Arc<dyn ObjectStore> =
-            Arc::new(AdmittedStore::new(inner.clone(), NetworkCheck::Skip));
+        let admitted: Arc<dyn ObjectStore> = Arc::new(admitted(inner.clone(), NetworkCheck::Skip));
         let pools = pool_api(admitted);
         let mut pool = IPPool::new(
             "p",
