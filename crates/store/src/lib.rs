@@ -13,6 +13,7 @@ pub mod validation;
 use harvester_cloud_metrics as metrics;
 
 pub mod admitted;
+pub mod cluster_view;
 pub mod embedded;
 pub mod kubernetes;
 pub mod selector;

@@ -26,11 +26,6 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span};
 
-mod store;
-
-pub use store::ClusterStore;
-
-use self::store::Owner;
 use super::{
     decide::{in_scope, maker_of},
     mapping::GuestContext,
@@ -39,9 +34,15 @@ use super::{
 use crate::{
     crd::{LoadBalancer, keys, lb_api, lb_kind},
     store::{
-        Kind, LabelSelector, NameRule, ObjectStore, Preconditions, StoreError, watcher::watcher,
+        Kind, LabelSelector, NameRule, ObjectStore, Preconditions, StoreError,
+        cluster_view::{ClusterScope, ClusterView, Owner},
+        watcher::watcher,
     },
 };
+
+/// One guest cluster of the embedded store as a store port of its own, as if it were that
+/// cluster's API server (the store's [`ClusterView`], scoped by [`ClusterKey`]).
+pub type ClusterStore = ClusterView<ClusterKey>;
 
 /// The group of the internal kinds that hold guest objects.
 pub const GROUP: &str = "guest.harvester-cloud.io";
@@ -77,6 +78,24 @@ fn guest_kinds() -> [Kind; 3] {
 pub struct ClusterKey {
     pub namespace: String,
     pub cluster: String,
+}
+
+impl ClusterScope for ClusterKey {
+    fn cluster(&self) -> &str {
+        &self.cluster
+    }
+
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn internal_kind(&self, kind: &Kind) -> Kind {
+        internal_kind(kind)
+    }
+
+    fn owner_field(&self) -> &'static str {
+        OWNER_FIELD
+    }
 }
 
 /// Why a guest cluster or object name is refused.

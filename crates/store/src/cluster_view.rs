@@ -1,6 +1,11 @@
-//! [`ClusterStore`]: one guest cluster of the embedded store as a store port of its own, as if it
-//! were that cluster's API server. Objects are kept under the internal kinds of [`super::GROUP`],
-//! named `<cluster>.<namespace>.<name>`, with their cluster, namespace and name in the owner field.
+//! [`ClusterView`]: one cluster kept inside this store, shown as a store port of its own, as if it
+//! were that cluster's API server. The domain that keeps other clusters' objects here (the guest
+//! clusters of the embedded backend) says where ([`ClusterScope`]): which internal kind holds the
+//! objects of a kind, in which namespace, and in which field a record names its owner. Records are
+//! named `<cluster>.<namespace>.<name>`, with their cluster, namespace and name in the owner field;
+//! cluster and namespace are RFC 1123 labels (no dots), so the name is unambiguous and two clusters
+//! never collide. Everything else (uid, resourceVersion, finalizers, deletion, the status
+//! subresource) is the backing store's own semantics, unchanged.
 
 use std::{sync::Arc, time::Duration};
 
@@ -9,40 +14,52 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{ClusterKey, OWNER_FIELD, internal_kind};
-use crate::store::{
+use crate::{
     Change, ChangeStream, Deleted, Kind, LabelSelector, ObjectList, ObjectStore, Preconditions,
     StoreError,
 };
 
-/// Whose a stored guest object is.
+/// Where a domain keeps one cluster's objects in this store.
+pub trait ClusterScope: Clone + Send + Sync + 'static {
+    /// The cluster's name: the first part of its records' names.
+    fn cluster(&self) -> &str;
+    /// The namespace of this store that holds the cluster's records.
+    fn namespace(&self) -> &str;
+    /// The internal kind whose records hold the cluster's objects of `kind` (namespaced).
+    fn internal_kind(&self, kind: &Kind) -> Kind;
+    /// The field of a record that names its owner ([`Owner`]).
+    fn owner_field(&self) -> &'static str;
+}
+
+/// Whose a record is.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub(super) struct Owner {
-    pub(super) cluster: String,
+pub struct Owner {
+    pub cluster: String,
     namespace: String,
     name: String,
 }
 
-/// One guest cluster of the embedded store as a store port of its own (namespaced kinds only).
-pub struct ClusterStore {
+/// One cluster kept in this store as a store port of its own (namespaced kinds only).
+pub struct ClusterView<S> {
     inner: Arc<dyn ObjectStore>,
-    key: ClusterKey,
+    key: S,
 }
 
-impl ClusterStore {
-    pub fn new(inner: Arc<dyn ObjectStore>, key: ClusterKey) -> Self {
-        ClusterStore { inner, key }
+impl<S: ClusterScope> ClusterView<S> {
+    pub fn new(inner: Arc<dyn ObjectStore>, key: S) -> Self {
+        ClusterView { inner, key }
     }
 
-    pub fn key(&self) -> &ClusterKey {
+    /// The cluster this view shows.
+    pub fn key(&self) -> &S {
         &self.key
     }
 
     fn record_name(&self, namespace: &str, name: &str) -> String {
-        format!("{}.{namespace}.{name}", self.key.cluster)
+        format!("{}.{namespace}.{name}", self.key.cluster())
     }
 
-    fn check_kind(kind: &Kind) -> Result<Kind, StoreError> {
+    fn check_kind(&self, kind: &Kind) -> Result<Kind, StoreError> {
         if !kind.namespaced {
             return Err(StoreError::Invalid {
                 kind: kind.singular(),
@@ -50,10 +67,10 @@ impl ClusterStore {
                 reason: "guest clusters keep namespaced objects only".into(),
             });
         }
-        Ok(internal_kind(kind))
+        Ok(self.key.internal_kind(kind))
     }
 
-    /// The stored form of a guest object.
+    /// The record of a cluster object.
     fn stored_object(&self, kind: &Kind, mut object: Value) -> Result<(Value, Owner), StoreError> {
         let invalid = |name: &str, reason: String| StoreError::Invalid {
             kind: kind.singular(),
@@ -96,29 +113,32 @@ impl ClusterStore {
                 "metadata.name: Invalid value: too long for a guest cluster object".into(),
             ));
         }
-        meta.insert("namespace".into(), Value::from(self.key.namespace.clone()));
+        meta.insert(
+            "namespace".into(),
+            Value::from(self.key.namespace().to_string()),
+        );
         meta.insert("name".into(), Value::from(record_name));
         let owner = Owner {
-            cluster: self.key.cluster.clone(),
+            cluster: self.key.cluster().to_string(),
             namespace,
             name,
         };
         if let Some(fields) = object.as_object_mut() {
             fields.insert(
-                OWNER_FIELD.into(),
+                self.key.owner_field().into(),
                 serde_json::to_value(&owner).map_err(StoreError::backend)?,
             );
         }
         Ok((object, owner))
     }
 
-    /// The guest object of a stored one, if it is this cluster's.
-    fn guest_object(&self, kind: &Kind, mut record: Value) -> Option<Value> {
+    /// The cluster object of a record, if it is this cluster's.
+    fn cluster_object(&self, kind: &Kind, mut record: Value) -> Option<Value> {
         let owner: Owner = record
             .as_object_mut()?
-            .remove(OWNER_FIELD)
+            .remove(self.key.owner_field())
             .and_then(|o| serde_json::from_value(o).ok())?;
-        if owner.cluster != self.key.cluster {
+        if owner.cluster != self.key.cluster() {
             return None;
         }
         let fields = record.as_object_mut()?;
@@ -131,8 +151,8 @@ impl ClusterStore {
     }
 
     fn decoded(&self, kind: &Kind, record: Value) -> Result<Value, StoreError> {
-        let (_, name) = crate::store::object_key(&record);
-        self.guest_object(kind, record)
+        let (_, name) = crate::object_key(&record);
+        self.cluster_object(kind, record)
             .ok_or_else(|| StoreError::NotFound {
                 kind: kind.singular(),
                 name,
@@ -140,8 +160,8 @@ impl ClusterStore {
     }
 }
 
-/// The same error with the guest object's name instead of the stored one.
-fn guest_error(e: StoreError, name: &str) -> StoreError {
+/// The same error with the cluster object's name instead of the stored one.
+fn cluster_error(e: StoreError, name: &str) -> StoreError {
     let name = name.to_string();
     match e {
         StoreError::NotFound { kind, .. } => StoreError::NotFound { kind, name },
@@ -154,20 +174,24 @@ fn guest_error(e: StoreError, name: &str) -> StoreError {
 }
 
 #[async_trait]
-impl ObjectStore for ClusterStore {
+impl<S: ClusterScope> ObjectStore for ClusterView<S> {
     async fn get(
         &self,
         kind: &Kind,
         namespace: &str,
         name: &str,
     ) -> Result<Option<Value>, StoreError> {
-        let ik = Self::check_kind(kind)?;
+        let ik = self.check_kind(kind)?;
         let found = self
             .inner
-            .get(&ik, &self.key.namespace, &self.record_name(namespace, name))
+            .get(
+                &ik,
+                self.key.namespace(),
+                &self.record_name(namespace, name),
+            )
             .await
-            .map_err(|e| guest_error(e, name))?;
-        Ok(found.and_then(|r| self.guest_object(kind, r)))
+            .map_err(|e| cluster_error(e, name))?;
+        Ok(found.and_then(|r| self.cluster_object(kind, r)))
     }
 
     async fn list(
@@ -176,16 +200,16 @@ impl ObjectStore for ClusterStore {
         namespace: Option<&str>,
         selector: &LabelSelector,
     ) -> Result<ObjectList, StoreError> {
-        let ik = Self::check_kind(kind)?;
+        let ik = self.check_kind(kind)?;
         let list = self
             .inner
-            .list(&ik, Some(&self.key.namespace), selector)
+            .list(&ik, Some(self.key.namespace()), selector)
             .await?;
         let items = list
             .items
             .into_iter()
-            .filter_map(|r| self.guest_object(kind, r))
-            .filter(|v| namespace.is_none_or(|ns| crate::store::object_key(v).0 == ns))
+            .filter_map(|r| self.cluster_object(kind, r))
+            .filter(|v| namespace.is_none_or(|ns| crate::object_key(v).0 == ns))
             .collect();
         Ok(ObjectList {
             items,
@@ -194,35 +218,35 @@ impl ObjectStore for ClusterStore {
     }
 
     async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        let ik = Self::check_kind(kind)?;
+        let ik = self.check_kind(kind)?;
         let (record, owner) = self.stored_object(kind, object)?;
         let created = self
             .inner
             .create(&ik, record)
             .await
-            .map_err(|e| guest_error(e, &owner.name))?;
+            .map_err(|e| cluster_error(e, &owner.name))?;
         self.decoded(kind, created)
     }
 
     async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        let ik = Self::check_kind(kind)?;
+        let ik = self.check_kind(kind)?;
         let (record, owner) = self.stored_object(kind, object)?;
         let replaced = self
             .inner
             .replace(&ik, record)
             .await
-            .map_err(|e| guest_error(e, &owner.name))?;
+            .map_err(|e| cluster_error(e, &owner.name))?;
         self.decoded(kind, replaced)
     }
 
     async fn replace_status(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
-        let ik = Self::check_kind(kind)?;
+        let ik = self.check_kind(kind)?;
         let (record, owner) = self.stored_object(kind, object)?;
         let replaced = self
             .inner
             .replace_status(&ik, record)
             .await
-            .map_err(|e| guest_error(e, &owner.name))?;
+            .map_err(|e| cluster_error(e, &owner.name))?;
         self.decoded(kind, replaced)
     }
 
@@ -233,17 +257,17 @@ impl ObjectStore for ClusterStore {
         name: &str,
         preconditions: &Preconditions,
     ) -> Result<Deleted, StoreError> {
-        let ik = Self::check_kind(kind)?;
+        let ik = self.check_kind(kind)?;
         let deleted = self
             .inner
             .delete(
                 &ik,
-                &self.key.namespace,
+                self.key.namespace(),
                 &self.record_name(namespace, name),
                 preconditions,
             )
             .await
-            .map_err(|e| guest_error(e, name))?;
+            .map_err(|e| cluster_error(e, name))?;
         Ok(match deleted {
             Deleted::Gone(v) => Deleted::Gone(self.decoded(kind, v)?),
             Deleted::Pending(v) => Deleted::Pending(self.decoded(kind, v)?),
@@ -256,12 +280,12 @@ impl ObjectStore for ClusterStore {
         namespace: Option<&str>,
         resource_version: &str,
     ) -> Result<ChangeStream, StoreError> {
-        let ik = Self::check_kind(kind)?;
+        let ik = self.check_kind(kind)?;
         let changes = self
             .inner
-            .watch(&ik, Some(&self.key.namespace), resource_version)
+            .watch(&ik, Some(self.key.namespace()), resource_version)
             .await?;
-        let view = ClusterStore {
+        let view = ClusterView {
             inner: self.inner.clone(),
             key: self.key.clone(),
         };
@@ -271,11 +295,11 @@ impl ObjectStore for ClusterStore {
             .filter_map(move |c| {
                 let out = match c {
                     Ok(c) => view
-                        .guest_object(&kind, (*c.object).clone())
+                        .cluster_object(&kind, (*c.object).clone())
                         .filter(|v| {
                             namespace
                                 .as_deref()
-                                .is_none_or(|ns| crate::store::object_key(v).0 == ns)
+                                .is_none_or(|ns| crate::object_key(v).0 == ns)
                         })
                         .map(|object| {
                             Ok(Change {
