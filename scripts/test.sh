@@ -28,6 +28,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "the crate graph against the architecture's floors (scripts/check-crate-graph.py; crates/README.md)"
 scripts/check-crate-graph.py
 
+step "import circles between the files of each crate (scripts/check-import-circles.py)"
+scripts/check-import-circles.py
+
 step "real control plane: kube-apiserver, kube-controller-manager, etcd, and the foreign kinds (KubeVirt's and Multus's CRDs from tools/foreign-crds); built once, cached by version"
 scripts/control-plane.sh build >/dev/null
 
