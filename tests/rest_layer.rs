@@ -82,7 +82,7 @@ async fn a_path_segment_that_is_not_utf8() {
         format!("{LBS}/%FF%FE"),
         format!("{LBS}/default/%FF%FE"),
         format!("{GUEST}/services/default/%FF%FE"),
-        format!("/v1/harvester/guestclusters/gc-rest/%FF%FE/services"),
+        "/v1/harvester/guestclusters/gc-rest/%FF%FE/services".to_string(),
     ] {
         admin(&b, Method::GET, &uri, None)
             .await
@@ -113,13 +113,22 @@ async fn a_missing_object() {
     let b = EmbeddedBackend::start().await;
     for (uri, message) in [
         (format!("{POOLS}/nope"), "ippool \"nope\" not found"),
-        (format!("{LBS}/default/nope"), "loadbalancer \"nope\" not found"),
+        (
+            format!("{LBS}/default/nope"),
+            "loadbalancer \"nope\" not found",
+        ),
         (
             format!("{VMIS}/default/nope"),
             "virtualmachineinstance \"nope\" not found",
         ),
-        (format!("{SERVICES}/default/nope"), "service \"nope\" not found"),
-        (format!("{SLICES}/default/nope"), "endpointslice \"nope\" not found"),
+        (
+            format!("{SERVICES}/default/nope"),
+            "service \"nope\" not found",
+        ),
+        (
+            format!("{SLICES}/default/nope"),
+            "endpointslice \"nope\" not found",
+        ),
         (
             format!("{GUEST}/services/default/nope"),
             "service default/nope not found in guest cluster gc-rest/c1",
