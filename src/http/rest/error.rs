@@ -25,22 +25,16 @@ pub enum Action {
     Read(&'static str),
 }
 
-impl Action {
-    fn as_str(self) -> &'static str {
-        match self {
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
             Action::List => "list",
             Action::Get => "get",
             Action::Create => "create",
             Action::Update => "update",
             Action::Delete => "delete",
             Action::Read(what) => what,
-        }
-    }
-}
-
-impl std::fmt::Display for Action {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        })
     }
 }
 
