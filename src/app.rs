@@ -23,10 +23,7 @@ use crate::{
     http::{self, AppState},
     issuer::Issuer,
     kubeconfig::{CloudConfig, Settings, seed::seed, service::vip_url},
-    lb::{
-        admission::{NetworkCheck, admitted},
-        objects::Objects,
-    },
+    lb::admission::{NetworkCheck, admitted},
     store::{
         ObjectStore,
         embedded::{EmbeddedStore, TokenController},
@@ -171,7 +168,7 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
             client.clone(),
             args.allow_restricted_admin,
         )),
-        objects: Objects::new(admitted),
+        admitted,
         // Guest clusters run `harvester-cloud ccm` themselves.
         guests: None,
         webhooks: if args.webhook_client_ca.is_some() {
@@ -243,16 +240,16 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
     // The embedded backend has no VM networks to look pools' networks up in.
     let admitted = Arc::new(admitted(dyn_store.clone(), NetworkCheck::Skip));
     // Guest clusters' LoadBalancers go through the same admission as the API's.
-    let guests = crate::guest::api::GuestClusters::new(dyn_store.clone(), admitted.clone());
+    let guests = http::rest::kinds::GuestClusters::new(dyn_store.clone(), admitted.clone());
     let state = AppState {
         cloud_config,
         authenticator: Arc::new(
             EmbeddedAuthenticator::new(store.pool().clone(), data_dir)
                 .with_service_accounts(issuer.clone(), dyn_store.clone()),
         ),
-        objects: Objects::new(admitted),
+        admitted,
         guests: Some(guests),
-        vms: Some(crate::lb::vm::api::VmObjects::new(dyn_store.clone())),
+        vms: Some(dyn_store.clone()),
         store: dyn_store,
         issuer: Some(issuer),
         // No API server calls them here, and an open one would only be an oracle of the pools.

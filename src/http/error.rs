@@ -10,11 +10,10 @@ use axum::{
 use serde::Serialize;
 use tracing::{error, warn};
 
+use super::rest::RestError;
 use crate::{
     auth::AuthError,
-    guest::api::GuestApiError,
     kubeconfig::{CloudConfigError, RequestError, accounts::AccountsError},
-    lb::objects::ObjectError,
     store::StoreError,
 };
 
@@ -53,7 +52,7 @@ pub enum ApiError {
     #[error("{what} is not available: {reason}")]
     Unavailable { what: &'static str, reason: String },
     #[error(transparent)]
-    Objects(Box<ObjectError>),
+    Rest(Box<RestError>),
     #[error("cannot encode {what}: {reason}")]
     Encode { what: &'static str, reason: String },
     #[error("fail to decode the admission review: {reason}")]
@@ -62,8 +61,6 @@ pub enum ApiError {
         "guest clusters are kept on the embedded backend only; on Kubernetes, run `harvester-cloud ccm` in the guest cluster"
     )]
     NoGuestClusters,
-    #[error(transparent)]
-    Guest(Box<GuestApiError>),
     #[error(
         "admission reviews are answered for the API server only: present a client certificate signed by the service's --webhook-client-ca"
     )]
@@ -78,21 +75,15 @@ pub enum ApiError {
     EmbeddedOnly { what: &'static str },
 }
 
-impl From<GuestApiError> for ApiError {
-    fn from(e: GuestApiError) -> Self {
-        ApiError::Guest(Box::new(e))
-    }
-}
-
 impl From<AccountsError> for ApiError {
     fn from(e: AccountsError) -> Self {
         ApiError::Accounts(Box::new(e))
     }
 }
 
-impl From<ObjectError> for ApiError {
-    fn from(e: ObjectError) -> Self {
-        ApiError::Objects(Box::new(e))
+impl From<RestError> for ApiError {
+    fn from(e: RestError) -> Self {
+        ApiError::Rest(Box::new(e))
     }
 }
 
@@ -186,18 +177,27 @@ impl ApiError {
                 (StatusCode::NOT_FOUND, "NotFound")
             }
             ApiError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable"),
-            ApiError::Objects(e) => match e.as_ref() {
-                ObjectError::Decode { .. }
-                | ObjectError::Mismatch { .. }
-                | ObjectError::MissingNamespace { .. } => {
+            ApiError::Rest(e) => match e.as_ref() {
+                RestError::Decode { .. }
+                | RestError::ClusterName(_)
+                | RestError::InvalidName { .. }
+                | RestError::Mismatch { .. }
+                | RestError::MissingNamespace { .. }
+                | RestError::Refused(_) => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
+                RestError::NotFound { .. } | RestError::ClusterNotFound(_) => {
+                    (StatusCode::NOT_FOUND, "NotFound")
+                }
+                RestError::Conflict { .. } => (StatusCode::CONFLICT, "Conflict"),
+                RestError::Admission(a) if a.is_rejection() => {
                     (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
                 }
-                ObjectError::NotFound { .. } => (StatusCode::NOT_FOUND, "NotFound"),
-                ObjectError::Admission(a) if a.is_rejection() => {
-                    (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
+                RestError::Admission(_) | RestError::Stored { .. } => {
+                    (StatusCode::INTERNAL_SERVER_ERROR, "ServerError")
                 }
-                ObjectError::Admission(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
-                ObjectError::Store { source, .. } => store_status(source),
+                RestError::Store { .. } | RestError::DeleteCluster(_) => e
+                    .store_error()
+                    .map(store_status)
+                    .unwrap_or((StatusCode::INTERNAL_SERVER_ERROR, "ServerError")),
             },
             ApiError::Encode { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
             ApiError::BadReview { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
@@ -205,24 +205,6 @@ impl ApiError {
                 (StatusCode::NOT_FOUND, "NotFound")
             }
             ApiError::WebhookClient => (StatusCode::FORBIDDEN, "PermissionDenied"),
-            ApiError::Guest(e) => match e.as_ref() {
-                GuestApiError::Name(_)
-                | GuestApiError::ServiceName { .. }
-                | GuestApiError::Decode { .. }
-                | GuestApiError::Mismatch { .. }
-                | GuestApiError::Refused(_) => {
-                    (StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent")
-                }
-                GuestApiError::NotFound { .. } | GuestApiError::ClusterNotFound(_) => {
-                    (StatusCode::NOT_FOUND, "NotFound")
-                }
-                GuestApiError::Conflict { .. } => (StatusCode::CONFLICT, "Conflict"),
-                GuestApiError::Stored { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
-                GuestApiError::Store { .. } | GuestApiError::DeleteCluster(_) => e
-                    .store_error()
-                    .map(store_status)
-                    .unwrap_or((StatusCode::INTERNAL_SERVER_ERROR, "ServerError")),
-            },
         }
     }
 
@@ -249,35 +231,12 @@ impl ApiError {
                 "authentication failed: internal error, see the server log".into()
             }
             ApiError::Unavailable { what, .. } => format!("{what} is not available"),
-            ApiError::Objects(e) => match e.as_ref() {
-                ObjectError::Store {
-                    action,
-                    kind,
-                    name,
-                    source,
-                } if store_status(source).0.is_server_error() => {
-                    format!("cannot {action} {kind} {name}: internal error, see the server log")
-                }
-                ObjectError::Store { source, .. } => source.to_string(),
-                ObjectError::Admission(a) if !a.is_rejection() => {
-                    "admission could not be decided: internal error, see the server log".into()
-                }
-                other => other.to_string(),
-            },
-            ApiError::Encode { .. } => "internal error, see the server log".into(),
-            ApiError::Guest(e)
-                if e.store_error()
-                    .is_some_and(|s| store_status(s).0.is_server_error()) =>
-            {
-                "guest cluster request failed: internal error, see the server log".into()
-            }
-            ApiError::Guest(e) if matches!(e.as_ref(), GuestApiError::Stored { .. }) => {
-                "guest cluster request failed: internal error, see the server log".into()
-            }
-            ApiError::Guest(e) => match e.store_error() {
+            ApiError::Rest(e) if self.status_and_code().0.is_server_error() => e.internal_summary(),
+            ApiError::Rest(e) => match e.store_error() {
                 Some(source) => source.to_string(),
                 None => e.to_string(),
             },
+            ApiError::Encode { .. } => "internal error, see the server log".into(),
             other => other.to_string(),
         }
     }

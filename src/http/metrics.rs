@@ -79,12 +79,11 @@ fn failure_reason(e: &ApiError) -> &'static str {
         | ApiError::NoAsset { .. }
         | ApiError::NoIssuer
         | ApiError::Unavailable { .. }
-        | ApiError::Objects(_)
+        | ApiError::Rest(_)
         | ApiError::Accounts(_)
         | ApiError::Encode { .. }
         | ApiError::BadReview { .. }
         | ApiError::NoGuestClusters
-        | ApiError::Guest(_)
         | ApiError::WebhookClient
         | ApiError::NoWebhooks
         | ApiError::EmbeddedOnly { .. } => "other",

@@ -1,11 +1,11 @@
-//! The HTTP API: routing, authentication of callers, and the handlers that call the domain.
+//! The HTTP API: routing, authentication of callers, and the handlers that call the domain (the
+//! objects kept in the store through one REST layer, [`rest`]).
 //!
 //! Every route is declared once in [`build`], which also records the path and methods so the
 //! OpenAPI contract test can compare the router with `openapi/openapi.yaml`.
 
 pub mod drain;
 pub mod error;
-pub mod guest;
 pub mod kubeconfigs;
 pub mod lb;
 pub mod limits;
@@ -13,11 +13,11 @@ pub mod metrics;
 pub mod metrics_listener;
 pub mod openapi;
 pub mod path;
+pub mod rest;
 pub mod server;
 pub mod tls;
 pub mod tunnel;
 pub mod ui;
-pub mod vm;
 
 use std::sync::Arc;
 
@@ -44,6 +44,7 @@ use crate::{
     auth::{self, Authenticator, Principal},
     issuer::Issuer,
     kubeconfig::{self, AccountRequest, CloudConfig, OutputFormat, Rendered},
+    lb::admission::AdmittedStore,
     store::ObjectStore,
 };
 
@@ -63,15 +64,16 @@ pub struct AppState {
     pub store: Arc<dyn ObjectStore>,
     /// The service-account token issuer, when this backend mints tokens itself.
     pub issuer: Option<Arc<Issuer>>,
-    /// IPPools and LoadBalancers through admission (also serves the admission webhooks).
-    pub objects: crate::lb::objects::Objects,
-    /// Guest clusters' Services, when this backend keeps them (embedded).
-    pub guests: Option<crate::guest::api::GuestClusters>,
+    /// The store behind admission, where the API writes IPPools and LoadBalancers (its checks
+    /// also answer the admission webhooks).
+    pub admitted: Arc<AdmittedStore>,
+    /// Guest clusters, when this backend keeps them (embedded).
+    pub guests: Option<rest::kinds::GuestClusters>,
     /// Who may send admission reviews.
     pub webhooks: WebhookAccess,
-    /// VMIs, and VM load balancers' Services and EndpointSlices, when this backend keeps them
-    /// (embedded).
-    pub vms: Option<crate::lb::vm::api::VmObjects>,
+    /// The store of VMIs, and of VM load balancers' Services and EndpointSlices, when this backend
+    /// keeps them (embedded).
+    pub vms: Option<Arc<dyn ObjectStore>>,
 }
 
 /// Who the admission webhooks answer. Their answers tell which IPPool ranges overlap, so they
@@ -167,70 +169,6 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
     )
     .add("/openid/v1/jwks", &["GET"], get(jwks))
     .add(
-        lb::POOLS_PATH,
-        &["GET", "POST"],
-        objects(get(lb::list_pools).post(lb::create_pool)),
-    )
-    .add(
-        lb::POOL_PATH,
-        &["GET", "PUT", "DELETE"],
-        objects(
-            get(lb::get_pool)
-                .put(lb::update_pool)
-                .delete(lb::delete_pool),
-        ),
-    )
-    .add(lb::POOL_ADDRESSES_PATH, &["GET"], get(lb::pool_addresses))
-    .add(
-        lb::LBS_PATH,
-        &["GET", "POST"],
-        objects(get(lb::list_lbs).post(lb::create_lb)),
-    )
-    .add(lb::LBS_NAMESPACE_PATH, &["GET"], get(lb::list_lbs_in))
-    .add(
-        lb::LB_PATH,
-        &["GET", "PUT", "DELETE"],
-        objects(get(lb::get_lb).put(lb::update_lb).delete(lb::delete_lb)),
-    )
-    .add(lb::LB_EVENTS_PATH, &["GET"], get(lb::list_lb_events))
-    .add(guest::SERVICES_PATH, &["GET"], get(guest::list_services))
-    .add(guest::EVENTS_PATH, &["GET"], get(guest::list_events))
-    .add(
-        guest::SERVICE_PATH,
-        &["GET", "PUT", "DELETE"],
-        objects(
-            get(guest::get_service)
-                .put(guest::put_service)
-                .delete(guest::delete_service),
-        ),
-    )
-    .add(
-        guest::CLUSTER_PATH,
-        &["DELETE"],
-        axum::routing::delete(guest::delete_cluster),
-    )
-    .add(
-        vm::VMIS_PATH,
-        &["GET", "POST"],
-        objects(get(vm::list_vmis).post(vm::create_vmi)),
-    )
-    .add(vm::VMIS_NAMESPACE_PATH, &["GET"], get(vm::list_vmis_in))
-    .add(
-        vm::VMI_PATH,
-        &["GET", "PUT", "DELETE"],
-        objects(get(vm::get_vmi).put(vm::update_vmi).delete(vm::delete_vmi)),
-    )
-    .add(vm::SERVICES_PATH, &["GET"], get(vm::list_services))
-    .add(
-        vm::SERVICES_NAMESPACE_PATH,
-        &["GET"],
-        get(vm::list_services_in),
-    )
-    .add(vm::SERVICE_PATH, &["GET"], get(vm::get_service))
-    .add(vm::SLICES_PATH, &["GET"], get(vm::list_slices))
-    .add(vm::SLICES_NAMESPACE_PATH, &["GET"], get(vm::list_slices_in))
-    .add(vm::SLICE_PATH, &["GET"], get(vm::get_slice))
-    .add(
         lb::VALIDATION_PATH,
         &["POST"],
         post(lb::validation).layer(DefaultBodyLimit::max(limits::REVIEW_BODY)),
@@ -241,7 +179,7 @@ pub fn build(state: AppState) -> (Router, Vec<RouteSpec>) {
         post(lb::mutation).layer(DefaultBodyLimit::max(limits::REVIEW_BODY)),
     )
     .add(openapi::OPENAPI_PATH, &["GET"], get(openapi::openapi_json));
-    let routes = ui::routes(routes);
+    let routes = ui::routes(rest::kinds::routes(routes));
 
     let router = routes
         .router
@@ -380,7 +318,8 @@ impl FromRequestParts<AppState> for Admin {
     }
 }
 
-/// A route of IPPools, LoadBalancers, guest Services or VMIs: bodies up to [`limits::OBJECT_BODY`].
+/// A route of IPPools, LoadBalancers, guest Services or VMIs ([`rest`]): bodies up to
+/// [`limits::OBJECT_BODY`].
 fn objects(route: MethodRouter<AppState>) -> MethodRouter<AppState> {
     route.layer(DefaultBodyLimit::max(limits::OBJECT_BODY))
 }

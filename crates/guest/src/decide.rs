@@ -1,8 +1,8 @@
 //! The guest reconciler's decisions, as pure functions of the objects involved: which Services it
 //! serves, which primary a Service names, the name and shape of a Service's LoadBalancer (new, or
 //! brought to the plan), whether a LoadBalancer is left over, and the edits written back to the
-//! Service. Both the reconciler ([`super::reconcile`]) and the HTTP API ([`super::api`], which refuses
-//! up front what the reconciler would refuse) decide with these.
+//! Service. Both the reconciler ([`super::reconcile`]) and the up-front check of Services written over
+//! HTTP ([`super::admit`]) decide with these.
 
 use k8s_openapi::api::core::v1::{
     LoadBalancerIngress, LoadBalancerStatus as ServiceLbStatus, Service, ServiceStatus,

@@ -8,7 +8,8 @@
 //! `mapping`, `naming`, `network`, `share`, [`decide`] and [`index`] are pure domain code: callers
 //! bring the objects and apply the plans. [`reconcile`] is the reconciler that applies them between
 //! a guest cluster's store port and Harvester's (its steps only: the decisions are [`decide`]'s,
-//! which [`api`] shares); [`clusters`] keeps the guest clusters of the embedded backend (and shows
+//! which [`admit`] shares to refuse up front what the reconciler would refuse of a Service written
+//! over HTTP); [`clusters`] keeps the guest clusters of the embedded backend (and shows
 //! each as its own store port); `harvester-cloud ccm` (the binary's `cli::ccm`) runs the
 //! reconciler inside a guest cluster.
 #![forbid(unsafe_code)]
@@ -22,7 +23,7 @@ use harvester_cloud_store as store;
 use harvester_cloud_store::sync;
 use harvester_cloud_store::validation;
 
-pub mod api;
+pub mod admit;
 pub mod clusters;
 pub mod decide;
 pub mod index;

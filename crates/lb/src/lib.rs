@@ -22,7 +22,6 @@ pub mod admission;
 pub mod guest;
 pub mod ippool;
 pub mod loadbalancer;
-pub mod objects;
 pub mod owners;
 pub mod pools;
 pub mod refusal;

@@ -27,11 +27,11 @@
 //! address (`ValidateEndpointIP`), so one guest agent's report would take every backend of the load
 //! balancer down; out, the slice is the same on both backends.
 
-pub mod api;
 pub mod endpoints;
 pub mod health;
 pub mod prober;
 pub mod service;
+pub mod vmi;
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
