@@ -16,6 +16,7 @@ pub mod issuer;
 pub mod kubeconfig;
 pub mod lb;
 pub mod metrics;
+pub mod reference;
 pub mod store;
 pub mod sync;
 pub mod tunnel;
