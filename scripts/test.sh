@@ -62,13 +62,13 @@ scripts/docker-build-check.py
 step "Helm chart and manifests (helm lint/template, kubernetes-validate, kube-apiserver dry runs)"
 scripts/control-plane.sh with 1 scripts/check-manifests.sh
 
-# Upstream's load balancer controller and cloud provider as peers (docs/interop.md). Their module
+# Upstream's load balancer controller and cloud provider as peers (docs/src/interop.md). Their module
 # paths are refused by the Go module proxy, so this runs only where a developer made checkouts.
 step "interop with upstream's load balancer controller and cloud provider (scripts/interop.sh)"
 if [ -n "${HARVESTER_UPSTREAM_SRC:-}" ]; then
     scripts/interop.sh --upstream "$HARVESTER_UPSTREAM_SRC"
 else
-    printf 'SKIPPED: HARVESTER_UPSTREAM_SRC is not set (the directory that scripts/interop.sh checkout makes; see docs/interop.md)\n'
+    printf 'SKIPPED: HARVESTER_UPSTREAM_SRC is not set (the directory that scripts/interop.sh checkout makes; see docs/src/interop.md)\n'
 fi
 
 printf '\nall checks passed in %ss\n' "$SECONDS"
