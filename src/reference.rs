@@ -89,7 +89,11 @@ fn name(arg: &Arg) -> String {
         let id = arg.get_id().as_str().to_uppercase();
         return format!("`<{id}>`");
     }
-    let mut names: Vec<String> = arg.get_long().map(|l| format!("`--{l}`")).into_iter().collect();
+    let mut names: Vec<String> = arg
+        .get_long()
+        .map(|l| format!("`--{l}`"))
+        .into_iter()
+        .collect();
     names.extend(arg.get_short().map(|s| format!("`-{s}`")));
     names.join(", ")
 }
@@ -106,7 +110,9 @@ fn default(arg: &Arg) -> String {
     }
     match arg.get_action() {
         ArgAction::SetTrue => "off".into(),
-        _ if arg.is_required_set() || (arg.is_positional() && arg.get_default_values().is_empty()) => {
+        _ if arg.is_required_set()
+            || (arg.is_positional() && arg.get_default_values().is_empty()) =>
+        {
             "required".into()
         }
         _ => String::new(),
@@ -131,11 +137,17 @@ fn meaning(arg: &Arg) -> String {
         .collect();
     if values.iter().any(|v| v.get_help().is_some()) {
         for v in &values {
-            let help = v.get_help().map(|h| sentence(&h.to_string())).unwrap_or_default();
+            let help = v
+                .get_help()
+                .map(|h| sentence(&h.to_string()))
+                .unwrap_or_default();
             let _ = write!(text, "<br>`{}`: {}", v.get_name(), lower_first(&help));
         }
     } else if !values.is_empty() {
-        let names: Vec<String> = values.iter().map(|v| format!("`{}`", v.get_name())).collect();
+        let names: Vec<String> = values
+            .iter()
+            .map(|v| format!("`{}`", v.get_name()))
+            .collect();
         let _ = write!(text, " One of {}.", names.join(", "));
     }
     text.trim_start().to_string()
@@ -180,9 +192,16 @@ mod tests {
         fn walk(cmd: &Command, page: &str) {
             for arg in visible_args(cmd) {
                 let shown = name(arg);
-                assert!(page.contains(&format!("| {shown} |")), "{shown} of {}", cmd.get_name());
+                assert!(
+                    page.contains(&format!("| {shown} |")),
+                    "{shown} of {}",
+                    cmd.get_name()
+                );
                 if let Some(env) = arg.get_env() {
-                    assert!(page.contains(&format!("`{}`", env.to_string_lossy())), "{env:?}");
+                    assert!(
+                        page.contains(&format!("`{}`", env.to_string_lossy())),
+                        "{env:?}"
+                    );
                 }
             }
             for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
@@ -191,8 +210,14 @@ mod tests {
         }
         walk(&Cli::command(), &page);
         assert!(page.contains("\n## `harvester-cloud serve`\n"), "{page}");
-        assert!(page.contains("\n## `harvester-cloud kubeconfig rotate`\n"), "{page}");
-        assert!(!page.contains("config-reference`\n\n"), "the hidden command has no section");
+        assert!(
+            page.contains("\n## `harvester-cloud kubeconfig rotate`\n"),
+            "{page}"
+        );
+        assert!(
+            !page.contains("config-reference`\n\n"),
+            "the hidden command has no section"
+        );
     }
 
     #[test]
@@ -215,15 +240,30 @@ mod tests {
                 .to_string()
         };
         let listen = row("--listen");
-        assert!(listen.contains("| `HARVESTER_CLOUD_LISTEN` | `127.0.0.1:8443` |"), "{listen}");
+        assert!(
+            listen.contains("| `HARVESTER_CLOUD_LISTEN` | `127.0.0.1:8443` |"),
+            "{listen}"
+        );
         let http = row("--http");
         assert!(http.contains("| `HARVESTER_CLOUD_HTTP` | off |"), "{http}");
         let backend = row("--backend");
-        assert!(backend.contains("Store backend.<br>`embedded`: SQLite"), "{backend}");
-        assert!(backend.contains("<br>`kube`: the Kubernetes API"), "{backend}");
+        assert!(
+            backend.contains("Store backend.<br>`embedded`: SQLite"),
+            "{backend}"
+        );
+        assert!(
+            backend.contains("<br>`kube`: the Kubernetes API"),
+            "{backend}"
+        );
         let format = row("--log-format");
-        assert!(format.ends_with("| Log line format. One of `text`, `json`. |"), "{format}");
+        assert!(
+            format.ends_with("| Log line format. One of `text`, `json`. |"),
+            "{format}"
+        );
         let description = row("--description");
-        assert!(description.contains("| `HARVESTER_CLOUD_TOKEN_DESCRIPTION` |  |"), "{description}");
+        assert!(
+            description.contains("| `HARVESTER_CLOUD_TOKEN_DESCRIPTION` |  |"),
+            "{description}"
+        );
     }
 }

@@ -1020,10 +1020,7 @@ fn listed() -> BTreeMap<String, Vec<Listed>> {
         );
         rows.push(row);
     }
-    assert!(
-        !out.is_empty(),
-        "{PAGE}'s table of differences is empty"
-    );
+    assert!(!out.is_empty(), "{PAGE}'s table of differences is empty");
     out
 }
 
