@@ -439,20 +439,22 @@ fn the_configuration_page_is_what_the_binary_prints() {
         rest[..rest.find("\n## ").unwrap_or(rest.len())].to_string()
     };
     let every_command = section("Every command");
-    // "| `--flag`, `-s` | `ENV` | …" → the long flags and environment variables of a table.
+    // "- **`--flag`, `-s`**, env `ENV`, default …: …" → the long flags and environment variables.
     let named = |text: &str| -> std::collections::BTreeSet<String> {
-        text.lines()
-            .filter(|l| l.starts_with("| `"))
-            .flat_map(|l| {
-                let cells: Vec<&str> = l.split(" | ").collect();
-                let names = cells[0].trim_start_matches("| ").split(", ");
+        let mut out = std::collections::BTreeSet::new();
+        for item in text.lines().filter_map(|l| l.strip_prefix("- **")) {
+            let (names, rest) = item.split_once("**").expect("an item's names end in **");
+            out.extend(
                 names
-                    .chain(cells.get(1).copied())
-                    .map(|w| w.trim_matches('`').to_string())
-                    .collect::<Vec<_>>()
-            })
-            .filter(|w| w.starts_with("--") || w.starts_with("HARVESTER_CLOUD_"))
-            .collect()
+                    .split(", ")
+                    .map(|n| n.trim_matches('`').to_string())
+                    .filter(|n| n.starts_with("--")),
+            );
+            if let Some(env) = rest.strip_prefix(", env `") {
+                out.insert(env.split('`').next().unwrap().to_string());
+            }
+        }
+        out
     };
     for command in [
         "serve",
