@@ -3,7 +3,7 @@
 //! accounts. Run with `cargo bench --bench http_load` (options after `--`: `--seconds N`,
 //! `--connections N`; `HTTP_LOAD_SECONDS` in the environment sets the seconds too, as the test
 //! script's short smoke run does; `HTTP_LOAD_SERVER` runs another build's binary instead). Prints requests/s and latency percentiles per scenario, and the
-//! ratios the README reports; it fails only when a request fails, never on a figure.
+//! ratios the manual reports (docs/src/performance.md); it fails only when a request fails, never on a figure.
 //!
 //! The load generator is a minimal hyper HTTP/1.1 client (one task per keep-alive connection) so
 //! that it takes as little of the machine's CPU as possible from the server.

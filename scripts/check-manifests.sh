@@ -27,7 +27,7 @@ render_plain() {
 #
 # It expects a TLS Secret `harvester-cloud-tls` (tls.crt, tls.key) for the Service's DNS names
 # (harvester-cloud.harvester-system.svc), and the webhook configurations need that certificate's CA
-# as caBundle. The README's "Install" section shows the commands. The Helm chart does both itself.
+# as caBundle. The manual (docs/src/install.md) shows the commands. The Helm chart does both itself.
 # Harvester's ClusterRoles harvesterhci.io:cloudprovider and harvesterhci.io:csi-driver are not in
 # here: a Harvester cluster has them (the chart can create them where they are missing).
 HEADER

@@ -8,7 +8,7 @@
 #
 # VERSION names the checkout's release (an archive has no git history to ask; default v1.9.0): it
 # picks the router rules the peer applies in front of the handler (tools/upstream-cloudconfig) and
-# the README rows the test holds it to (those of its line, v1.9). The peer is built from the
+# the rows of docs/src/api.md the test holds it to (those of its line, v1.9). The peer is built from the
 # checkout's vendor/ (offline) when it has one, else through the module proxy, and cached by
 # version and go.sum hash (scripts/upstream-cloudconfig.sh build-checkout). The build adds one
 # directory to the checkout, cmd/harvester-cloud-upstream-cloudconfig, holding our main.go.

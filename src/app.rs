@@ -46,6 +46,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Kubeconfig { command } => Ok(crate::cli::kubeconfig::run(command).await?),
+        Command::ConfigReference => {
+            print!("{}", crate::reference::markdown());
+            Ok(())
+        }
         Command::Ccm(args) => {
             let shutdown = CancellationToken::new();
             cancel_on_signal(shutdown.clone());

@@ -54,7 +54,8 @@ pub enum LogFormat {
     reason = "parsed once at start; boxing would only complicate matching on it"
 )]
 pub enum Command {
-    /// Run the HTTP API on the embedded store.
+    /// Run the service: the HTTP API and the reconcilers, on the embedded store or (`--backend
+    /// kube`) the Kubernetes API.
     Serve(ServeArgs),
     /// Manage admin API tokens of the embedded store.
     Token {
@@ -71,6 +72,10 @@ pub enum Command {
     /// Run in a guest cluster: map its Services of type LoadBalancer to Harvester LoadBalancers
     /// (the Harvester Cloud Provider's load balancing).
     Ccm(CcmArgs),
+    /// Print every command's flags as markdown: the manual's configuration page
+    /// (docs/src/configuration.md).
+    #[command(hide = true)]
+    ConfigReference,
 }
 
 /// `harvester-cloud ccm`.
@@ -332,7 +337,7 @@ pub struct ServeArgs {
     /// database is noticed instead of silently replaced). Everything of the old store is lost.
     #[arg(long, env = "HARVESTER_CLOUD_REINITIALIZE")]
     pub reinitialize: bool,
-    /// SQLite durability: `full` makes every acknowledged write survive power loss.
+    /// How the embedded store makes a write durable before it acknowledges it.
     #[arg(long, env = "HARVESTER_CLOUD_DURABILITY", value_enum, default_value_t = Durability::Full)]
     pub durability: Durability,
     /// How many LoadBalancers the reconciler works on at once. Many in flight let the store and

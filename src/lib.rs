@@ -12,6 +12,7 @@ pub mod certs;
 pub mod cli;
 pub mod config;
 pub mod http;
+pub mod reference;
 pub mod tunnel;
 
 pub use harvester_cloud_api as crd;

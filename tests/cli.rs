@@ -399,3 +399,115 @@ fn a_taken_port_fails_before_anything_is_written() {
         assert!(!data.join(f).exists(), "{f} was created");
     }
 }
+
+/// The manual's configuration page, `docs/src/configuration.md`, is what `config-reference` prints
+/// from the clap definitions that `--help` is made of; and each command's section names exactly
+/// the flags and environment variables its `--help` names.
+#[test]
+fn the_configuration_page_is_what_the_binary_prints() {
+    const PAGE: &str = "docs/src/configuration.md";
+    const REGENERATE: &str = "cargo run -- config-reference > docs/src/configuration.md";
+    let out = Command::new(BIN).arg("config-reference").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let page = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(PAGE)).unwrap();
+    if page != printed {
+        let first = page
+            .lines()
+            .zip(printed.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(page.lines().count().min(printed.lines().count()));
+        panic!(
+            "{PAGE} is not what `harvester-cloud config-reference` prints (first difference at line \
+             {}: page {:?}, binary {:?}); regenerate it with `{REGENERATE}`",
+            first + 1,
+            page.lines().nth(first),
+            printed.lines().nth(first)
+        );
+    }
+
+    let section = |title: &str| -> String {
+        let heading = format!("\n## {title}\n");
+        let start = page
+            .find(&heading)
+            .unwrap_or_else(|| panic!("{PAGE} has no section {title}"));
+        let rest = &page[start + heading.len()..];
+        rest[..rest.find("\n## ").unwrap_or(rest.len())].to_string()
+    };
+    let every_command = section("Every command");
+    // "- **`--flag`, `-s`**, env `ENV`, default …: …" → the long flags and environment variables.
+    let named = |text: &str| -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        for item in text.lines().filter_map(|l| l.strip_prefix("- **")) {
+            let (names, rest) = item.split_once("**").expect("an item's names end in **");
+            out.extend(
+                names
+                    .split(", ")
+                    .map(|n| n.trim_matches('`').to_string())
+                    .filter(|n| n.starts_with("--")),
+            );
+            if let Some(env) = rest.strip_prefix(", env `") {
+                out.insert(env.split('`').next().unwrap().to_string());
+            }
+        }
+        out
+    };
+    for command in [
+        "serve",
+        "token create",
+        "token list",
+        "token revoke",
+        "crds",
+        "kubeconfig generate",
+        "kubeconfig list",
+        "kubeconfig rotate",
+        "kubeconfig revoke",
+        "ccm",
+    ] {
+        let out = Command::new(BIN)
+            .args(command.split(' '))
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{command} --help");
+        let help = String::from_utf8(out.stdout).unwrap();
+        let mut in_help = std::collections::BTreeSet::new();
+        for line in help.lines() {
+            let line = line.trim_start();
+            let flag = line.strip_prefix("-").and_then(|l| {
+                let l = l.split_once(", -").map_or(l, |(_, long)| long);
+                l.strip_prefix('-')
+            });
+            if let Some(flag) = flag {
+                let name: String = flag
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                    .collect();
+                if name != "help" && name != "version" && !name.is_empty() {
+                    in_help.insert(format!("--{name}"));
+                }
+            }
+            // `[env: NAME=]` on a line of its own (long help) or at the end of one (short).
+            for (_, env) in line
+                .match_indices("[env: ")
+                .map(|(i, _)| line.split_at(i + 6))
+            {
+                in_help.insert(env.split('=').next().unwrap().to_string());
+            }
+        }
+        let on_page: std::collections::BTreeSet<String> =
+            named(&section(&format!("`harvester-cloud {command}`")))
+                .union(&named(&every_command))
+                .cloned()
+                .collect();
+        assert_eq!(
+            in_help, on_page,
+            "`harvester-cloud {command} --help` and its section of {PAGE} name different flags; \
+             regenerate the page with `{REGENERATE}`"
+        );
+    }
+}

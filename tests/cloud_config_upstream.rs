@@ -3,8 +3,8 @@
 //! router serves it) and to our service on the Kubernetes backend with the chart's RBAC, on the same
 //! control plane, and their statuses, normalized bodies and the objects each made are compared.
 //!
-//! Every difference must be one that the README lists, with its reason, in the table under "Where
-//! we differ from Harvester on purpose" (the test reads that table): an unlisted difference fails,
+//! Every difference must be one that the manual lists, with its reason, in the table under "Where
+//! we differ from Harvester on purpose" in docs/src/api.md (the test reads that table): an unlisted difference fails,
 //! and so does a listed one that no longer differs. A row names the Harvester lines it holds for
 //! (`v1.8`, `v1.9`), so the same table serves the peer built from the module proxy (v1.8.0, the
 //! newest release there) and one built from a v1.9 checkout (`scripts/interop-cloudconfig.sh`).
@@ -342,7 +342,7 @@ impl Peer {
         let line = version.split('.').take(2).collect::<Vec<_>>().join(".");
         assert!(
             line == "v1.8" || line == "v1.9",
-            "the peer was built against harvester {version:?}; the README's table knows v1.8 and v1.9"
+            "the peer was built against harvester {version:?}; docs/src/api.md's table knows v1.8 and v1.9"
         );
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("peer.log");
@@ -616,7 +616,7 @@ async fn remove(client: &kube::Client, peer: &Peer, accounts: &[(String, String)
 // --- normalization --------------------------------------------------------------------------------
 
 /// The differences every case would show, normalized away by checked rules: each rule notes when
-/// it applied, and a rule the README lists that never applied is a listed difference that is gone.
+/// it applied, and a rule the manual lists that never applied is a listed difference that is gone.
 #[derive(Default)]
 struct Seen(BTreeSet<&'static str>);
 
@@ -965,9 +965,9 @@ async fn restore_role(client: &kube::Client, peer: &Peer, mut role: ClusterRole)
     peer.catch_up(&[obj("clusterrole", &made)]).await;
 }
 
-// --- the README's table ---------------------------------------------------------------------------
+// --- the manual's table (docs/src/api.md) ------------------------------------------------------------
 
-/// One row of the README's table: a case (or an `all-…` rule) that differs on purpose from the
+/// One row of the manual's table: a case (or an `all-…` rule) that differs on purpose from the
 /// Harvester lines it names (a case may have a row for each line).
 #[derive(Debug)]
 struct Listed {
@@ -975,14 +975,15 @@ struct Listed {
     aspects: BTreeSet<String>,
 }
 
-const HEADING: &str = "### Where we differ from Harvester on purpose";
+const PAGE: &str = "docs/src/api.md";
+const HEADING: &str = "## Where we differ from Harvester on purpose";
 
 fn listed() -> BTreeMap<String, Vec<Listed>> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("reads README.md");
-    let section = readme
+    let page = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(PAGE))
+        .unwrap_or_else(|e| panic!("reads {PAGE}: {e}"));
+    let section = page
         .split_once(HEADING)
-        .unwrap_or_else(|| panic!("README.md has no {HEADING:?}"))
+        .unwrap_or_else(|| panic!("{PAGE} has no {HEADING:?}"))
         .1;
     let section = section.split("\n## ").next().expect("a section");
     let mut out = BTreeMap::new();
@@ -1019,14 +1020,11 @@ fn listed() -> BTreeMap<String, Vec<Listed>> {
         );
         rows.push(row);
     }
-    assert!(
-        !out.is_empty(),
-        "the README's table of differences is empty"
-    );
+    assert!(!out.is_empty(), "{PAGE}'s table of differences is empty");
     out
 }
 
-/// What the README says differs in case `id` against Harvester `line` (nothing, when no row says).
+/// What the manual says differs in case `id` against Harvester `line` (nothing, when no row says).
 fn expected(listed: &BTreeMap<String, Vec<Listed>>, id: &str, line: &str) -> BTreeSet<String> {
     listed
         .get(id)
@@ -1062,7 +1060,7 @@ async fn upstream_handler_and_ours_differ_only_as_listed() {
     for id in listed.keys() {
         assert!(
             ids.contains(id.as_str()) || id.starts_with("all-"),
-            "the README lists {id}, which is no case of the corpus"
+            "{PAGE} lists {id}, which is no case of the corpus"
         );
     }
 
@@ -1130,7 +1128,7 @@ async fn upstream_handler_and_ours_differ_only_as_listed() {
         report.push(format!("{:<32} {verdict}", c.id));
         if differs != expected {
             failures.push(format!(
-                "{}: {verdict}; the README lists for {}: {:?}\n{detail}",
+                "{}: {verdict}; {PAGE} lists for {}: {:?}\n{detail}",
                 c.id, peer.line, expected
             ));
         }
@@ -1146,7 +1144,7 @@ async fn upstream_handler_and_ours_differ_only_as_listed() {
     for id in listed.keys().filter(|k| k.starts_with("all-")) {
         assert!(
             rules.contains(&id.as_str()),
-            "the README lists {id}, which no rule knows"
+            "{PAGE} lists {id}, which no rule knows"
         );
     }
     for rule in rules {
@@ -1162,7 +1160,7 @@ async fn upstream_handler_and_ours_differ_only_as_listed() {
         ));
         if listed_here != applied {
             failures.push(format!(
-                "{rule}: the README {} it for {}, and the run {} it",
+                "{rule}: {PAGE} {} it for {}, and the run {} it",
                 if listed_here {
                     "lists"
                 } else {
@@ -1182,7 +1180,7 @@ async fn upstream_handler_and_ours_differ_only_as_listed() {
     );
     assert!(
         failures.is_empty(),
-        "differences not as the README lists them:\n\n{}\n\nthe peer's log:\n{}",
+        "differences not as {PAGE} lists them:\n\n{}\n\nthe peer's log:\n{}",
         failures.join("\n"),
         peer.log_text()
     );

@@ -232,7 +232,7 @@ export function poolsPage({ api }) {
       view.show(empty(
         h('p', null, 'No IP pools yet.'),
         h('p', null, 'Create one with ', h('code', null, 'POST /v1/harvester/loadbalancer.harvesterhci.io.ippools'),
-          ' (see the README, “Load balancers”); it shows here within seconds.')));
+          ' (see the manual, “Load balancers”); it shows here within seconds.')));
       return;
     }
     const lbsById = new Map(lbs.map((lb) => [idOf(lb), lb]));

@@ -24,8 +24,8 @@ from kube import LB_API, ApiError, dhcp_lease, foreign  # noqa: F401 (dhcp_lease
 GLOBAL = ("*", "*", "*")
 NAMESPACES = ["default", "ns1", "ns2", "ns3", "gc-ns"]
 
-# Known differences, by id: why the two sides differ on purpose (README "Where it differs from
-# Harvester on purpose") or by an upstream defect the reference lists.
+# Known differences, by id: why the two sides differ on purpose (docs/src/load-balancers.md, "Where
+# it differs from Harvester on purpose") or by an upstream defect the reference lists.
 KNOWN = {
     "empty-allocated-address": "upstream writes `allocatedAddress: {}` on a LoadBalancer its pools cannot serve "
                                "(it copies an empty result into the status); ours leaves the field out",
@@ -58,8 +58,8 @@ KNOWN = {
                                "new address; upstream copied the ingress before kube-vip moved it and is not woken by "
                                "Service changes, so its status.address stays the old address",
     "cluster-address": "a guest cluster's LoadBalancer: ours writes the allocated address into status.address "
-                       "itself; upstream leaves it to the guest's cloud provider (not in the README's list of "
-                       "differences)",
+                       "itself; upstream leaves it to the guest's cloud provider (the manual's load balancers page "
+                       "lists it)",
     "vmi-label-change": "a VMI that stops matching a selector: ours drops it from the EndpointSlice at once; "
                         "upstream wakes only the LoadBalancers matching the VMI's new labels",
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The interop checks of scripts/interop.sh (docs/interop.md): upstream's load balancer controller
+"""The interop checks of scripts/interop.sh (docs/src/interop.md): upstream's load balancer controller
 and cloud provider as peers of this service, on real control planes.
 
   a  upstream's cloud provider in a guest cluster against this service (kube backend), on

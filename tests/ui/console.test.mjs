@@ -3,7 +3,7 @@
 // the load balancers, an address's owner, the load balancers' filters, conditions and Events, the
 // guest clusters, a cloud-config issued from the form byte for byte as the API returns it, the
 // security headers and the CSP in force, loading, empty and error states, accessibility (axe-core)
-// and a narrow window. Each page's screenshot goes to docs/screenshots/ for the README.
+// and a narrow window. Each page's screenshot goes to docs/src/screenshots/ for the manual.
 
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';

@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
 
 export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
-export const SCREENSHOTS = join(ROOT, 'docs/screenshots');
+export const SCREENSHOTS = join(ROOT, 'docs/src/screenshots');
 export const POOLS = '/v1/harvester/loadbalancer.harvesterhci.io.ippools';
 export const LBS = '/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers';
 export const KUBECONFIG = '/v1/harvester/kubeconfig';
@@ -188,7 +188,7 @@ export async function signIn(page, server, token = server.token) {
   await page.getByRole('button', { name: 'Sign in' }).click();
 }
 
-/** Saves a screenshot of the page for the README. */
+/** Saves a screenshot of the page for the manual (docs/src/console.md). */
 export async function screenshot(page, name) {
   mkdirSync(SCREENSHOTS, { recursive: true });
   await page.screenshot({ path: join(SCREENSHOTS, `${name}.png`), fullPage: true, animations: 'disabled' });

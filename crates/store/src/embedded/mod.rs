@@ -59,7 +59,8 @@ const HISTORY_BYTES: usize = 16 << 20;
 /// How hard SQLite works to make a commit durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Durability {
-    /// fsync on every commit: a committed write survives power loss.
+    /// A write is acknowledged once the WAL is fsynced (one fsync serves the writes committed
+    /// together): an acknowledged write survives power loss.
     Full,
     /// fsync at WAL checkpoints: survives a process crash, may lose the last commits on power loss.
     Normal,
