@@ -26,7 +26,7 @@ cargo fmt --all --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "the crate graph against the architecture's floors (scripts/check-crate-graph.py; crates/README.md)"
+step "the crate graph against the architecture's floors (scripts/check-crate-graph.py; docs/src/architecture.md)"
 scripts/check-crate-graph.py
 
 step "import circles between the files of each crate (scripts/check-import-circles.py)"
