@@ -1,4 +1,3 @@
-
 use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,11 +49,11 @@ async fn the_vlan_id_must_read() {
     for network in ["config-text", "config-string"] {
         let m = refuse(on("c", network, "10.82.3.0/24")).await;
         assert!(
-                m.starts_with(&format!(
-                    "can't create IP pool c because the config of network-attachment-definition default/{network} does not decode: "
-                )),
-                "{m}"
-            );
+            m.starts_with(&format!(
+                "can't create IP pool c because the config of network-attachment-definition default/{network} does not decode: "
+            )),
+            "{m}"
+        );
     }
     // An update is judged the same way.
     let mut a = pool(&b, "a").await;

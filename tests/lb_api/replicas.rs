@@ -1,4 +1,3 @@
-
 use super::*;
 use harvester_cloud::controller::leader::{LeaseElector, LeaseTiming};
 

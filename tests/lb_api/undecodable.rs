@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// One LoadBalancer the store holds but that does not decode as one: the list leaves it out

@@ -1,4 +1,3 @@
-
 use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -196,14 +196,14 @@ pub async fn validation_messages<B: Backend>(b: B) {
     // pkg/webhook/loadbalancer/validator.go (checkHealthyCheck): any TCP listener on the
     // health-check port passes, even after a UDP one on the same backend port.
     create_lb(
-            &b,
-            mk_lb(
-                "default",
-                "hc-udp-first",
-                json!({"listeners": [listener("u", 53, "UDP", 53), listener("t", 53, "TCP", 53)], "healthCheck": {"port": 53}}),
-            ),
-        )
-        .await;
+        &b,
+        mk_lb(
+            "default",
+            "hc-udp-first",
+            json!({"listeners": [listener("u", 53, "UDP", 53), listener("t", 53, "TCP", 53)], "healthCheck": {"port": 53}}),
+        ),
+    )
+    .await;
     // LoadBalancer update.
     let created = create_lb(&b, mk_lb("default", "upd", json!({"ipam": "pool"}))).await;
     let path = format!("{LBS}/default/upd");
@@ -297,10 +297,10 @@ pub async fn validation_messages<B: Backend>(b: B) {
     )
     .await;
     create_pool(
-            &b,
-            mk_pool("prio", range("10.1.0.0/24", "", ""), json!({"priority": 10, "scope": [{"project": "*", "namespace": "a", "guestCluster": "*"}]})),
-        )
-        .await;
+        &b,
+        mk_pool("prio", range("10.1.0.0/24", "", ""), json!({"priority": 10, "scope": [{"project": "*", "namespace": "a", "guestCluster": "*"}]})),
+    )
+    .await;
     create_pool(
         &b,
         mk_pool("zero", range("10.2.0.0/24", "", ""), ns_scope("b")),
@@ -422,15 +422,15 @@ pub async fn upstream_range_and_network_rules<B: Backend>(b: B) {
     // pkg/utils/vid.go (GetVid): "invalid network" when the network does not split in two.
     for network in ["vlan10", "default/vlan10/x"] {
         let m = refuse(
-                Method::POST,
-                POOLS,
-                mk_pool(
-                    "p",
-                    range("10.81.0.0/24", "", ""),
-                    json!({"network": network, "scope": [{"project": "*", "namespace": "n", "guestCluster": "*"}]}),
-                ),
-            )
-            .await;
+            Method::POST,
+            POOLS,
+            mk_pool(
+                "p",
+                range("10.81.0.0/24", "", ""),
+                json!({"network": network, "scope": [{"project": "*", "namespace": "n", "guestCluster": "*"}]}),
+            ),
+        )
+        .await;
         assert_eq!(
             m,
             format!("can't create IP pool p because invalid network {network}")
@@ -587,8 +587,8 @@ pub async fn webhook_answers_admission_reviews<B: Backend>(b: B) {
     assert_eq!(
         patch,
         json!([{"op": "add", "path": "/metadata/labels", "value": {
-                "loadbalancer.harvesterhci.io/global-ip-pool": "true",
-                "loadbalancer.harvesterhci.io/vid": "0"}}])
+            "loadbalancer.harvesterhci.io/global-ip-pool": "true",
+            "loadbalancer.harvesterhci.io/vid": "0"}}])
     );
     // Garbage is a 422, not a crash.
     b.call(

@@ -101,23 +101,23 @@ pub async fn selection_matrix<B: Backend>(b: B) {
     ensure_namespace(&b, "guest", Some("c-1:p-1")).await;
     ensure_namespace(&b, "guest2", Some("c-1:p-2")).await;
     create_pool(
-            &b,
-            mk_pool(
-                "default",
-                range("10.10.0.0/24", "10.10.0.10", "10.10.0.20"),
-                json!({"network": vlan10, "scope": [{"project": "*", "namespace": "default", "guestCluster": "*"}]}),
-            ),
-        )
-        .await;
+        &b,
+        mk_pool(
+            "default",
+            range("10.10.0.0/24", "10.10.0.10", "10.10.0.20"),
+            json!({"network": vlan10, "scope": [{"project": "*", "namespace": "default", "guestCluster": "*"}]}),
+        ),
+    )
+    .await;
     create_pool(
-            &b,
-            mk_pool(
-                "withscope",
-                range("10.20.0.0/24", "10.20.0.10", "10.20.0.20"),
-                json!({"network": vlan20, "scope": [{"project": "c-1/p-1", "namespace": "guest", "guestCluster": "cluster1"}]}),
-            ),
-        )
-        .await;
+        &b,
+        mk_pool(
+            "withscope",
+            range("10.20.0.0/24", "10.20.0.10", "10.20.0.20"),
+            json!({"network": vlan20, "scope": [{"project": "c-1/p-1", "namespace": "guest", "guestCluster": "cluster1"}]}),
+        ),
+    )
+    .await;
     create_pool(
         &b,
         mk_pool(
@@ -141,14 +141,14 @@ pub async fn selection_matrix<B: Backend>(b: B) {
         "default"
     );
     create_pool(
-            &b,
-            mk_pool(
-                "defaultpriority",
-                range("10.11.0.0/24", "10.11.0.10", "10.11.0.20"),
-                json!({"network": vlan10, "priority": 100, "scope": [{"project": "*", "namespace": "default", "guestCluster": "*"}]}),
-            ),
-        )
-        .await;
+        &b,
+        mk_pool(
+            "defaultpriority",
+            range("10.11.0.0/24", "10.11.0.10", "10.11.0.20"),
+            json!({"network": vlan10, "priority": 100, "scope": [{"project": "*", "namespace": "default", "guestCluster": "*"}]}),
+        ),
+    )
+    .await;
     assert_eq!(
         pick("default", "a2", json!({}), vec![net(vlan10)]).await,
         "defaultpriority"

@@ -36,8 +36,8 @@ pub async fn contract_edges<B: Backend>(b: B) {
     assert!(m.contains("no address to allocate"), "{m}");
     // 2,500 ranges: about 75 KB, past the cloud-config routes' 64 KiB.
     let ranges: Vec<Value> = (0..2500)
-            .map(|i| json!({"subnet": format!("10.{}.{}.{}/32", 180 + i / 65536, (i / 256) % 256, i % 256)}))
-            .collect();
+        .map(|i| json!({"subnet": format!("10.{}.{}.{}/32", 180 + i / 65536, (i / 256) % 256, i % 256)}))
+        .collect();
     let big = mk_pool(
         "many-ranges",
         Value::Array(ranges),
