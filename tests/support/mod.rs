@@ -1,5 +1,12 @@
 //! Shared helpers for the integration tests: backends behind one interface so that the same
-//! HTTP suite runs on each, and small request/response utilities.
+//! HTTP suite runs on each, and small request/response utilities. Test binaries that are a
+//! directory (`tests/NAME/main.rs`) include it with `#[path = "../support/mod.rs"]`.
+//!
+//! Beside it: [`lb`] (the load balancer reconcilers, pool builders, what a LoadBalancer's status
+//! says), [`binary`] (the built binary as a `serve` process), [`control_plane`] and [`kube_env`]
+//! (real control planes seeded like Harvester), [`foreign`] (foreign kinds from upstream's types),
+//! [`faulty`] (stores that fail on purpose), [`netns`] (a private network namespace) and
+//! [`rancher_peer`].
 #![allow(dead_code, async_fn_in_trait)]
 
 use std::path::{Path, PathBuf};
