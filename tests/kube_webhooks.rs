@@ -12,6 +12,7 @@ mod support;
 use support::{
     binary::{BIN, Server},
     eventually,
+    lb::{global, mk_pool},
 };
 
 use std::{path::Path, process::Command};
@@ -175,15 +176,7 @@ impl Env {
 }
 
 fn pool(name: &str, subnet: &str, selector: Value) -> DynamicObject {
-    object(json!({
-        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
-        "metadata": {"name": name},
-        "spec": {"ranges": [{"subnet": subnet}], "selector": selector}
-    }))
-}
-
-fn global() -> Value {
-    json!({"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]})
+    object(mk_pool(name, json!([{ "subnet": subnet }]), selector))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@
 //! (tests/lb_api, tests/guest_lb) would time out waiting for it.
 //!
 //! One test per outcome and per refusal reason, in the manner of cilium's LB-IPAM tests (objects in,
-//! status and Events out).
+//! status and Events out). The VM part of a load balancer is covered as far as it needs no VMI.
 
 #[path = "../support/mod.rs"]
 #[macro_use]
@@ -18,4 +18,5 @@ mod guest_service;
 mod ip_pool;
 mod load_balancer;
 mod pool_round;
+mod vm_load_balancer;
 mod world;

@@ -3,6 +3,8 @@
 //! reconcile records, captured instead of written, and the wake-ups it sends, kept to be read.
 //! Nothing runs in the background but the pool tasks (and the prober, idle): each step is one
 //! reconcile, and what it did is in the store, the Events and the returned action when it returns.
+//! (The tests run on tokio's current-thread runtime, so a pool task finishes the round it answers,
+//! Events and wake-ups included, before the caller resumes.)
 
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -168,7 +170,14 @@ impl Drop for LbWorld {
 }
 
 impl LbWorld {
+    /// The reconciles as on Kubernetes: kube-vip, not the reconciler, announces VM load
+    /// balancers' addresses.
     pub async fn new() -> Self {
+        Self::with_settings(lb::Settings::default()).await
+    }
+
+    /// The reconciles with these settings (their identity is `test`).
+    pub async fn with_settings(settings: lb::Settings) -> Self {
         let (dir, store) = open_store().await;
         let stop = CancellationToken::new();
         let (pool_reader, pool_cache) = reflector::store::<IPPool>();
@@ -181,7 +190,7 @@ impl LbWorld {
             store.clone(),
             &lb::Settings {
                 identity: "test".into(),
-                ..lb::Settings::default()
+                ..settings
             },
             pool_reader,
             vmi_reader,
