@@ -3,7 +3,7 @@
 # deploy/manifests/harvester-cloud.yaml is the chart rendered for plain `kubectl apply` and that the
 # chart's CRDs are deploy/crds (which tests/crds.rs checks against `harvester-cloud crds`), and
 # validates every manifest and rendering with kubernetes-validate against the Kubernetes schemas
-# (also deploy/ccm, the guest cluster's ccm, whose RBAC tests/guest_lb.rs runs the ccm with).
+# (also deploy/ccm, the guest cluster's ccm, whose RBAC tests/guest_lb/ runs the ccm with).
 # With a real control plane (the first directory of HARVESTER_CLOUD_CONTROL_PLANES, as
 # `scripts/control-plane.sh with 1 scripts/check-manifests.sh` sets it), the CRDs are also applied
 # server-side and every rendering is applied with --dry-run=server, so kube-apiserver itself

@@ -10,30 +10,30 @@ mod support;
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use harvester_cloud::{app, controller::leader::AlwaysLeader, crd, lb, store::ObjectStore};
+use harvester_cloud::{app, crd, lb, store::ObjectStore};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api, Client,
     api::{ApiResource, DeleteParams, DynamicObject, PostParams},
 };
 use serde_json::json;
-use support::{KubeBackend, control_plane::ControlPlane, eventually, kube_env::install_lb_crds};
-use tokio_util::sync::CancellationToken;
+use support::{
+    KubeBackend,
+    control_plane::ControlPlane,
+    eventually,
+    kube_env::install_lb_crds,
+    lb::{Reconcilers, global, mk_pool, range},
+};
 
-/// The reconcilers on the service's own store (the chart's RBAC), until the token is cancelled.
-fn run_reconcilers(store: Arc<dyn ObjectStore>) -> CancellationToken {
-    let stop = CancellationToken::new();
-    let settings = lb::Settings {
-        identity: "harvester-crds-test".into(),
-        ..lb::Settings::default()
-    };
-    tokio::spawn(lb::run(
+/// The reconcilers on the service's own store (the chart's RBAC), until stopped or dropped.
+fn run_reconcilers(store: Arc<dyn ObjectStore>) -> Reconcilers {
+    Reconcilers::start_with(
         store,
-        settings,
-        Arc::new(AlwaysLeader),
-        stop.clone(),
-    ));
-    stop
+        lb::Settings {
+            identity: "harvester-crds-test".into(),
+            ..lb::Settings::default()
+        },
+    )
 }
 
 fn ar(kind: &str, plural: &str) -> ApiResource {
@@ -55,13 +55,8 @@ fn lbs(client: &Client, ns: &str) -> Api<DynamicObject> {
 }
 
 async fn create_pool(client: &Client, name: &str, subnet: &str, start: &str, end: &str) {
-    let pool: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
-        "metadata": {"name": name},
-        "spec": {"ranges": [{"subnet": subnet, "rangeStart": start, "rangeEnd": end}],
-                 "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
-    }))
-    .expect("a pool");
+    let pool: DynamicObject =
+        serde_json::from_value(mk_pool(name, range(subnet, start, end), global())).expect("a pool");
     pools(client)
         .create(&PostParams::default(), &pool)
         .await
@@ -117,7 +112,7 @@ async fn works_on(cp: ControlPlane, subresource: bool) {
     let client = cp.admin.clone();
     install_lb_crds(&client, subresource).await;
     let b = KubeBackend::start_on(cp, &[]).await;
-    let stop = run_reconcilers(b.app.state.store.clone());
+    let reconcilers = run_reconcilers(b.app.state.store.clone());
     let pool = if subresource {
         "with-status"
     } else {
@@ -169,7 +164,7 @@ async fn works_on(cp: ControlPlane, subresource: bool) {
     .await;
     assert_eq!(held.len(), 1);
     assert_eq!(held[&two], "default/two");
-    stop.cancel();
+    drop(reconcilers);
 }
 
 #[tokio::test]
@@ -190,7 +185,7 @@ async fn follows_a_crd_swapped_under_it() {
     let client = cp.admin.clone();
     install_lb_crds(&client, true).await;
     let b = KubeBackend::start_on(cp, &[]).await;
-    let stop = run_reconcilers(b.app.state.store.clone());
+    let reconcilers = run_reconcilers(b.app.state.store.clone());
     create_pool(&client, "swap", "10.92.0.0/24", "10.92.0.10", "10.92.0.40").await;
     for name in ["a", "b", "c"] {
         create_lb(&client, "default", name).await;
@@ -222,7 +217,7 @@ async fn follows_a_crd_swapped_under_it() {
     let held = allocated(&client, "swap").await;
     assert_eq!(held[&e], "default/e");
     assert_eq!(held.len(), 3, "c, d and e hold addresses: {held:?}");
-    stop.cancel();
+    drop(reconcilers);
 }
 
 /// Without the IPPool CRD the service does not start, and says which CRD is missing.

@@ -9,14 +9,13 @@
 #[macro_use]
 mod support;
 
-use support::{PATIENCE, eventually};
-
-use std::{
-    io::{BufRead, BufReader},
-    path::Path,
-    process::{Child, Command, Stdio},
-    sync::mpsc,
+use support::{
+    binary::{BIN, Server},
+    eventually,
+    lb::{global, mk_pool},
 };
+
+use std::{path::Path, process::Command};
 
 use base64::Engine;
 use kube::{
@@ -25,72 +24,28 @@ use kube::{
 };
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_harvester-cloud");
 const NS: &str = "gc-test";
 
-/// The binary, serving the Kubernetes backend.
-struct Service {
-    child: Child,
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Service {
-    /// Starts it and returns it with the address it listens on.
-    /// `client_ca`: answer admission reviews only for clients with a certificate it signed.
-    fn start(dir: &Path, client_ca: &Path) -> (Service, std::net::SocketAddr) {
-        let mut child = Command::new(BIN)
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .args(["--log-format", "json", "serve", "--backend", "kube"])
-            .arg("--kubeconfig")
-            .arg(dir.join("service.kubeconfig"))
-            .arg("--tls-cert")
-            .arg(dir.join("tls/tls.crt"))
-            .arg("--tls-key")
-            .arg(dir.join("tls/tls.key"))
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-            .args(["--leader-elect=false"])
-            .arg("--webhook-client-ca")
-            .arg(client_ca)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starts the binary");
-        let (tx, rx) = mpsc::channel();
-        let stderr = child.stderr.take().expect("stderr");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let service = Service { child };
-        loop {
-            let line = rx
-                .recv_timeout(PATIENCE)
-                .expect("the service logs where it listens");
-            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-            if v["message"]
-                .as_str()
-                .unwrap_or_default()
-                .starts_with("listening")
-            {
-                let addr = v["address"]
-                    .as_str()
-                    .expect("address")
-                    .parse()
-                    .expect("an address");
-                // Keep draining its log so that it never blocks on a full pipe.
-                std::thread::spawn(move || while rx.recv().is_ok() {});
-                return (service, addr);
-            }
-        }
-    }
+/// The binary, serving the Kubernetes backend, and the address it listens on.
+/// `client_ca`: answer admission reviews only for clients with a certificate it signed.
+fn start_service(dir: &Path, client_ca: &Path) -> (Server, std::net::SocketAddr) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(["--log-format", "json", "serve", "--backend", "kube"])
+        .arg("--kubeconfig")
+        .arg(dir.join("service.kubeconfig"))
+        .arg("--tls-cert")
+        .arg(dir.join("tls/tls.crt"))
+        .arg("--tls-key")
+        .arg(dir.join("tls/tls.key"))
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--leader-elect=false"])
+        .arg("--webhook-client-ca")
+        .arg(client_ca);
+    let server = Server::spawn(cmd);
+    let addr = server.addr.parse().expect("an address");
+    (server, addr)
 }
 
 fn api(
@@ -125,7 +80,7 @@ struct Env {
     addr: std::net::SocketAddr,
     tls_ca: Vec<u8>,
     _cp: support::control_plane::ControlPlane,
-    service: Option<Service>,
+    service: Option<Server>,
     _dir: tempfile::TempDir,
 }
 
@@ -154,7 +109,7 @@ impl Env {
         .expect("a certificate");
         // The control plane presents a client certificate of its CA to webhooks (its
         // WebhookAdmissionConfiguration); the service answers no one else.
-        let (service, addr) = Service::start(dir.path(), &cp.dir.join("pki/ca.crt"));
+        let (service, addr) = start_service(dir.path(), &cp.dir.join("pki/ca.crt"));
 
         // The shipped configurations, with the CA the chart would put in `caBundle`.
         let manifest = std::fs::read_to_string(concat!(
@@ -221,15 +176,7 @@ impl Env {
 }
 
 fn pool(name: &str, subnet: &str, selector: Value) -> DynamicObject {
-    object(json!({
-        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
-        "metadata": {"name": name},
-        "spec": {"ranges": [{"subnet": subnet}], "selector": selector}
-    }))
-}
-
-fn global() -> Value {
-    json!({"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]})
+    object(mk_pool(name, json!([{ "subnet": subnet }]), selector))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,6 @@ use axum::{
     http::{Method, StatusCode},
 };
 use harvester_cloud::{
-    controller::leader::AlwaysLeader,
     crd::kinds::VirtualMachine,
     lb,
     store::{Api, LabelSelector, ObjectStore, Preconditions},
@@ -28,40 +27,23 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use serde_json::{Value, json};
-use support::{Backend, EmbeddedBackend, KubeBackend, account, eventually};
-use tokio_util::sync::CancellationToken;
+use support::{Backend, EmbeddedBackend, KubeBackend, account, eventually, lb::Reconcilers};
 
 const LIST: &str = "/v1/harvester/kubeconfigs";
 const VM_FINALIZER: &str = "wrangler.cattle.io/harvester-lb-vm-controller";
 const REVOKED_REASON: &str = "CloudConfigAccountRevoked";
 
-/// The load balancer reconcilers (the guest-cluster cleanup among them) on a store, until dropped.
-struct Reconcilers(CancellationToken);
-
-impl Reconcilers {
-    fn start(store: Arc<dyn ObjectStore>, revoke: bool) -> Self {
-        let filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "off".into());
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
-        let stop = CancellationToken::new();
-        tokio::spawn(lb::run(
-            store.clone(),
-            lb::Settings {
-                concurrency: 16,
-                identity: "test".into(),
-                cluster_accounts: revoke.then(|| harvester_cloud::app::cluster_accounts(store)),
-                ..lb::Settings::default()
-            },
-            Arc::new(AlwaysLeader),
-            stop.clone(),
-        ));
-        Reconcilers(stop)
-    }
-}
-
-impl Drop for Reconcilers {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
+/// The load balancer reconcilers (the guest-cluster cleanup among them) on a store, until dropped;
+/// `revoke`: they revoke the cloud-config accounts of a guest cluster Rancher removes.
+fn reconcilers(store: Arc<dyn ObjectStore>, revoke: bool) -> Reconcilers {
+    Reconcilers::start_with(
+        store.clone(),
+        lb::Settings {
+            concurrency: 16,
+            cluster_accounts: revoke.then(|| harvester_cloud::app::cluster_accounts(store)),
+            ..support::lb::settings()
+        },
+    )
 }
 
 async fn post<B: Backend>(b: &B, ns: &str, sa: &str) -> String {
@@ -385,7 +367,7 @@ pub mod cases {
     /// cluster's account in the namespace, an account named gc1 in another namespace, and a
     /// removed cluster's account that somebody else made all stay.
     pub async fn removed_guest_clusters_accounts_are_revoked<B: Backend>(b: B) {
-        let _r = Reconcilers::start(b.service_store(), true);
+        let _r = reconcilers(b.service_store(), true);
         let store = b.store();
         post(&b, "gc-test", "gc1").await;
         post(&b, "gc-test", "gc2").await;
@@ -453,7 +435,7 @@ pub mod cases {
 
     /// `--keep-accounts-of-removed-clusters`: the removed cluster's account stays.
     pub async fn the_flag_keeps_removed_clusters_accounts<B: Backend>(b: B) {
-        let _r = Reconcilers::start(b.service_store(), false);
+        let _r = reconcilers(b.service_store(), false);
         let store = b.store();
         post(&b, "gc-test", "gc1").await;
         node_vm(&store, "gc-test", "gc1-pool1-abcde", "gc1").await;

@@ -4,6 +4,8 @@
 //! LoadBalancer has exactly the address its pool holds for it, and exactly the live ones (all of
 //! them VM load balancers) have a Service and an EndpointSlice.
 
+mod support;
+
 use std::{
     collections::{BTreeSet, HashMap},
     net::TcpListener,
@@ -17,12 +19,13 @@ use std::{
 };
 
 use serde_json::{Value, json};
+use support::{
+    binary::BIN,
+    lb::{LBS, POOLS},
+};
 
-const BIN: &str = env!("CARGO_BIN_EXE_harvester-cloud");
 const LOAD_BALANCERS: usize = 500;
 const WORKERS: usize = 16;
-const POOLS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
-const LBS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers";
 /// A guard against a hang, not a performance bound.
 const PATIENCE: Duration = Duration::from_secs(120);
 

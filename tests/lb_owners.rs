@@ -10,95 +10,26 @@ mod support;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
-    sync::Arc,
 };
 
 use axum::{
     body::Body,
     http::{Method, StatusCode},
 };
-use harvester_cloud::{controller::leader::AlwaysLeader, lb, store::ObjectStore};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde_json::{Value, json};
-use support::{Backend, EmbeddedBackend, KubeBackend, Reply, eventually};
-use tokio_util::sync::CancellationToken;
+use support::{
+    Backend, EmbeddedBackend, KubeBackend, call, eventually,
+    lb::{
+        LBS, POOLS, Reconcilers, allocated, allocation_done, create_pool, global, gone, ip_of,
+        mk_pool, range,
+    },
+    ok,
+};
 
-const POOLS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
-const LBS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers";
 const CLUSTER: &str = "cloudprovider.harvesterhci.io/cluster";
 const SERVICE_NAMESPACE: &str = "cloudprovider.harvesterhci.io/serviceNamespace";
 const SERVICE_NAME: &str = "cloudprovider.harvesterhci.io/serviceName";
-
-/// The reconcilers, running on a backend's store until dropped.
-struct Reconcilers {
-    stop: CancellationToken,
-}
-
-impl Reconcilers {
-    fn start(store: Arc<dyn ObjectStore>) -> Self {
-        // `TEST_LOG=harvester_cloud=trace` shows what the reconcilers do.
-        let filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "off".into());
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
-        let stop = CancellationToken::new();
-        let settings = lb::Settings {
-            concurrency: 32,
-            identity: "test".into(),
-            ..lb::Settings::default()
-        };
-        tokio::spawn(lb::run(
-            store,
-            settings,
-            Arc::new(AlwaysLeader),
-            stop.clone(),
-        ));
-        Reconcilers { stop }
-    }
-}
-
-impl Drop for Reconcilers {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn call<B: Backend>(b: &B, method: Method, path: &str, body: Option<Value>) -> Reply {
-    b.admin(method, path, body).await
-}
-
-#[track_caller]
-fn ok(r: Reply, status: StatusCode) -> Value {
-    assert_eq!(r.status, status, "{}", r.text());
-    r.json()
-}
-
-fn mk_pool(name: &str, ranges: Value, selector: Value) -> Value {
-    json!({
-        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1",
-        "kind": "IPPool",
-        "metadata": {"name": name},
-        "spec": {"ranges": ranges, "selector": selector}
-    })
-}
-
-/// Creates an IPPool through the API (a 201, or the test fails with the answer).
-async fn create_pool<B: Backend>(b: &B, name: &str, ranges: Value, selector: Value) {
-    let r = call(
-        b,
-        Method::POST,
-        POOLS,
-        Some(mk_pool(name, ranges, selector)),
-    )
-    .await;
-    assert_eq!(r.status, StatusCode::CREATED, "pool {name}: {}", r.text());
-}
-
-fn global() -> Value {
-    json!({"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]})
-}
-
-fn range(subnet: &str, start: &str, end: &str) -> Value {
-    json!([{"subnet": subnet, "rangeStart": start, "rangeEnd": end}])
-}
 
 /// A VM load balancer with one listener (what the validator wants of VM load balancers).
 fn mk_vm_lb(namespace: &str, name: &str) -> Value {
@@ -125,47 +56,6 @@ fn mk_guest_lb(namespace: &str, name: &str, cluster: &str, service: (&str, &str)
 fn with_pool(mut lb: Value, pool: &str) -> Value {
     lb["spec"]["ipPool"] = json!(pool);
     lb
-}
-
-fn ready(lb: &Value) -> Option<&Value> {
-    lb["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == "Ready")
-}
-
-/// Whether the load balancer's allocation is done: it has an address and is Ready, or (a VM load
-/// balancer: no kube-vip runs here) waits for kube-vip to announce it.
-fn allocation_done(lb: &Value) -> bool {
-    let done =
-        ready(lb).is_some_and(|c| c["status"] == "True" || c["reason"] == "WaitingForExternalIP");
-    done && lb["status"]["allocatedAddress"]["ip"].is_string()
-}
-
-fn ip_of(lb: &Value) -> String {
-    lb["status"]["allocatedAddress"]["ip"]
-        .as_str()
-        .expect("allocated ip")
-        .to_string()
-}
-
-async fn allocated<B: Backend>(b: &B, namespace: &str, name: &str) -> Value {
-    let path = format!("{LBS}/{namespace}/{name}");
-    eventually(
-        &format!("{namespace}/{name} to get an address"),
-        async || {
-            let lb = call(b, Method::GET, &path, None).await.json();
-            allocation_done(&lb).then_some(lb)
-        },
-    )
-    .await
-}
-
-async fn gone<B: Backend>(b: &B, path: &str) {
-    eventually(&format!("{path} to be gone"), async || {
-        (call(b, Method::GET, path, None).await.status == StatusCode::NOT_FOUND).then_some(())
-    })
-    .await
 }
 
 async fn addresses<B: Backend>(b: &B, pool: &str) -> Value {
@@ -376,9 +266,11 @@ pub mod cases {
         let _r = Reconcilers::start(b.service_store());
         create_pool(
             &b,
-            "p4",
-            range("10.0.0.0/24", "10.0.0.8", "10.0.0.18"),
-            global(),
+            mk_pool(
+                "p4",
+                range("10.0.0.0/24", "10.0.0.8", "10.0.0.18"),
+                global(),
+            ),
         )
         .await;
         // Not global (one global pool only): reached by naming it.
@@ -386,9 +278,11 @@ pub mod cases {
             json!({"scope": [{"project": "p", "namespace": "ns9", "guestCluster": "*"}]});
         create_pool(
             &b,
-            "p6",
-            range("2001:db8::/64", "2001:db8::10", "2001:db8::20"),
-            v6_scope,
+            mk_pool(
+                "p6",
+                range("2001:db8::/64", "2001:db8::10", "2001:db8::20"),
+                v6_scope,
+            ),
         )
         .await;
         let empty = addresses(&b, "p4").await;
@@ -533,9 +427,11 @@ pub mod cases {
         // octet, so that text order is not address order.
         create_pool(
             &b,
-            "churn",
-            range("10.9.0.0/24", "10.9.0.5", "10.9.0.18"),
-            global(),
+            mk_pool(
+                "churn",
+                range("10.9.0.0/24", "10.9.0.5", "10.9.0.18"),
+                global(),
+            ),
         )
         .await;
         let mut live: BTreeSet<String> = BTreeSet::new();
@@ -644,9 +540,11 @@ pub mod cases {
         // And a pool that existed is not found once deleted.
         create_pool(
             &b,
-            "short-lived",
-            range("10.8.0.0/24", "10.8.0.10", "10.8.0.20"),
-            global(),
+            mk_pool(
+                "short-lived",
+                range("10.8.0.0/24", "10.8.0.10", "10.8.0.20"),
+                global(),
+            ),
         )
         .await;
         addresses(&b, "short-lived").await;
@@ -685,9 +583,11 @@ async fn kube_users_need_the_pool_and_every_load_balancer() {
     let b = KubeBackend::start().await;
     create_pool(
         &b,
-        "p",
-        range("10.7.0.0/24", "10.7.0.10", "10.7.0.20"),
-        global(),
+        mk_pool(
+            "p",
+            range("10.7.0.0/24", "10.7.0.10", "10.7.0.20"),
+            global(),
+        ),
     )
     .await;
     let grant = async |user: &str, rules: Value| {

@@ -4,13 +4,11 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    process::Command,
     sync::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
-        mpsc,
     },
     time::Duration,
 };
@@ -21,32 +19,12 @@ mod support;
 
 use base64::Engine;
 use serde_json::Value;
+use support::binary::{BIN, Server, client, json, message};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const BIN: &str = env!("CARGO_BIN_EXE_harvester-cloud");
 const KUBECONFIG: &str = "/v1/harvester/kubeconfig";
 /// How long a test waits for a condition before it declares the service stuck (not a bound on speed).
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// A `serve` process with JSON logs, both listeners on free ports.
-struct Server {
-    child: Child,
-    /// `https://127.0.0.1:<port>` (or `http://` with `--http`).
-    url: String,
-    addr: String,
-    metrics_url: String,
-    lines: mpsc::Receiver<String>,
-    /// Every stderr line so far, including those already taken from `lines`.
-    all: Arc<Mutex<Vec<String>>>,
-}
-
-fn json(line: &str) -> Value {
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"))
-}
-
-fn message(v: &Value) -> &str {
-    v["message"].as_str().unwrap_or_default()
-}
 
 /// The request id of the `request` span a log line was written in, if any.
 fn request_id(v: &Value) -> Option<&str> {
@@ -55,116 +33,6 @@ fn request_id(v: &Value) -> Option<&str> {
         .iter()
         .find(|s| s["name"] == "request")
         .map(|s| s["request_id"].as_str().unwrap_or_default())
-}
-
-impl Server {
-    fn start(data_dir: &Path, log: &str, extra: &[&str]) -> Server {
-        let mut child = Command::new(BIN)
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(["--log-format", "json", "--log", log, "serve"])
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-            .args(["--vip", "10.0.0.1"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn harvester-cloud");
-        let (tx, lines) = mpsc::channel();
-        let all = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child.stderr.take();
-        let keep = all.clone();
-        std::thread::spawn(move || {
-            for line in stderr
-                .into_iter()
-                .flat_map(|s| BufReader::new(s).lines().map_while(Result::ok))
-            {
-                keep.lock().unwrap().push(line.clone());
-                let _ = tx.send(line);
-            }
-        });
-        let mut server = Server {
-            child,
-            url: String::new(),
-            addr: String::new(),
-            metrics_url: String::new(),
-            lines,
-            all,
-        };
-        while server.url.is_empty() || server.metrics_url.is_empty() {
-            let v = server.next_line("the listening lines");
-            if message(&v).starts_with("listening") {
-                server.url = v["url"].as_str().expect("url").to_string();
-                server.addr = v["address"].as_str().expect("address").to_string();
-            } else if message(&v) == "serving metrics" {
-                server.metrics_url = v["url"].as_str().expect("url").to_string();
-            }
-        }
-        server
-    }
-
-    fn next_line(&self, what: &str) -> Value {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("the server did not log {what}"));
-        json(&line)
-    }
-
-    /// Waits for a log line that `pred` accepts.
-    fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        loop {
-            let v = self.next_line(what);
-            if pred(&v) {
-                return v;
-            }
-        }
-    }
-
-    fn sigterm(&self) {
-        let pid = self.child.id().to_string();
-        assert!(
-            Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
-    }
-
-    /// Waits for the process to exit; returns its status and every log line.
-    fn wait(mut self) -> (ExitStatus, Vec<String>) {
-        let status = self.child.wait().unwrap();
-        // The reader thread ends at EOF; drain what it still forwards.
-        while self.lines.recv_timeout(Duration::from_secs(10)).is_ok() {}
-        let lines = self.all.lock().unwrap().clone();
-        (status, lines)
-    }
-
-    fn stop(self) -> Vec<String> {
-        self.sigterm();
-        let (status, lines) = self.wait();
-        assert!(status.success(), "exit after SIGTERM: {status}");
-        lines
-    }
-}
-
-impl Drop for Server {
-    /// A failed test must not leave a server running.
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn client(data_dir: &Path) -> reqwest::Client {
-    let ca = std::fs::read(data_dir.join("tls/ca.crt")).unwrap();
-    reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
-        .build()
-        .unwrap()
 }
 
 fn admin_token(data_dir: &Path) -> String {

@@ -25,56 +25,41 @@ use std::{
 
 use axum::http::{Method, StatusCode};
 use harvester_cloud::{
-    controller::leader::AlwaysLeader,
     crd::kinds::VirtualMachineInstance,
     lb,
-    store::{Api, LabelSelector, ObjectStore},
+    store::{Api, LabelSelector},
 };
 use k8s_openapi::api::{
     core::v1::{Event, Service},
     discovery::v1::EndpointSlice,
 };
 use serde_json::{Value, json};
-use support::{Backend, EmbeddedBackend, KubeBackend, Refusals, eventually, netns};
-use tokio_util::sync::CancellationToken;
+use support::{
+    Backend, EmbeddedBackend, KubeBackend, Refusals, eventually,
+    lb::{LBS, POOLS, Reconcilers, create_pool, global, mk_pool, range},
+    netns,
+};
 
-const POOLS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
-const LBS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers";
 const VMIS: &str = "/v1/harvester/kubevirt.io.virtualmachineinstances";
 const NS: &str = "default";
 const DUMMY: &str = "10.52.0.255";
 
-/// The reconcilers on the service's store until dropped.
-struct Reconcilers {
-    stop: CancellationToken,
-}
-
-impl Reconcilers {
-    fn start(store: Arc<dyn ObjectStore>, fill_service_ingress: bool) -> Self {
-        // `TEST_LOG=harvester_cloud=debug` shows what the reconcilers and the prober do.
-        let filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "off".into());
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
-        let stop = CancellationToken::new();
-        let settings = lb::Settings {
-            concurrency: 32,
-            identity: "test".into(),
-            fill_service_ingress,
-            ..lb::Settings::default()
-        };
-        tokio::spawn(lb::run(
-            store,
-            settings,
-            Arc::new(AlwaysLeader),
-            stop.clone(),
-        ));
-        Reconcilers { stop }
+/// The reconcilers' settings: the Services' ingress filled by them (the embedded store, where no
+/// kube-vip runs) or by the case (Kubernetes, where the case plays kube-vip).
+fn ingress_filled(fill_service_ingress: bool) -> lb::Settings {
+    lb::Settings {
+        fill_service_ingress,
+        ..support::lb::settings()
     }
 }
 
-impl Drop for Reconcilers {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+/// The pool the cases' load balancers take their addresses from.
+fn vms_pool() -> Value {
+    mk_pool(
+        "vms",
+        range("192.168.100.0/24", "192.168.100.10", "192.168.100.20"),
+        global(),
+    )
 }
 
 /// What the cases need of a backend beyond its HTTP API.
@@ -102,13 +87,13 @@ pub struct Kube {
 
 async fn embedded() -> Embedded {
     let b = EmbeddedBackend::start().await;
-    let r = Reconcilers::start(b.service_store(), true);
+    let r = Reconcilers::start_with(b.service_store(), ingress_filled(true));
     Embedded { b, _reconcilers: r }
 }
 
 async fn kube() -> Kube {
     let b = KubeBackend::start_on(netns::control_plane().await, &[]).await;
-    let r = Reconcilers::start(b.service_store(), false);
+    let r = Reconcilers::start_with(b.service_store(), ingress_filled(false));
     Kube { b, _reconcilers: r }
 }
 
@@ -345,19 +330,6 @@ fn mk_lb(name: &str, app: &str, port: i32, annotations: Value) -> Value {
 const PERIOD_SECONDS: u64 = 1;
 const FAILURES: u64 = 2;
 
-async fn create_pool<B: Backend>(b: &B) {
-    let pool = json!({
-        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
-        "metadata": {"name": "vms"},
-        "spec": {"ranges": [{"subnet": "192.168.100.0/24", "rangeStart": "192.168.100.10",
-                             "rangeEnd": "192.168.100.20"}],
-                 "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
-    });
-    b.admin(Method::POST, POOLS, Some(pool))
-        .await
-        .expect(StatusCode::CREATED);
-}
-
 async fn create_lb<B: Backend>(b: &B, lb: Value) {
     b.admin(Method::POST, LBS, Some(lb))
         .await
@@ -483,7 +455,7 @@ pub mod cases {
         let (a_ip, b_ip, c_ip) = (netns::BACKENDS[0], netns::BACKENDS[1], netns::BACKENDS[2]);
         let _a = TcpBackend::open(at(a_ip, 8080)).await;
         let mut backend_b = TcpBackend::open(at(b_ip, 8080)).await;
-        create_pool(b).await;
+        create_pool(b, vms_pool()).await;
         env.put_vmi(mk_vmi("vm-a", "web", a_ip)).await;
         env.put_vmi(mk_vmi("vm-b", "web", b_ip)).await;
         env.put_vmi(mk_vmi("vm-c", "db", c_ip)).await;
@@ -659,7 +631,7 @@ pub mod cases {
         let (a_ip, b_ip) = (netns::BACKENDS[0], netns::BACKENDS[1]);
         let _a = HttpBackend::start(at(a_ip, 8081)).await;
         let backend_b = HttpBackend::start(at(b_ip, 8081)).await;
-        create_pool(b).await;
+        create_pool(b, vms_pool()).await;
         env.put_vmi(mk_vmi("api-a", "api", a_ip)).await;
         env.put_vmi(mk_vmi("api-b", "api", b_ip)).await;
         let annotations = json!({
@@ -719,7 +691,7 @@ pub mod cases {
         let a_ip = netns::BACKENDS[0];
         let good = HttpBackend::start(at(a_ip, 8082)).await;
         let loopback = HttpBackend::start(at("127.0.0.1", 8082)).await;
-        create_pool(b).await;
+        create_pool(b, vms_pool()).await;
         env.put_vmi(mk_vmi("vm-ok", "mixed", a_ip)).await;
         env.put_vmi(mk_vmi("vm-lo", "mixed", "127.0.0.1")).await;
         let annotations = json!({"loadbalancer.harvesterhci.io/healthCheckHTTPPath": "/healthz"});

@@ -1,5 +1,12 @@
 //! Shared helpers for the integration tests: backends behind one interface so that the same
-//! HTTP suite runs on each, and small request/response utilities.
+//! HTTP suite runs on each, and small request/response utilities. Test binaries that are a
+//! directory (`tests/NAME/main.rs`) include it with `#[path = "../support/mod.rs"]`.
+//!
+//! Beside it: [`lb`] (the load balancer reconcilers, pool builders, what a LoadBalancer's status
+//! says), [`binary`] (the built binary as a `serve` process), [`control_plane`] and [`kube_env`]
+//! (real control planes seeded like Harvester), [`foreign`] (foreign kinds from upstream's types),
+//! [`faulty`] (stores that fail on purpose), [`netns`] (a private network namespace) and
+//! [`rancher_peer`].
 #![allow(dead_code, async_fn_in_trait)]
 
 use std::path::{Path, PathBuf};
@@ -84,6 +91,58 @@ pub async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// Logs what the service does when `TEST_LOG` asks for it (`TEST_LOG=harvester_cloud=debug`);
+/// nothing otherwise. Once per test binary.
+pub fn init_logging() {
+    let filter = std::env::var("TEST_LOG").unwrap_or_else(|_| "off".into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+}
+
+/// A background task stopped by its token (also when dropped).
+pub struct Task {
+    stop: tokio_util::sync::CancellationToken,
+    handle: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Task {
+    pub fn spawn<F: Future<Output = ()> + Send + 'static>(
+        f: impl FnOnce(tokio_util::sync::CancellationToken) -> F,
+    ) -> Self {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let handle = tokio::spawn(f(stop.clone()));
+        Task {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Stops it and waits until it has.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(h) = self.handle.take() {
+            h.await.expect("stops cleanly");
+        }
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// A request with the admin token and a JSON body, if any ([`Backend::admin`]).
+pub async fn call<B: Backend>(b: &B, method: Method, path: &str, body: Option<Value>) -> Reply {
+    b.admin(method, path, body).await
+}
+
+/// Asserts the status and returns the JSON body ([`Reply::expect`]).
+#[track_caller]
+pub fn ok(r: Reply, status: StatusCode) -> Value {
+    assert_eq!(r.status, status, "{}", r.text());
+    r.json()
 }
 
 /// Creates a VirtualMachineInstance as KubeVirt does, `status` included (KubeVirt's VMI CRD has no
@@ -321,10 +380,12 @@ pub fn account_yaml(ns: &str, sa: &str) -> String {
 
 // --- The Kubernetes backend, against a real control plane ------------------------------------------
 
+pub mod binary;
 pub mod control_plane;
 pub mod faulty;
 pub mod foreign;
 pub mod kube_env;
+pub mod lb;
 pub mod netns;
 pub mod rancher_peer;
 

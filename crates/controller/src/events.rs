@@ -112,6 +112,19 @@ impl Recorder {
         }
     }
 
+    /// A recorder whose Events go to the returned receiver, in the order recorded, instead of a
+    /// store: for tests that call a reconcile directly and read what it reported.
+    pub fn capture(component: &str, instance: &str) -> (Self, mpsc::Receiver<Event>) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let recorder = Recorder {
+            tx,
+            component: component.into(),
+            instance: instance.into(),
+            sequence: Arc::new(AtomicU64::new(0)),
+        };
+        (recorder, rx)
+    }
+
     /// Records an event about `object`.
     pub fn record<K: kube::Resource<DynamicType = ()>>(
         &self,

@@ -149,6 +149,38 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The context of the reconciles on `store`: they read pools from `pool_cache` and VMIs from
+    /// `vmis` (the controllers keep both from their watches), record Events with `events`, and
+    /// send the load balancers to reconcile again to `wake`. Starts the prober; the pool tasks
+    /// start on first use. Everything stops with `stop`.
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        settings: &Settings,
+        pool_cache: Store<IPPool>,
+        vmis: Store<VirtualMachineInstance>,
+        events: Recorder,
+        wake: Wake,
+        stop: CancellationToken,
+    ) -> Arc<Self> {
+        let prober =
+            vm::prober::Prober::start(wake.clone(), stop.clone(), settings.probe_policy.clone());
+        Arc::new(Shared {
+            lbs: lb_api(store.clone()),
+            pools_api: pool_api(store.clone()),
+            pool_cache,
+            pools: Pools::new(store.clone(), wake.clone(), events.clone(), stop),
+            events,
+            accounts: settings.cluster_accounts.clone(),
+            vm: vm::VmContext::new(store.clone(), vmis, prober, settings.fill_service_ingress),
+            wake,
+            unmatched: Mutex::new(HashSet::new()),
+            pool_generation: std::sync::atomic::AtomicU64::new(0),
+            backoff: Backoff::default(),
+            applied: Mutex::default(),
+            store,
+        })
+    }
+
     /// Records a load balancer that found no pool and returns how to report it.
     fn unmatched(
         &self,
@@ -273,29 +305,16 @@ pub async fn run_controllers(
     let (lb_reader, lb_writer) = reflector::store::<LoadBalancer>();
     let (vm_reader, vm_writer) = reflector::store::<VirtualMachine>();
     let (vmi_reader, vmi_writer) = reflector::store::<VirtualMachineInstance>();
-    let prober =
-        vm::prober::Prober::start(wake_tx.clone(), stop.clone(), settings.probe_policy.clone());
     let events = Recorder::start(store.clone(), &settings.identity, stop.clone());
-    let ctx = Arc::new(Shared {
-        lbs: lb_api(store.clone()),
-        pools_api: pool_api(store.clone()),
-        pool_cache: pool_reader.clone(),
-        pools: Pools::new(store.clone(), wake_tx.clone(), events.clone(), stop.clone()),
+    let ctx = Shared::new(
+        store.clone(),
+        settings,
+        pool_reader.clone(),
+        vmi_reader,
         events,
-        accounts: settings.cluster_accounts.clone(),
-        vm: vm::VmContext::new(
-            store.clone(),
-            vmi_reader,
-            prober,
-            settings.fill_service_ingress,
-        ),
-        wake: wake_tx,
-        unmatched: Mutex::new(HashSet::new()),
-        pool_generation: std::sync::atomic::AtomicU64::new(0),
-        backoff: Backoff::default(),
-        applied: Mutex::default(),
-        store: store.clone(),
-    });
+        wake_tx,
+        stop.clone(),
+    );
     let shutdown = || {
         let stop = stop.clone();
         async move { stop.cancelled().await }

@@ -66,7 +66,7 @@ use crate::{
         events::{EventType, Recorder},
         finalizer_when, modify,
     },
-    crd::{LoadBalancer, keys},
+    crd::{LoadBalancer, keys, lb_api},
     store::{Api, ObjectStore, Preconditions, StoreError},
     sync::lock,
 };
@@ -169,7 +169,9 @@ impl SyncError {
     }
 }
 
-struct Ctx {
+/// What every reconcile of one guest cluster's Services shares ([`run`] makes it; [`Ctx::new`] for
+/// a reconcile driven by hand).
+pub struct Ctx {
     cluster: GuestContext,
     services: Api<Service>,
     config_maps: Api<ConfigMap>,
@@ -189,6 +191,35 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// The context of the reconciles of `cluster` on `ports`: they read Services from `svc_cache`
+    /// and the cluster's LoadBalancers from `lb_cache` (the watches of [`run`] keep both), record
+    /// Events on the Services with `events`, and send the Services to reconcile again to `wake`.
+    pub fn new(
+        ports: &Ports,
+        cluster: GuestContext,
+        svc_cache: Store<Service>,
+        lb_cache: Store<LoadBalancer>,
+        events: Recorder,
+        wake: mpsc::UnboundedSender<ObjectRef<Service>>,
+    ) -> Arc<Self> {
+        Arc::new(Ctx {
+            services: Api::new(ports.guest.clone()),
+            config_maps: Api::new(ports.guest.clone()),
+            lbs: lb_api(ports.harvester.clone()),
+            svc_cache,
+            lb_cache,
+            events,
+            reported: Mutex::new(HashMap::new()),
+            wake,
+            share_index: Mutex::new(ShareIndex::default()),
+            accepted: Mutex::new(Accepted::default()),
+            share_locks: Mutex::new(HashMap::new()),
+            status_forbidden: AtomicBool::new(false),
+            backoff: Backoff::default(),
+            cluster,
+        })
+    }
+
     fn lb_namespace(&self) -> &str {
         &self.cluster.lb_namespace
     }
@@ -299,7 +330,8 @@ fn missing(field: &'static str) -> SyncError {
     SyncError::MissingField { field }
 }
 
-async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, SyncError> {
+/// One reconcile of a Service: the finalizer, then serving it (or cleaning up after it).
+pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, SyncError> {
     let started = Instant::now();
     svc.metadata
         .namespace

@@ -9,10 +9,7 @@
 //! filled too (decisions read it), and a declared watch is polled only by a running controller;
 //! the share index must tell a Service's deletion from a change, which a watch's mapper cannot.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, atomic::AtomicBool},
-};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
@@ -29,13 +26,12 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::{COMPONENT, Ctx, Ports, Settings, SyncError, reconcile};
 use crate::{
-    controller::{Backoff, events::Recorder},
-    crd::{LoadBalancer, keys, lb_api, lb_kind},
-    store::{Api, Kind, Preconditions, watcher::watcher},
+    controller::events::Recorder,
+    crd::{LoadBalancer, keys, lb_kind},
+    store::{Kind, Preconditions, watcher::watcher},
     sync::lock,
     {
         decide::{in_scope, is_leftover, lb_names_of, service_fingerprint, service_of},
-        index::{Accepted, ShareIndex},
         mapping::{GuestContext, annotation, service_key},
         nad,
     },
@@ -121,28 +117,21 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
     let (svc_tx, svc_rx) = mpsc::unbounded_channel::<Service>();
     let (wake_tx, wake_rx) = mpsc::unbounded_channel::<ObjectRef<Service>>();
     let (gc_tx, gc_rx) = mpsc::unbounded_channel::<String>();
-    let ctx = Arc::new(Ctx {
-        services: Api::new(ports.guest.clone()),
-        config_maps: Api::new(ports.guest.clone()),
-        lbs: lb_api(ports.harvester.clone()),
-        svc_cache: svc_cache.clone(),
+    let events = Recorder::start_as(
+        ports.guest.clone(),
+        COMPONENT,
+        &settings.identity,
+        settings.prune_events,
+        stop.clone(),
+    );
+    let ctx = Ctx::new(
+        &ports,
+        cluster.clone(),
+        svc_cache.clone(),
         lb_cache,
-        events: Recorder::start_as(
-            ports.guest.clone(),
-            COMPONENT,
-            &settings.identity,
-            settings.prune_events,
-            stop.clone(),
-        ),
-        reported: Mutex::new(HashMap::new()),
-        wake: wake_tx.clone(),
-        share_index: Mutex::new(ShareIndex::default()),
-        accepted: Mutex::new(Accepted::default()),
-        share_locks: Mutex::new(HashMap::new()),
-        status_forbidden: AtomicBool::new(false),
-        backoff: Backoff::default(),
-        cluster: cluster.clone(),
-    });
+        events,
+        wake_tx.clone(),
+    );
 
     // Services: the cache, the controller's trigger, and the LoadBalancer of one deleted behind the
     // reconciler's back (no finalizer) to garbage-collect.
