@@ -374,7 +374,7 @@ impl LoadBalancer {
 
     /// The family asked for (`loadbalancer.harvesterhci.io/ipFamily`, `IPv4` or `IPv6`); `Err` names
     /// another value.
-    pub fn ip_family(&self) -> Result<Option<ipam::Family>, String> {
+    pub(crate) fn ip_family(&self) -> Result<Option<ipam::Family>, String> {
         match self.annotation(keys::ANNOTATION_IP_FAMILY).trim() {
             "" => Ok(None),
             "IPv4" => Ok(Some(ipam::Family::V4)),

@@ -34,7 +34,7 @@ use crate::{
 /// The component named in Events.
 pub const COMPONENT: &str = "harvester-cloud-lb";
 /// How long Events are kept (Kubernetes' default `--event-ttl`).
-pub const EVENT_TTL: Duration = Duration::from_secs(3600);
+pub(crate) const EVENT_TTL: Duration = Duration::from_secs(3600);
 /// How often old Events are looked for.
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
 /// Events waiting to be written; beyond this they are dropped.

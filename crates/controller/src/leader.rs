@@ -171,7 +171,7 @@ struct LeaseInner {
 
 /// A failed attempt to read or write the Lease.
 #[derive(Debug, thiserror::Error)]
-pub enum LeaseError {
+pub(crate) enum LeaseError {
     #[error("cannot read lease {namespace}/{name}: {source}")]
     Read {
         namespace: String,

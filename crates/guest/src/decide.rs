@@ -24,14 +24,14 @@ const LOAD_BALANCER: &str = "LoadBalancer";
 
 /// A Service this reconciler serves: of type LoadBalancer, and not claimed by another
 /// implementation through `spec.loadBalancerClass` (which Kubernetes' cloud providers leave alone).
-pub fn is_load_balancer(svc: &Service) -> bool {
+pub(crate) fn is_load_balancer(svc: &Service) -> bool {
     svc.spec.as_ref().is_some_and(|s| {
         s.type_.as_deref() == Some(LOAD_BALANCER) && s.load_balancer_class.is_none()
     })
 }
 
 /// The primary a Service's annotation names, if it names one.
-pub fn primary_of(svc: &Service) -> Result<Option<(String, String)>, GuestError> {
+pub(crate) fn primary_of(svc: &Service) -> Result<Option<(String, String)>, GuestError> {
     match annotation(svc, keys::SVC_PRIMARY).filter(|v| !v.is_empty()) {
         None => Ok(None),
         Some(v) => {
@@ -41,7 +41,7 @@ pub fn primary_of(svc: &Service) -> Result<Option<(String, String)>, GuestError>
 }
 
 /// The name of a Service's own LoadBalancer in guest cluster `cluster` (`None` before it has a UID).
-pub fn lb_name_of(cluster: &str, svc: &Service) -> Option<String> {
+pub(crate) fn lb_name_of(cluster: &str, svc: &Service) -> Option<String> {
     let uid = svc.metadata.uid.as_deref().filter(|u| !u.is_empty())?;
     Some(naming::load_balancer_name(
         cluster,
@@ -53,7 +53,7 @@ pub fn lb_name_of(cluster: &str, svc: &Service) -> Option<String> {
 
 /// Every LoadBalancer name a Service's LoadBalancers may have (its first, and a dual-stack
 /// Service's second of either family), whatever it asks for now (`None` before it has a UID).
-pub fn lb_names_of(cluster: &str, svc: &Service) -> Option<Vec<String>> {
+pub(crate) fn lb_names_of(cluster: &str, svc: &Service) -> Option<Vec<String>> {
     lb_name_of(cluster, svc)?;
     let mut names = vec![mapping::slot_lb_name(cluster, svc, 0, None)];
     for family in [Family::V4, Family::V6] {
@@ -63,7 +63,7 @@ pub fn lb_names_of(cluster: &str, svc: &Service) -> Option<Vec<String>> {
 }
 
 /// The names of the LoadBalancers a Service needs for `addressing`, one per slot.
-pub fn slot_names(cluster: &str, svc: &Service, addressing: &Addressing) -> Vec<String> {
+pub(crate) fn slot_names(cluster: &str, svc: &Service, addressing: &Addressing) -> Vec<String> {
     addressing
         .slots
         .iter()
@@ -89,7 +89,7 @@ fn existing_view(lb: &LoadBalancer) -> ExistingLb {
 /// first (as upstream's EnsureLoadBalancer does before anything else): the interface kube-vip
 /// announces on (`nad_mapping` is the ConfigMap's value; `None` when the ConfigMap does not exist,
 /// and the Service passes through).
-pub fn judge_network(
+pub(crate) fn judge_network(
     svc: &Service,
     nad_mapping: Option<Option<&str>>,
 ) -> Result<Option<String>, GuestError> {
@@ -98,7 +98,7 @@ pub fn judge_network(
 }
 
 /// A primary: the plan of its LoadBalancer, refusing network and IPAM changes against `existing`.
-pub fn judge_primary(
+pub(crate) fn judge_primary(
     svc: &Service,
     ctx: &GuestContext,
     existing: Option<&LoadBalancer>,
@@ -109,7 +109,7 @@ pub fn judge_primary(
 }
 
 /// The plan of the LoadBalancer in slot `index` of a primary Service (see [`mapping::addressing`]).
-pub fn judge_slot(
+pub(crate) fn judge_slot(
     svc: &Service,
     ctx: &GuestContext,
     existing: Option<&LoadBalancer>,
@@ -122,7 +122,7 @@ pub fn judge_slot(
 /// A secondary of `primary_ref`: the primary's address, if it may share it with `others` (the
 /// primary's other secondaries) and its network is that of the primary's LoadBalancer
 /// (`primary_lb`, when it exists).
-pub fn judge_secondary(
+pub(crate) fn judge_secondary(
     svc: &Service,
     primary_ref: (&str, &str),
     primary: Option<&Service>,
@@ -140,7 +140,7 @@ pub fn judge_secondary(
 
 /// The guest cluster that made a LoadBalancer, if it recorded itself (upstream's cloud provider,
 /// and versions of ours before the record, do not).
-pub fn maker_of(lb: &LoadBalancer) -> Option<&str> {
+pub(crate) fn maker_of(lb: &LoadBalancer) -> Option<&str> {
     lb.metadata
         .annotations
         .as_ref()
@@ -157,7 +157,7 @@ pub fn in_scope(ctx: &GuestContext, lb: &LoadBalancer) -> bool {
 }
 
 /// The Service a LoadBalancer was made for, when it is in `ctx`'s scope ([`in_scope`]).
-pub fn service_of(ctx: &GuestContext, lb: &LoadBalancer) -> Option<ObjectRef<Service>> {
+pub(crate) fn service_of(ctx: &GuestContext, lb: &LoadBalancer) -> Option<ObjectRef<Service>> {
     if maker_of(lb).is_some_and(|m| m != ctx.identity) {
         return None;
     }
@@ -175,7 +175,7 @@ pub fn service_of(ctx: &GuestContext, lb: &LoadBalancer) -> Option<ObjectRef<Ser
 /// new UID. One without the record is never left over: nothing proves it is this cluster's rather
 /// than another's of the same name; its own Service adopts it (the LoadBalancer's name is made from
 /// the Service's UID, and the next sync records the maker).
-pub fn is_leftover(ctx: &GuestContext, lb: &LoadBalancer, svc: Option<&Service>) -> bool {
+pub(crate) fn is_leftover(ctx: &GuestContext, lb: &LoadBalancer, svc: Option<&Service>) -> bool {
     if maker_of(lb) != Some(ctx.identity.as_str()) {
         return false;
     }
@@ -225,7 +225,7 @@ pub fn new_lb(plan: &LbPlan) -> LoadBalancer {
 }
 
 /// Brings an existing LoadBalancer to the plan; says whether anything changed.
-pub fn update_lb(lb: &mut LoadBalancer, plan: &LbPlan) -> bool {
+pub(crate) fn update_lb(lb: &mut LoadBalancer, plan: &LbPlan) -> bool {
     let mut changed = false;
     let annotations = lb.metadata.annotations.get_or_insert_default();
     for (k, v) in &plan.annotations {
@@ -255,7 +255,7 @@ pub fn update_lb(lb: &mut LoadBalancer, plan: &LbPlan) -> bool {
     changed
 }
 
-pub fn set_annotation(svc: &mut Service, key: &str, value: &str) -> bool {
+pub(crate) fn set_annotation(svc: &mut Service, key: &str, value: &str) -> bool {
     let a = svc.metadata.annotations.get_or_insert_default();
     if a.get(key).map(String::as_str) == Some(value) {
         return false;
@@ -264,14 +264,14 @@ pub fn set_annotation(svc: &mut Service, key: &str, value: &str) -> bool {
     true
 }
 
-pub fn remove_annotation(svc: &mut Service, key: &str) -> bool {
+pub(crate) fn remove_annotation(svc: &mut Service, key: &str) -> bool {
     svc.metadata
         .annotations
         .as_mut()
         .is_some_and(|a| a.remove(key).is_some())
 }
 
-pub fn set_label(svc: &mut Service, key: &str, value: &str) -> bool {
+pub(crate) fn set_label(svc: &mut Service, key: &str, value: &str) -> bool {
     let l = svc.metadata.labels.get_or_insert_default();
     if l.get(key).map(String::as_str) == Some(value) {
         return false;
@@ -281,7 +281,7 @@ pub fn set_label(svc: &mut Service, key: &str, value: &str) -> bool {
 }
 
 /// Empties a label that is set to something; one that is absent stays absent.
-pub fn empty_label(svc: &mut Service, key: &str) -> bool {
+pub(crate) fn empty_label(svc: &mut Service, key: &str) -> bool {
     match svc.metadata.labels.as_mut().and_then(|l| l.get_mut(key)) {
         Some(v) if !v.is_empty() => {
             v.clear();
@@ -292,7 +292,7 @@ pub fn empty_label(svc: &mut Service, key: &str) -> bool {
 }
 
 /// Sets `status.loadBalancer.ingress` to the addresses, in order (none for an empty slice).
-pub fn set_ingress(svc: &mut Service, ips: &[&str]) -> bool {
+pub(crate) fn set_ingress(svc: &mut Service, ips: &[&str]) -> bool {
     let want: Vec<LoadBalancerIngress> = ips
         .iter()
         .map(|ip| LoadBalancerIngress {
@@ -318,7 +318,7 @@ pub fn set_ingress(svc: &mut Service, ips: &[&str]) -> bool {
 }
 
 /// The Ready=False message of a LoadBalancer, if it has one.
-pub fn not_ready_message(lb: &LoadBalancer) -> Option<String> {
+pub(crate) fn not_ready_message(lb: &LoadBalancer) -> Option<String> {
     lb.status
         .as_ref()?
         .conditions
@@ -330,7 +330,7 @@ pub fn not_ready_message(lb: &LoadBalancer) -> Option<String> {
 
 /// What a Service reconcile depends on: not its resourceVersion, nor its status but for the address
 /// kube-vip reports.
-pub fn service_fingerprint(svc: &Service) -> Option<u64> {
+pub(crate) fn service_fingerprint(svc: &Service) -> Option<u64> {
     use std::hash::{Hash, Hasher};
     let m = &svc.metadata;
     let relevant = (

@@ -36,7 +36,7 @@ pub struct ExistingLb {
 /// single-stack Service has one, named as upstream names it; a dual-stack one a second, for its
 /// second family), each asking for at most one address.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Addressing {
+pub(crate) struct Addressing {
     pub slots: Vec<Slot>,
     /// `RequireDualStack`: the Service gets its addresses only once every slot has one.
     /// (`PreferDualStack` gets those there are.)
@@ -45,7 +45,7 @@ pub struct Addressing {
 
 /// One LoadBalancer of a Service.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Slot {
+pub(crate) struct Slot {
     /// The family its address must have (`None`: any pool, as upstream chooses).
     pub family: Option<Family>,
     /// The address asked for.
@@ -68,7 +68,7 @@ fn family_name(family: Family) -> &'static str {
 /// families: `spec.ipFamilies` for `PreferDualStack`/`RequireDualStack` (both families when it
 /// lists none), else one LoadBalancer of the requested address's family, else IPv6 for an IPv6-only
 /// Service, else of any.
-pub fn addressing(svc: &Service) -> Result<Addressing, GuestError> {
+pub(crate) fn addressing(svc: &Service) -> Result<Addressing, GuestError> {
     let refuse = |reason: String| GuestError::AddressRequest {
         service: service_key(svc),
         reason,
@@ -241,7 +241,7 @@ pub fn label<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
 }
 
 /// The Service's IPAM mode: its annotation verbatim, `pool` when absent or empty.
-pub fn service_ipam(svc: &Service) -> String {
+pub(crate) fn service_ipam(svc: &Service) -> String {
     annotation(svc, keys::SVC_IPAM)
         .filter(|v| !v.is_empty())
         .unwrap_or("pool")
@@ -249,7 +249,7 @@ pub fn service_ipam(svc: &Service) -> String {
 }
 
 /// `namespace/name` of a Service.
-pub fn service_key(svc: &Service) -> String {
+pub(crate) fn service_key(svc: &Service) -> String {
     format!(
         "{}/{}",
         svc.metadata.namespace.as_deref().unwrap_or_default(),
@@ -279,7 +279,12 @@ pub fn plan(
 
 /// The name of the LoadBalancer in slot `index` of a Service: the first as upstream names it, the
 /// second (a dual-stack Service's second family) from the UID and the family.
-pub fn slot_lb_name(cluster: &str, svc: &Service, index: usize, family: Option<Family>) -> String {
+pub(crate) fn slot_lb_name(
+    cluster: &str,
+    svc: &Service,
+    index: usize,
+    family: Option<Family>,
+) -> String {
     let ns = svc.metadata.namespace.as_deref().unwrap_or_default();
     let name = svc.metadata.name.as_deref().unwrap_or_default();
     let uid = svc.metadata.uid.as_deref().unwrap_or_default();
@@ -292,7 +297,7 @@ pub fn slot_lb_name(cluster: &str, svc: &Service, index: usize, family: Option<F
 }
 
 /// The plan of the LoadBalancer in slot `index` of a Service.
-pub fn plan_slot(
+pub(crate) fn plan_slot(
     svc: &Service,
     ctx: &GuestContext,
     existing: Option<&ExistingLb>,

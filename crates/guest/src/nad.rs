@@ -61,7 +61,7 @@ const RETRY_MAX: Duration = Duration::from_secs(300);
 const WRITE_ATTEMPTS: usize = 4;
 
 /// Whether `vmi` is a node of guest cluster `cluster`: labelled with its name.
-pub fn is_node_of(vmi: &VirtualMachineInstance, cluster: &str) -> bool {
+pub(crate) fn is_node_of(vmi: &VirtualMachineInstance, cluster: &str) -> bool {
     !cluster.is_empty() && vmi.label(keys::LABEL_GUEST_CLUSTER_NAME) == Some(cluster)
 }
 
@@ -130,7 +130,7 @@ pub fn common(
 
 /// The mapping of guest cluster `cluster` from the VMIs of its Harvester namespace; `None` when
 /// none of them is labelled for it.
-pub fn cluster_mapping<'a>(
+pub(crate) fn cluster_mapping<'a>(
     vmis: impl IntoIterator<Item = &'a VirtualMachineInstance>,
     cluster: &str,
 ) -> Option<BTreeMap<String, String>> {

@@ -9,7 +9,7 @@ use super::GuestError;
 /// The interface kube-vip should use for `network`, from the guest's `harvester-nad-mapping`
 /// ConfigMap (`mapping` is its `interface-nad-mapping` value; `None` when the ConfigMap does not
 /// exist, in which case the Service passes through).
-pub fn service_interface(
+pub(crate) fn service_interface(
     mapping: Option<Option<&str>>,
     network: &str,
     service: &str,

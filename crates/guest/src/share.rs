@@ -13,7 +13,10 @@ use crate::crd::{LoadBalancer, keys};
 
 /// The primary named by a secondary's annotation: `<ns>/<name>`, or a bare name in the secondary's
 /// own namespace (as the documentation shows).
-pub fn primary_ref(value: &str, secondary_namespace: &str) -> Result<(String, String), GuestError> {
+pub(crate) fn primary_ref(
+    value: &str,
+    secondary_namespace: &str,
+) -> Result<(String, String), GuestError> {
     let v = value.trim();
     let (ns, name) = match v.split_once('/') {
         Some((ns, name)) => (ns, name),
@@ -27,7 +30,7 @@ pub fn primary_ref(value: &str, secondary_namespace: &str) -> Result<(String, St
 }
 
 /// The label value that marks a secondary of `ns/name`: `<ns>.<name>`.
-pub fn primary_label_value(namespace: &str, name: &str) -> String {
+pub(crate) fn primary_label_value(namespace: &str, name: &str) -> String {
     format!("{namespace}.{name}")
 }
 
@@ -94,7 +97,7 @@ pub fn check(
 /// A secondary's network must be the one its primary's load balancer (`primary_lb`, if it exists)
 /// was made on, as upstream's checkNetworkChanged has it: skipped while the secondary names none and
 /// the load balancer has one (the secondary gets the primary's).
-pub fn check_network(
+pub(crate) fn check_network(
     secondary: &Service,
     primary_lb: Option<&LoadBalancer>,
 ) -> Result<(), GuestError> {
@@ -125,7 +128,7 @@ pub fn check_network(
 }
 
 /// Refuses to delete a primary while secondaries use it.
-pub fn check_primary_deletion(
+pub(crate) fn check_primary_deletion(
     primary: &Service,
     secondaries: &[&Service],
 ) -> Result<(), GuestError> {

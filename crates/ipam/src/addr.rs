@@ -108,7 +108,7 @@ impl Cidr {
         self.family
     }
 
-    pub fn prefix_len(&self) -> u8 {
+    pub(crate) fn prefix_len(&self) -> u8 {
         self.prefix
     }
 

@@ -131,7 +131,7 @@ impl Families {
     }
 
     /// Whether two pools could serve a load balancer of the same family.
-    pub fn intersects(self, other: Families) -> bool {
+    pub(crate) fn intersects(self, other: Families) -> bool {
         (self.v4 && other.v4) || (self.v6 && other.v6)
     }
 

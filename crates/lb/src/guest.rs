@@ -46,7 +46,7 @@ pub enum GuestCleanupError {
 }
 
 /// The Event on a VM whose guest cluster's cloud-config account was revoked.
-pub const REASON_ACCOUNT_REVOKED: &str = "CloudConfigAccountRevoked";
+pub(crate) const REASON_ACCOUNT_REVOKED: &str = "CloudConfigAccountRevoked";
 
 impl GuestCleanupError {
     pub fn is_conflict(&self) -> bool {

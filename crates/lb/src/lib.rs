@@ -295,7 +295,7 @@ fn kind_of<K: crate::store::Object>() -> Kind {
 }
 
 /// Runs the three controllers until `stop`.
-pub async fn run_controllers(
+pub(crate) async fn run_controllers(
     store: Arc<dyn ObjectStore>,
     settings: &Settings,
     stop: CancellationToken,

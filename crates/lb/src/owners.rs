@@ -23,7 +23,7 @@ use crate::{
 };
 
 /// steve's type name of the answer.
-pub const ADDRESSES_TYPE: &str = "loadbalancer.harvesterhci.io.ippool.addresses";
+pub(crate) const ADDRESSES_TYPE: &str = "loadbalancer.harvesterhci.io.ippool.addresses";
 
 /// The LoadBalancer condition saying which address it was given and when
 /// (`message: "<ip> from IP pool <pool>"`, `lastTransitionTime`: the allocation). Upstream's

@@ -43,7 +43,7 @@ const ROUND: usize = 1024;
 /// Rounds retried after conflicting writes before the requests fail.
 const ATTEMPTS: usize = 10;
 /// The share of a pool's addresses in use at which it gets a Warning Event.
-pub const USAGE_WARNING: f64 = 0.9;
+pub(crate) const USAGE_WARNING: f64 = 0.9;
 
 /// What an allocation asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -673,7 +673,7 @@ pub fn now_rfc3339() -> String {
 
 /// Sets the `Ready` condition; times move only when something about it changes (as wrangler does),
 /// so that an unchanged condition does not cause a write.
-pub fn set_ready(conditions: &mut Vec<Condition>, ok: bool, reason: &str, message: &str) {
+pub(crate) fn set_ready(conditions: &mut Vec<Condition>, ok: bool, reason: &str, message: &str) {
     set_condition(
         conditions,
         "Ready",
@@ -685,7 +685,7 @@ pub fn set_ready(conditions: &mut Vec<Condition>, ok: bool, reason: &str, messag
 
 /// Sets the condition of type `kind` (`status` one of `True`, `False`, `Unknown`), moving its times
 /// only when something about it changes.
-pub fn set_condition(
+pub(crate) fn set_condition(
     conditions: &mut Vec<Condition>,
     kind: &str,
     status: &str,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 /// Fallback re-checks for load balancers that wait for an event (a pool appearing or freeing an
 /// address); the event normally comes first.
-pub const UNMATCHED_RECHECK: Duration = Duration::from_secs(30);
+pub(crate) const UNMATCHED_RECHECK: Duration = Duration::from_secs(30);
 
 /// Why a load balancer has no address (its Ready message), and when to look again.
 pub struct Refusal {

@@ -21,7 +21,7 @@ use crate::crd::{GROUP, IPPool, LoadBalancer};
 
 /// Why a review was refused or could not be decided.
 #[derive(Debug, thiserror::Error)]
-pub enum ReviewError {
+pub(crate) enum ReviewError {
     #[error("the admission request has no {field}")]
     Missing { field: &'static str },
     #[error("cannot decode the {kind} of the admission request: {source}")]

@@ -80,7 +80,7 @@ fn b64_json<T: Serialize>(v: &T) -> Result<String, IssuerError> {
 }
 
 /// A new P-256 key as PKCS#8 PEM, for the store to keep.
-pub fn generate_key_pem() -> Result<String, IssuerError> {
+pub(crate) fn generate_key_pem() -> Result<String, IssuerError> {
     rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
         .map(|k| k.serialize_pem())
         .map_err(IssuerError::Generate)
@@ -134,7 +134,7 @@ impl Issuer {
     /// A token bound to a service account and its token Secret, as the Kubernetes token controller
     /// issues for `kubernetes.io/service-account-token` Secrets: long-lived unless `exp` (a Unix
     /// time) gives it an end.
-    pub fn mint_secret_token(
+    pub(crate) fn mint_secret_token(
         &self,
         namespace: &str,
         sa_name: &str,

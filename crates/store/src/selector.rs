@@ -85,7 +85,7 @@ impl LabelSelector {
     }
 
     /// Matches the `metadata.labels` of a JSON object.
-    pub fn matches_object(&self, object: &Value) -> bool {
+    pub(crate) fn matches_object(&self, object: &Value) -> bool {
         if self.requirements.is_empty() {
             return true;
         }

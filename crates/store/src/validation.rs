@@ -4,8 +4,8 @@
 
 use rand::Rng;
 
-pub const DNS1123_LABEL_MAX: usize = 63;
-pub const DNS1123_SUBDOMAIN_MAX: usize = 253;
+pub(crate) const DNS1123_LABEL_MAX: usize = 63;
+pub(crate) const DNS1123_SUBDOMAIN_MAX: usize = 253;
 
 const LABEL_FMT: &str = "[a-z0-9]([-a-z0-9]*[a-z0-9])?";
 const SUBDOMAIN_FMT: &str = "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*";
@@ -51,7 +51,7 @@ pub fn dns1123_subdomain(s: &str) -> Result<(), String> {
 
 /// Checks a name that only has to be a usable URL path segment (RBAC objects, e.g.
 /// `harvesterhci.io:cloudprovider`).
-pub fn path_segment_name(s: &str) -> Result<(), String> {
+pub(crate) fn path_segment_name(s: &str) -> Result<(), String> {
     if s.is_empty() {
         return Err("name or generateName is required".into());
     }
@@ -119,7 +119,7 @@ fn content_subdomain(s: &str) -> Vec<String> {
 
 /// Checks a qualified name (label and annotation keys, finalizer names): every message
 /// apimachinery's `IsQualifiedName` gives, in its order; empty when valid.
-pub fn qualified_name(value: &str) -> Vec<String> {
+pub(crate) fn qualified_name(value: &str) -> Vec<String> {
     let mut errs = Vec::new();
     let parts: Vec<&str> = value.split('/').collect();
     let name = match parts[..] {

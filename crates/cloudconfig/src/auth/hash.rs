@@ -63,7 +63,7 @@ const MAX_SCRYPT_RP: u32 = 64;
 const SLOW_QUEUE: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
-pub enum VerifyError {
+pub(crate) enum VerifyError {
     #[error(transparent)]
     Hash(#[from] HashError),
     /// Too many slow checks are waiting already.
@@ -72,7 +72,7 @@ pub enum VerifyError {
 }
 
 /// How many scrypt checks may run at once: half the machine's cores, at least one.
-pub fn slow_slots() -> usize {
+pub(crate) fn slow_slots() -> usize {
     std::thread::available_parallelism()
         .map(|n| (n.get() / 2).max(1))
         .unwrap_or(1)
@@ -90,7 +90,7 @@ static SLOW: std::sync::LazyLock<SlowLane> = std::sync::LazyLock::new(|| SlowLan
 
 /// [`verify`] for async callers: cheap formats inline, scrypt on the blocking pool within the slow
 /// lane's slots (or [`VerifyError::Busy`] when its queue is full).
-pub async fn verify_async(secret: &str, hash: &str) -> Result<bool, VerifyError> {
+pub(crate) async fn verify_async(secret: &str, hash: &str) -> Result<bool, VerifyError> {
     if !hash.starts_with("$1:") {
         return Ok(verify(secret, hash)?);
     }

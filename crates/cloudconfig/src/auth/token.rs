@@ -53,7 +53,7 @@ impl ApiToken {
     }
 
     /// Whether the name has Rancher's shape, `token-` and five lowercase alphanumerics.
-    pub fn has_rancher_name(&self) -> bool {
+    pub(crate) fn has_rancher_name(&self) -> bool {
         self.name
             .strip_prefix("token-")
             .is_some_and(|s| s.len() == 5 && s.bytes().all(|c| NAME_ALPHABET.contains(&c)))
@@ -80,7 +80,7 @@ impl fmt::Debug for Credential {
 
 impl Credential {
     /// The secret text as the client sent it, to hash for cache keys.
-    pub fn secret_text(&self) -> String {
+    pub(crate) fn secret_text(&self) -> String {
         match self {
             Credential::Api(t) => t.expose(),
             Credential::Bearer(b) => b.clone(),

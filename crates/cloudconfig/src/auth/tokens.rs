@@ -99,7 +99,7 @@ pub async fn create(
 
 /// The file a `token` command touches after it changed the table, beside the database, so that
 /// a running server reads the table again at once (it checks the file's time on each request).
-pub const CHANGED_FILE: &str = "admin-tokens.changed";
+pub(crate) const CHANGED_FILE: &str = "admin-tokens.changed";
 
 /// Marks the token table changed (see [`CHANGED_FILE`]); a failure only delays the server's
 /// noticing to its next periodic read.

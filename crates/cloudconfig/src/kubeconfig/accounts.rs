@@ -27,11 +27,11 @@ use crate::{
 };
 
 /// Accounts per page when the caller names no `limit`, and the most it may ask for.
-pub const DEFAULT_LIMIT: usize = 1000;
+pub(crate) const DEFAULT_LIMIT: usize = 1000;
 pub const MAX_LIMIT: usize = 1000;
 
 /// The `kind` of every token listed: a token Secret the token controller fills.
-pub const TOKEN_KIND: &str = "service-account-token";
+pub(crate) const TOKEN_KIND: &str = "service-account-token";
 
 /// Why the accounts could not be listed or revoked.
 #[derive(Debug, thiserror::Error)]
@@ -192,7 +192,7 @@ pub struct AccountPage {
 }
 
 /// Whether a ServiceAccount is an account this service issued.
-pub fn is_ours(sa: &ServiceAccount) -> bool {
+pub(crate) fn is_ours(sa: &ServiceAccount) -> bool {
     objects::is_managed(&sa.metadata)
 }
 

@@ -5,7 +5,7 @@ use sha2::{Digest, Sha256};
 
 /// Joins `parts` with `-`; a result of 64 bytes or more is cut to 63 with a hash suffix
 /// (wrangler `name.SafeConcatName`).
-pub fn safe_concat_name(parts: &[&str]) -> String {
+pub(crate) fn safe_concat_name(parts: &[&str]) -> String {
     let joined = parts.join("-");
     if joined.len() < 64 {
         return joined;

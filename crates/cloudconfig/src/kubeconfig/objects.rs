@@ -26,23 +26,23 @@ pub const BINDING_SA_UID_ANNOTATION: &str = "harvester-cloud.io/serviceaccount-u
 const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 /// On our ServiceAccount, once its token was rotated: the name of the token Secret whose token is
 /// the account's current one (without it, `<serviceAccount>-token`, as Harvester names it).
-pub const TOKEN_SECRET_ANNOTATION: &str = "harvester-cloud.io/token-secret";
+pub(crate) const TOKEN_SECRET_ANNOTATION: &str = "harvester-cloud.io/token-secret";
 /// On a token Secret: when its token stops working (RFC 3339, UTC), by its `expirationSeconds` or
 /// at the end of a rotation's grace period. The sweeper deletes the Secret then.
 pub const EXPIRES_AT_ANNOTATION: &str = "harvester-cloud.io/expires-at";
 /// On a token Secret that a rotation replaced: when (RFC 3339, UTC).
-pub const ROTATED_AT_ANNOTATION: &str = "harvester-cloud.io/rotated-at";
+pub(crate) const ROTATED_AT_ANNOTATION: &str = "harvester-cloud.io/rotated-at";
 /// On a token Secret a rotation made and has not made current yet: when it stops working if it
 /// never becomes current (RFC 3339, UTC), so a rotation that dies before its switch leaves no
 /// third token behind. Not [`EXPIRES_AT_ANNOTATION`]: a token's end is minted into it (a JWT's
 /// `exp`), and this one must not end once it is current.
-pub const PROVISIONAL_UNTIL_ANNOTATION: &str = "harvester-cloud.io/provisional-until";
+pub(crate) const PROVISIONAL_UNTIL_ANNOTATION: &str = "harvester-cloud.io/provisional-until";
 /// On a ServiceAccount, written in the same write as a rotation's switch: the token Secret it
 /// replaced, to keep working until [`REPLACED_UNTIL_ANNOTATION`] and no longer, even if the
 /// rotation stops before it marks that Secret.
-pub const REPLACED_TOKEN_ANNOTATION: &str = "harvester-cloud.io/replaced-token-secret";
+pub(crate) const REPLACED_TOKEN_ANNOTATION: &str = "harvester-cloud.io/replaced-token-secret";
 /// See [`REPLACED_TOKEN_ANNOTATION`]: the end of the replaced token's grace (RFC 3339, UTC).
-pub const REPLACED_UNTIL_ANNOTATION: &str = "harvester-cloud.io/replaced-token-until";
+pub(crate) const REPLACED_UNTIL_ANNOTATION: &str = "harvester-cloud.io/replaced-token-until";
 /// On a ServiceAccount while a rotation of it is under way: until when that rotation holds the
 /// account (RFC 3339, UTC; the provisional end of the token it makes). Another rotation before
 /// then is a conflict; the rotation's switch removes it in the same write, and one that stops
@@ -50,7 +50,7 @@ pub const REPLACED_UNTIL_ANNOTATION: &str = "harvester-cloud.io/replaced-token-u
 pub const ROTATING_UNTIL_ANNOTATION: &str = "harvester-cloud.io/rotating-until";
 /// On a token Secret issued with `expirationSeconds`: that lifetime, so a retried request for the
 /// same lifetime gets the same token.
-pub const EXPIRATION_SECONDS_ANNOTATION: &str = "harvester-cloud.io/expiration-seconds";
+pub(crate) const EXPIRATION_SECONDS_ANNOTATION: &str = "harvester-cloud.io/expiration-seconds";
 
 fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.annotations.as_ref()?.get(key).map(String::as_str)
@@ -71,17 +71,17 @@ pub fn expires_at(secret: &Secret) -> Option<time::OffsetDateTime> {
 }
 
 /// The value of [`EXPIRES_AT_ANNOTATION`] as a time (`None` when it is not RFC 3339).
-pub fn parse_end(value: &str) -> Option<time::OffsetDateTime> {
+pub(crate) fn parse_end(value: &str) -> Option<time::OffsetDateTime> {
     time::OffsetDateTime::parse(value, &time::format_description::well_known::Rfc3339).ok()
 }
 
 /// When a token Secret a rotation made stops working unless the rotation makes it current.
-pub fn provisional_until(secret: &Secret) -> Option<time::OffsetDateTime> {
+pub(crate) fn provisional_until(secret: &Secret) -> Option<time::OffsetDateTime> {
     annotation(&secret.metadata, PROVISIONAL_UNTIL_ANNOTATION).and_then(parse_end)
 }
 
 /// Gives a rotation's new token Secret its provisional end.
-pub fn set_provisional(secret: &mut Secret, until: time::OffsetDateTime) {
+pub(crate) fn set_provisional(secret: &mut Secret, until: time::OffsetDateTime) {
     secret
         .metadata
         .annotations
@@ -90,7 +90,7 @@ pub fn set_provisional(secret: &mut Secret, until: time::OffsetDateTime) {
 }
 
 /// Removes the provisional end of a token Secret that became current; whether it had one.
-pub fn clear_provisional(secret: &mut Secret) -> bool {
+pub(crate) fn clear_provisional(secret: &mut Secret) -> bool {
     secret
         .metadata
         .annotations
@@ -99,12 +99,12 @@ pub fn clear_provisional(secret: &mut Secret) -> bool {
 }
 
 /// Whether a rotation replaced this token Secret (it is never current again).
-pub fn is_retired(secret: &Secret) -> bool {
+pub(crate) fn is_retired(secret: &Secret) -> bool {
     annotation(&secret.metadata, ROTATED_AT_ANNOTATION).is_some()
 }
 
 /// The token Secret the account's last rotation replaced, and the end of its grace.
-pub fn replaced_token(sa: &ServiceAccount) -> Option<(&str, time::OffsetDateTime)> {
+pub(crate) fn replaced_token(sa: &ServiceAccount) -> Option<(&str, time::OffsetDateTime)> {
     let name = annotation(&sa.metadata, REPLACED_TOKEN_ANNOTATION)?;
     let until = annotation(&sa.metadata, REPLACED_UNTIL_ANNOTATION).and_then(parse_end)?;
     Some((name, until))
@@ -112,7 +112,10 @@ pub fn replaced_token(sa: &ServiceAccount) -> Option<(&str, time::OffsetDateTime
 
 /// Records on the ServiceAccount which token a rotation replaces and until when it works (or
 /// that none keeps working: `None`).
-pub fn set_replaced(sa: &mut ServiceAccount, replaced: Option<(&str, time::OffsetDateTime)>) {
+pub(crate) fn set_replaced(
+    sa: &mut ServiceAccount,
+    replaced: Option<(&str, time::OffsetDateTime)>,
+) {
     let a = sa.metadata.annotations.get_or_insert_default();
     match replaced {
         Some((name, until)) => {
@@ -127,12 +130,12 @@ pub fn set_replaced(sa: &mut ServiceAccount, replaced: Option<(&str, time::Offse
 }
 
 /// Until when a rotation holds the account, if one claimed it (the time may have passed).
-pub fn rotating_until(sa: &ServiceAccount) -> Option<time::OffsetDateTime> {
+pub(crate) fn rotating_until(sa: &ServiceAccount) -> Option<time::OffsetDateTime> {
     annotation(&sa.metadata, ROTATING_UNTIL_ANNOTATION).and_then(parse_end)
 }
 
 /// Records a rotation's claim on the ServiceAccount until `until`, or removes it (`None`).
-pub fn set_rotating(sa: &mut ServiceAccount, until: Option<time::OffsetDateTime>) {
+pub(crate) fn set_rotating(sa: &mut ServiceAccount, until: Option<time::OffsetDateTime>) {
     match until {
         Some(until) => {
             sa.metadata
@@ -156,12 +159,16 @@ pub fn set_rotating(sa: &mut ServiceAccount, until: Option<time::OffsetDateTime>
 }
 
 /// Whether a token Secret's end has come.
-pub fn has_ended(secret: &Secret) -> bool {
+pub(crate) fn has_ended(secret: &Secret) -> bool {
     expires_at(secret).is_some_and(|end| end <= time::OffsetDateTime::now_utc())
 }
 
 /// Gives a new token Secret its lifetime: it stops working `lifetime` after `now`.
-pub fn set_lifetime(secret: &mut Secret, lifetime: std::time::Duration, now: time::OffsetDateTime) {
+pub(crate) fn set_lifetime(
+    secret: &mut Secret,
+    lifetime: std::time::Duration,
+    now: time::OffsetDateTime,
+) {
     let a = secret.metadata.annotations.get_or_insert_default();
     a.insert(EXPIRES_AT_ANNOTATION.into(), rfc3339(now + lifetime));
     a.insert(
@@ -173,7 +180,11 @@ pub fn set_lifetime(secret: &mut Secret, lifetime: std::time::Duration, now: tim
 /// Marks a token Secret as replaced at `now`, working until `until` (or its own end, if sooner).
 /// A provisional end left on it (its rotation stopped after its switch) goes: it was current, and
 /// its grace is its end now.
-pub fn set_retiring(secret: &mut Secret, now: time::OffsetDateTime, until: time::OffsetDateTime) {
+pub(crate) fn set_retiring(
+    secret: &mut Secret,
+    now: time::OffsetDateTime,
+    until: time::OffsetDateTime,
+) {
     let end = expires_at(secret).map_or(until, |e| e.min(until));
     let a = secret.metadata.annotations.get_or_insert_default();
     a.remove(PROVISIONAL_UNTIL_ANNOTATION);
@@ -183,7 +194,7 @@ pub fn set_retiring(secret: &mut Secret, now: time::OffsetDateTime, until: time:
 
 /// Whether the account's existing token answers a POST asking for `expiration`: a request without
 /// one takes the token as it is; one with a lifetime needs a token issued with that lifetime.
-pub fn check_lifetime(
+pub(crate) fn check_lifetime(
     secret: &Secret,
     expiration: Option<std::time::Duration>,
 ) -> Result<(), String> {
@@ -215,7 +226,7 @@ pub fn check_lifetime(
 /// The name of the account's current token Secret: the one the ServiceAccount names (a Secret
 /// name; whether that Secret is the account's is [`check_secret`]'s to judge), else Harvester's
 /// `<serviceAccount>-token`.
-pub fn current_token_secret(sa: &ServiceAccount, names: &AccountNames) -> String {
+pub(crate) fn current_token_secret(sa: &ServiceAccount, names: &AccountNames) -> String {
     sa.metadata
         .annotations
         .as_ref()
@@ -231,7 +242,7 @@ pub fn current_token_secret(sa: &ServiceAccount, names: &AccountNames) -> String
 }
 
 /// Whether this service made the object (our managed-by label).
-pub fn is_managed(meta: &ObjectMeta) -> bool {
+pub(crate) fn is_managed(meta: &ObjectMeta) -> bool {
     meta.labels
         .as_ref()
         .and_then(|l| l.get(MANAGED_BY_LABEL))
@@ -340,7 +351,7 @@ pub fn cluster_role_binding(names: &AccountNames, sa_uid: &str) -> ClusterRoleBi
 
 /// Whether an existing token Secret can be used for the account.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SecretCheck {
+pub(crate) enum SecretCheck {
     /// The token Secret of this service account.
     Ours,
     /// A token Secret of an earlier service account of the same name (its uid differs): replaceable.
@@ -351,12 +362,16 @@ pub enum SecretCheck {
 
 /// Whether `secret` is a service-account token Secret of the ServiceAccount `service_account`
 /// (of this one or of an earlier one of the name): what [`check_secret`] does not call Foreign.
-pub fn is_token_of(secret: &Secret, service_account: &str) -> bool {
+pub(crate) fn is_token_of(secret: &Secret, service_account: &str) -> bool {
     secret.type_.as_deref() == Some(SA_TOKEN_TYPE)
         && annotation(&secret.metadata, SA_NAME_ANNOTATION) == Some(service_account)
 }
 
-pub fn check_secret(secret: &Secret, names: &AccountNames, sa_uid: Option<&str>) -> SecretCheck {
+pub(crate) fn check_secret(
+    secret: &Secret,
+    names: &AccountNames,
+    sa_uid: Option<&str>,
+) -> SecretCheck {
     let name = format!("{}/{}", names.namespace, names.secret);
     if secret.type_.as_deref() != Some(SA_TOKEN_TYPE) {
         return SecretCheck::Foreign(format!(
@@ -425,7 +440,7 @@ fn owner_text(names: &AccountNames, sa_uid: Option<&str>) -> String {
 }
 
 /// Upstream's wording for a binding that is not the account's, with what it binds instead.
-pub fn check_role_binding(
+pub(crate) fn check_role_binding(
     rb: &RoleBinding,
     names: &AccountNames,
     sa_uid: Option<&str>,
@@ -442,7 +457,7 @@ pub fn check_role_binding(
     ))
 }
 
-pub fn check_cluster_role_binding(
+pub(crate) fn check_cluster_role_binding(
     crb: &ClusterRoleBinding,
     names: &AccountNames,
     sa_uid: Option<&str>,
@@ -488,7 +503,7 @@ pub fn owned_by(meta: &ObjectMeta, names: &AccountNames, sa_uid: &str) -> bool {
 }
 
 /// GET's verdict on the account's RoleBinding (see [`check_served_binding`]).
-pub fn check_served_role_binding(
+pub(crate) fn check_served_role_binding(
     rb: &RoleBinding,
     names: &AccountNames,
     sa_uid: &str,
@@ -505,7 +520,7 @@ pub fn check_served_role_binding(
 }
 
 /// GET's verdict on the account's ClusterRoleBinding (see [`check_served_binding`]).
-pub fn check_served_cluster_role_binding(
+pub(crate) fn check_served_cluster_role_binding(
     crb: &ClusterRoleBinding,
     names: &AccountNames,
     sa_uid: &str,
@@ -550,7 +565,7 @@ fn check_served_binding(
 }
 
 /// Reads `key` of a Secret's data as text.
-pub fn secret_data(secret: &Secret, key: &str) -> Option<Vec<u8>> {
+pub(crate) fn secret_data(secret: &Secret, key: &str) -> Option<Vec<u8>> {
     secret
         .data
         .as_ref()

@@ -78,7 +78,7 @@ pub use crate::validation::go_json_string;
 /// A YAML scalar as go-yaml v2 emits a string in block context: plain when that reads back as the
 /// same string, double-quoted when plain text would resolve to another type (`123`, `true`, `null`,
 /// `2024-01-02`), single-quoted when the characters rule out plain style.
-pub fn yaml_scalar(s: &str) -> String {
+pub(crate) fn yaml_scalar(s: &str) -> String {
     if resolves_to_non_string(s) || is_base60_float(s) {
         return double_quoted(s);
     }

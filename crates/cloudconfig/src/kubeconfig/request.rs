@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use crate::validation;
 
-pub const CLOUDPROVIDER_ROLE: &str = "harvesterhci.io:cloudprovider";
-pub const CSI_DRIVER_ROLE: &str = "harvesterhci.io:csi-driver";
+pub(crate) const CLOUDPROVIDER_ROLE: &str = "harvesterhci.io:cloudprovider";
+pub(crate) const CSI_DRIVER_ROLE: &str = "harvesterhci.io:csi-driver";
 
 /// What the response body carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,12 +40,12 @@ pub struct AccountRequest {
 
 /// The shortest `expirationSeconds`: the sweeper's precision is about a second, and a shorter
 /// lifetime cannot be used before it ends.
-pub const MIN_EXPIRATION: Duration = Duration::from_secs(10);
+pub(crate) const MIN_EXPIRATION: Duration = Duration::from_secs(10);
 /// The longest `expirationSeconds` (ten years) and `gracePeriod` accepted at all; the service's
 /// `--max-rotation-grace` bounds the grace further.
-pub const MAX_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// The longest `cloudConfigPath` (Linux's PATH_MAX).
-pub const MAX_PATH: usize = 4096;
+pub(crate) const MAX_PATH: usize = 4096;
 
 /// A request that cannot be served; the message keeps Harvester's wording.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]

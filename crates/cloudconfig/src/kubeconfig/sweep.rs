@@ -27,7 +27,7 @@ use crate::store::{LabelSelector, Preconditions, StoreError};
 
 /// The longest the sweeper sleeps between looks (it also wakes when a token with an end is made
 /// here, and at the next end it knows of). Another replica's new tokens are seen within this.
-pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(30);
 
 pub(super) fn managed() -> LabelSelector {
     LabelSelector::from_labels([(objects::MANAGED_BY_LABEL, objects::MANAGED_BY)])

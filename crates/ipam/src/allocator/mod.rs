@@ -286,7 +286,7 @@ impl PoolAllocator {
     }
 
     /// Gives `id` exactly `ip`, or says why not.
-    pub fn allocate_ip(&mut self, id: &str, ip: IpAddr) -> Result<Allocation, PoolError> {
+    pub(crate) fn allocate_ip(&mut self, id: &str, ip: IpAddr) -> Result<Allocation, PoolError> {
         let ip = ip.to_canonical();
         let value = key(ip);
         let Some(range) = self.ranges.range_of(value) else {

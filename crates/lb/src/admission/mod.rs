@@ -132,13 +132,13 @@ impl Admission {
     }
 
     /// Mutates and validates a new LoadBalancer.
-    pub async fn admit_lb_create(&self, lb: &mut LoadBalancer) -> Result<(), AdmitError> {
+    pub(crate) async fn admit_lb_create(&self, lb: &mut LoadBalancer) -> Result<(), AdmitError> {
         self.mutate_lb(lb).await?;
         self.validate_lb_create(lb).await
     }
 
     /// Mutates and validates a changed LoadBalancer; `old` is the stored one.
-    pub async fn admit_lb_update(
+    pub(crate) async fn admit_lb_update(
         &self,
         old: &LoadBalancer,
         new: &mut LoadBalancer,
@@ -216,7 +216,7 @@ impl Admission {
     }
 
     /// Mutates and validates a new pool.
-    pub async fn admit_pool_create(&self, pool: &mut IPPool) -> Result<(), AdmitError> {
+    pub(crate) async fn admit_pool_create(&self, pool: &mut IPPool) -> Result<(), AdmitError> {
         let vid = self.vid(pool, true).await?;
         mutate_pool(pool, vid);
         let others = self.pools().await?;
@@ -229,7 +229,7 @@ impl Admission {
     }
 
     /// Mutates and validates a changed pool; `old` is the stored one (its status says what is held).
-    pub async fn admit_pool_update(
+    pub(crate) async fn admit_pool_update(
         &self,
         old: &IPPool,
         new: &mut IPPool,
@@ -249,7 +249,7 @@ impl Admission {
     }
 
     /// Refuses to delete a pool that still holds addresses.
-    pub fn admit_pool_delete(&self, pool: &IPPool) -> Result<(), AdmitError> {
+    pub(crate) fn admit_pool_delete(&self, pool: &IPPool) -> Result<(), AdmitError> {
         Ok(ipam::validate_delete(pool.name(), &pool.allocated())?)
     }
 }

@@ -54,7 +54,7 @@ pub enum NetworkRejection {
 
 /// `selector.network` split into namespace and name: `None` for no network, a refusal unless it
 /// has exactly one `/` (either side may be empty: the lookup then finds nothing, as upstream's).
-pub fn network_ref(network: &str) -> Result<Option<(&str, &str)>, NetworkRejection> {
+pub(crate) fn network_ref(network: &str) -> Result<Option<(&str, &str)>, NetworkRejection> {
     if network.is_empty() {
         return Ok(None);
     }
@@ -66,7 +66,7 @@ pub fn network_ref(network: &str) -> Result<Option<(&str, &str)>, NetworkRejecti
 
 /// The VLAN ID of a VM network: its label, else its CNI config's `vlan` (0 when the config has
 /// none).
-pub fn vlan_id(nad: &NetworkAttachmentDefinition) -> Result<i64, NetworkRejection> {
+pub(crate) fn vlan_id(nad: &NetworkAttachmentDefinition) -> Result<i64, NetworkRejection> {
     if let Some(label) = nad.label(LABEL_VLAN_ID) {
         return atoi(label).ok_or_else(|| NetworkRejection::Vlan(label.into()));
     }

@@ -37,7 +37,7 @@ use crate::crd::{
 
 /// Upstream's dummy endpoint: its address and the UID of its `targetRef`.
 pub const DUMMY_ADDRESS: &str = "10.52.0.255";
-pub const DUMMY_UID: &str = "dummy347-546a-4642-9da6-5608endpoint";
+pub(crate) const DUMMY_UID: &str = "dummy347-546a-4642-9da6-5608endpoint";
 
 /// One backend: a selected VMI with an address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,7 +109,7 @@ pub fn backends<'a>(
     out
 }
 
-pub fn is_dummy(ep: &Endpoint) -> bool {
+pub(crate) fn is_dummy(ep: &Endpoint) -> bool {
     ep.target_ref
         .as_ref()
         .is_some_and(|t| t.uid.as_deref() == Some(DUMMY_UID))
@@ -200,14 +200,14 @@ pub fn ready_count(endpoints: &[Endpoint]) -> usize {
 
 /// A backend whose endpoint changed its `ready` condition.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Flip {
+pub(crate) struct Flip {
     pub name: String,
     pub address: String,
     pub ready: bool,
 }
 
 /// The endpoints of `next` that were in `current` with the other `ready` value.
-pub fn flips(current: Option<&EndpointSlice>, next: &[Endpoint]) -> Vec<Flip> {
+pub(crate) fn flips(current: Option<&EndpointSlice>, next: &[Endpoint]) -> Vec<Flip> {
     let Some(current) = current else {
         return Vec::new();
     };

@@ -32,7 +32,7 @@ const FALLBACK_FAILURE: u32 = 3;
 const FALLBACK_TIMEOUT: Duration = Duration::from_secs(3);
 const FALLBACK_PERIOD: Duration = Duration::from_secs(5);
 /// The longest `periodSeconds`; `timeoutSeconds` may not exceed `periodSeconds`.
-pub const MAX_PERIOD_SECONDS: u64 = 300;
+pub(crate) const MAX_PERIOD_SECONDS: u64 = 300;
 /// What an HTTP probe accepts unless told otherwise: the kubelet's rule (200 ≤ code < 400).
 const DEFAULT_STATUS: StatusRange = StatusRange {
     low: 200,
@@ -155,7 +155,9 @@ pub fn settings(lb: &LoadBalancer) -> Result<Option<ProbeSettings>, HealthCheckE
 }
 
 /// The probe the annotations ask for: HTTP(S) when the path is set, else upstream's TCP probe.
-pub fn check_of(annotations: Option<&BTreeMap<String, String>>) -> Result<Check, HealthCheckError> {
+pub(crate) fn check_of(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Result<Check, HealthCheckError> {
     let get = |key: &str| {
         annotations
             .and_then(|a| a.get(key))

@@ -63,22 +63,22 @@ use crate::{
 
 /// Ready reasons and Event reasons of VM load balancers (upstream has messages only).
 pub mod reason {
-    pub const WAITING_FOR_ADDRESS: &str = "WaitingForExternalIP";
-    pub const NO_BACKENDS: &str = "NoBackendServers";
-    pub const BACKENDS_WITHOUT_ADDRESS: &str = "BackendServersWithoutIP";
-    pub const NONE_HEALTHY: &str = "NoHealthyBackendServers";
-    pub const SERVICE_REFUSED: &str = "ServiceRefused";
-    pub const NOT_OURS: &str = "NameTaken";
-    pub const HEALTH_CHECK_INVALID: &str = "HealthCheckInvalid";
-    pub const BACKEND_HEALTHY: &str = "BackendHealthy";
-    pub const BACKEND_UNHEALTHY: &str = "BackendUnhealthy";
-    pub const BACKEND_REFUSED: &str = "BackendRefused";
-    pub const PROBING: &str = "Probing";
-    pub const ALL_HEALTHY: &str = "AllBackendServersHealthy";
+    pub(crate) const WAITING_FOR_ADDRESS: &str = "WaitingForExternalIP";
+    pub(crate) const NO_BACKENDS: &str = "NoBackendServers";
+    pub(crate) const BACKENDS_WITHOUT_ADDRESS: &str = "BackendServersWithoutIP";
+    pub(crate) const NONE_HEALTHY: &str = "NoHealthyBackendServers";
+    pub(crate) const SERVICE_REFUSED: &str = "ServiceRefused";
+    pub(crate) const NOT_OURS: &str = "NameTaken";
+    pub(crate) const HEALTH_CHECK_INVALID: &str = "HealthCheckInvalid";
+    pub(crate) const BACKEND_HEALTHY: &str = "BackendHealthy";
+    pub(crate) const BACKEND_UNHEALTHY: &str = "BackendUnhealthy";
+    pub(crate) const BACKEND_REFUSED: &str = "BackendRefused";
+    pub(crate) const PROBING: &str = "Probing";
+    pub(crate) const ALL_HEALTHY: &str = "AllBackendServersHealthy";
 }
 
 /// The condition that says which backends are unhealthy (only with a health check).
-pub const BACKENDS_HEALTHY: &str = "BackendsHealthy";
+pub(crate) const BACKENDS_HEALTHY: &str = "BackendsHealthy";
 
 /// Upstream's messages.
 const WAITING_FOR_ADDRESS: &str = "service is waiting for external IP";
@@ -200,7 +200,7 @@ impl VmContext {
 
     /// The VM load balancers a change of `vmi` concerns: those that select it now and those it was
     /// a backend of.
-    pub fn load_balancers_of(
+    pub(crate) fn load_balancers_of(
         &self,
         vmi: &VirtualMachineInstance,
         lbs: &Store<LoadBalancer>,

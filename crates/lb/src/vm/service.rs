@@ -53,7 +53,7 @@ pub fn owned_by(meta: &ObjectMeta, uid: &str) -> bool {
 
 /// The load balancer owning an object, if one does: what wakes it when its Service or
 /// EndpointSlice changes.
-pub fn owner_of(meta: &ObjectMeta) -> Option<ObjectRef<LoadBalancer>> {
+pub(crate) fn owner_of(meta: &ObjectMeta) -> Option<ObjectRef<LoadBalancer>> {
     let namespace = meta.namespace.as_deref()?;
     meta.owner_references.iter().flatten().find_map(|o| {
         let group = o.api_version.split_once('/').map(|(g, _)| g);

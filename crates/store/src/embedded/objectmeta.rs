@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use crate::validation::{go_json_string, go_quote, label_value, qualified_name};
 
 /// apimachinery `TotalAnnotationSizeLimitB`: keys and values together, in bytes.
-pub const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
+pub(crate) const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
 
 const ORPHAN: &str = "orphan";
 const FOREGROUND: &str = "foregroundDeletion";
@@ -65,13 +65,13 @@ pub fn validate(object: &Value, old: Option<&Value>) -> Result<(), String> {
 /// API group's `ValidateObjectMeta` adds, a refusal of each added finalizer name that has no
 /// domain and is none of `kubernetes`, `orphan` and `foregroundDeletion`. For a custom resource
 /// kube-apiserver only warns of such a name (apiextensions' strategy), so [`validate`] takes it.
-pub fn validate_builtin(object: &Value, old: Option<&Value>) -> Result<(), String> {
+pub(crate) fn validate_builtin(object: &Value, old: Option<&Value>) -> Result<(), String> {
     judge(object, old, true)
 }
 
 /// Whether kube-apiserver validates `group`'s objects as a built-in kind: a group without a dot or
 /// under `k8s.io` (a CRD's group must have a dot, and `*.k8s.io` is reserved to Kubernetes).
-pub fn is_builtin_group(group: &str) -> bool {
+pub(crate) fn is_builtin_group(group: &str) -> bool {
     !group.contains('.') || group.ends_with(".k8s.io")
 }
 
@@ -349,7 +349,7 @@ fn kube_finalizer_names(new: &Map<String, Value>, old: &Map<String, Value>, errs
 
 /// apimachinery `ValidateNoNewFinalizers`: the refusal of finalizers added to an object being
 /// deleted.
-pub fn no_new_finalizers(new: &[String], old: &[String]) -> Result<(), String> {
+pub(crate) fn no_new_finalizers(new: &[String], old: &[String]) -> Result<(), String> {
     let mut extra: Vec<&String> = new.iter().filter(|f| !old.contains(f)).collect();
     if extra.is_empty() {
         return Ok(());

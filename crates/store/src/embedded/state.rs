@@ -47,7 +47,7 @@ pub struct State {
 /// the history is bounded by memory as well as by count (the versions of one large object, a pool
 /// status written once per allocation round, would otherwise fill it).
 #[derive(Clone, Debug)]
-pub struct Retained {
+pub(crate) struct Retained {
     pub change: Change,
     pub bytes: usize,
 }
@@ -108,12 +108,12 @@ impl State {
         }
     }
 
-    pub fn has_uid(&self, uid: &str) -> bool {
+    pub(crate) fn has_uid(&self, uid: &str) -> bool {
         self.uids.contains_key(uid)
     }
 
     /// Objects that name `uid` as an owner, with their apiVersion and kind.
-    pub fn dependents_of(&self, uid: &str) -> Vec<(String, String, Arc<Value>)> {
+    pub(crate) fn dependents_of(&self, uid: &str) -> Vec<(String, String, Arc<Value>)> {
         self.dependents
             .get(uid)
             .into_iter()
@@ -127,7 +127,7 @@ impl State {
     }
 
     /// Adds an object read from the database at open.
-    pub fn insert_loaded(&mut self, row: Row) {
+    pub(crate) fn insert_loaded(&mut self, row: Row) {
         self.put(&row);
     }
 

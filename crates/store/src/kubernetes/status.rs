@@ -52,7 +52,7 @@ pub enum ShapeError {
 
 /// The shapes seen so far, by resource.
 #[derive(Default)]
-pub struct Shapes {
+pub(crate) struct Shapes {
     known: Mutex<HashMap<(String, String), StatusShape>>,
 }
 
@@ -76,7 +76,7 @@ impl Shapes {
     }
 
     /// Reads the shape from discovery again and remembers it.
-    pub async fn rediscover(
+    pub(crate) async fn rediscover(
         &self,
         client: &Client,
         kind: &Kind,
@@ -99,7 +99,7 @@ impl Shapes {
 }
 
 /// Asks the API server how it serves `kind`.
-pub async fn discover(client: &Client, kind: &Kind) -> Result<StatusShape, ShapeError> {
+pub(crate) async fn discover(client: &Client, kind: &Kind) -> Result<StatusShape, ShapeError> {
     let not_served = || ShapeError::NotServed {
         group: kind.group.to_string(),
         version: kind.version.to_string(),
@@ -150,7 +150,7 @@ fn precondition(object: &Value) -> Option<Value> {
 
 /// A JSON patch that writes `object`'s status and nothing else (a missing status is written as
 /// an empty one: a patch cannot remove a field it does not know is there).
-pub fn status_patch(object: &Value) -> Value {
+pub(crate) fn status_patch(object: &Value) -> Value {
     let status = object.get("status").cloned().unwrap_or_else(|| json!({}));
     let mut ops: Vec<Value> = precondition(object).into_iter().collect();
     ops.push(json!({"op": "add", "path": "/status", "value": status}));
@@ -159,7 +159,7 @@ pub fn status_patch(object: &Value) -> Value {
 
 /// A JSON patch that writes everything of `object` but its status, as a replace of a kind with a
 /// status subresource would.
-pub fn replace_patch(object: &Value) -> Value {
+pub(crate) fn replace_patch(object: &Value) -> Value {
     let mut ops: Vec<Value> = precondition(object).into_iter().collect();
     if let Some(fields) = object.as_object() {
         for (field, value) in fields {
@@ -179,7 +179,7 @@ fn escape(token: &str) -> String {
 
 /// Whether the server kept the status that was sent: a server whose kind gained a status
 /// subresource since it was discovered drops it from a write of the main resource.
-pub fn status_kept(sent: &Value, written: &Value) -> bool {
+pub(crate) fn status_kept(sent: &Value, written: &Value) -> bool {
     let empty = json!({});
     let sent = sent.get("status").unwrap_or(&empty);
     let written = written.get("status").unwrap_or(&empty);

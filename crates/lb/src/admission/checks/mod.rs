@@ -136,7 +136,7 @@ pub(super) fn is_cluster(lb: &LoadBalancer) -> bool {
 }
 
 /// Listener rules; a cluster-type load balancer may have none (its load balancing is in the guest).
-pub fn check_listeners(lb: &LoadBalancer) -> Result<(), LbRejection> {
+pub(crate) fn check_listeners(lb: &LoadBalancer) -> Result<(), LbRejection> {
     if is_cluster(lb) {
         return Ok(());
     }
@@ -212,7 +212,7 @@ pub fn check_listeners(lb: &LoadBalancer) -> Result<(), LbRejection> {
 /// thresholds must be positive), so a UDP listener on that port before it does not matter. Only
 /// when no TCP listener has that backend port is the port refused: as not TCP if some other
 /// listener has it, else as unknown.
-pub fn check_health_check(lb: &LoadBalancer) -> Result<(), LbRejection> {
+pub(crate) fn check_health_check(lb: &LoadBalancer) -> Result<(), LbRejection> {
     if is_cluster(lb) {
         return Ok(());
     }
@@ -250,7 +250,7 @@ pub fn check_health_check(lb: &LoadBalancer) -> Result<(), LbRejection> {
 /// they are checked only when the health check changes, as Kubernetes ratchets a tightened rule: an
 /// object stored before the bounds (which the prober clamps) can still be written, e.g. by the
 /// reconciler, until someone edits its health check.
-pub fn check_health_check_bounds(lb: &LoadBalancer) -> Result<(), LbRejection> {
+pub(crate) fn check_health_check_bounds(lb: &LoadBalancer) -> Result<(), LbRejection> {
     if is_cluster(lb) {
         return Ok(());
     }
@@ -273,7 +273,10 @@ pub fn check_health_check_bounds(lb: &LoadBalancer) -> Result<(), LbRejection> {
 
 /// The guest-cluster check of a new cluster-type load balancer: refused while a VM of its cluster (in
 /// its namespace) is marked for removal. `vms` are the VMs of the load balancer's namespace.
-pub fn check_guest_cluster(lb: &LoadBalancer, vms: &[VirtualMachine]) -> Result<(), LbRejection> {
+pub(crate) fn check_guest_cluster(
+    lb: &LoadBalancer,
+    vms: &[VirtualMachine],
+) -> Result<(), LbRejection> {
     if !is_cluster(lb) {
         return Ok(());
     }
@@ -304,7 +307,7 @@ pub fn check_guest_cluster(lb: &LoadBalancer, vms: &[VirtualMachine]) -> Result<
 
 /// Ours: `loadbalancer.harvesterhci.io/requestedIP` and `…/ipFamily` must parse and agree, and a
 /// DHCP load balancer cannot ask for an address (the guest's DHCP server chooses it).
-pub fn check_address_request(lb: &LoadBalancer) -> Result<(), LbRejection> {
+pub(crate) fn check_address_request(lb: &LoadBalancer) -> Result<(), LbRejection> {
     let (requested, _) = lb
         .address_request()
         .map_err(|reason| LbRejection::AddressRequest { reason })?;
@@ -394,7 +397,7 @@ pub fn validate_lb_update(old: &LoadBalancer, new: &LoadBalancer) -> Result<(), 
 /// management network, else the first Multus network of a VMI of its guest cluster (by label, then
 /// by the legacy name prefix of a node-driver VMI). `vmis` are the VMIs of the load balancer's
 /// namespace.
-pub fn find_network(lb: &LoadBalancer, vmis: &[VirtualMachineInstance]) -> String {
+pub(crate) fn find_network(lb: &LoadBalancer, vmis: &[VirtualMachineInstance]) -> String {
     let get = |k: &str| {
         lb.metadata
             .annotations

@@ -51,7 +51,7 @@ pub struct Refused {
 }
 
 /// What `ip` is, if it is an address the prober refuses by default.
-pub fn classify(ip: IpAddr) -> Option<Special> {
+pub(crate) fn classify(ip: IpAddr) -> Option<Special> {
     match ip.to_canonical() {
         IpAddr::V4(v4) => classify_v4(v4),
         IpAddr::V6(v6) => {

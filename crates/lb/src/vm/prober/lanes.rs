@@ -123,7 +123,7 @@ impl State {
     }
 
     /// The share changes with the number of load balancers that have targets.
-    pub fn reshare(&mut self) {
+    pub(crate) fn reshare(&mut self) {
         let share = (MAX_IN_FLIGHT / self.by_lb.len().max(1)).max(1);
         if share == self.share {
             return;
@@ -139,7 +139,7 @@ impl State {
     }
 
     /// Forgets target `id`, cancelling its probe if one runs.
-    pub fn drop_target(&mut self, id: u64) {
+    pub(crate) fn drop_target(&mut self, id: u64) {
         let Some(t) = self.targets.remove(&id) else {
             return;
         };
@@ -222,7 +222,7 @@ impl State {
 
     /// The probes to start now, and when the next target is due (`None`: nothing queued, or a
     /// finishing probe must make room first).
-    pub fn schedule(&mut self, now: Instant) -> (Vec<Job>, Option<Instant>) {
+    pub(crate) fn schedule(&mut self, now: Instant) -> (Vec<Job>, Option<Instant>) {
         let next = self.take_due(now);
         let share = self.share.max(1);
         let mut jobs = Vec::new();

@@ -46,14 +46,14 @@ use crate::{crd::LoadBalancer, pools::Wake, sync::lock};
 
 /// Probes running at once, for all load balancers; beyond that, due probes wait for a slot
 /// ([`lanes`] says who gets it).
-pub const MAX_IN_FLIGHT: usize = 1024;
+pub(crate) const MAX_IN_FLIGHT: usize = 1024;
 
 /// The load balancer a target belongs to.
-pub type LbRef = ObjectRef<LoadBalancer>;
+pub(crate) type LbRef = ObjectRef<LoadBalancer>;
 
 /// One probe of one address; the error is what the Event and condition show. The prober bounds
 /// it by the settings' timeout whatever it does.
-pub type ProbeFn = Arc<
+pub(crate) type ProbeFn = Arc<
     dyn Fn(std::net::SocketAddr, Arc<ProbeSettings>) -> BoxFuture<'static, Result<(), String>>
         + Send
         + Sync,
