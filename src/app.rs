@@ -272,11 +272,14 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
     })
 }
 
-/// Cancels `token` on SIGTERM or Ctrl-C.
+/// Cancels `token` on SIGTERM or Ctrl-C. The handlers are installed before this returns, so a
+/// signal that arrives before the spawned task first runs (right after "listening", on a loaded
+/// machine) is not left to the default action, which ends the process without a drain.
 fn cancel_on_signal(token: CancellationToken) {
+    let signal = shutdown_signal();
     tokio::spawn(
         async move {
-            shutdown_signal().await;
+            signal.await;
             info!("shutdown signal received");
             token.cancel();
         }
@@ -284,25 +287,32 @@ fn cancel_on_signal(token: CancellationToken) {
     );
 }
 
-/// Resolves when SIGTERM or Ctrl-C arrives.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves when SIGTERM or Ctrl-C (SIGINT) arrives; the handlers are installed when this is
+/// called, not when the future is first polled.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{Signal, SignalKind, signal};
+        let wait = |s: std::io::Result<Signal>| async move {
+            match s {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        let term = wait(signal(SignalKind::terminate()));
+        let interrupt = wait(signal(SignalKind::interrupt()));
+        async move {
+            tokio::select! {
+                _ = term => {},
+                _ = interrupt => {},
+            }
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -590,5 +600,26 @@ impl crate::lb::ClusterAccounts for RevokeAccounts {
                 .map(|k| (k.object, k.reason))
                 .collect(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{process::Command, time::Duration};
+
+    /// The handlers are installed when `shutdown_signal` is called, not when its future is first
+    /// polled: a SIGTERM in between is caught (before, it ended the process, here the test binary).
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_signal_before_the_first_poll_is_caught_not_fatal() {
+        let signal = super::shutdown_signal();
+        let sent = Command::new("kill")
+            .args(["-TERM", &std::process::id().to_string()])
+            .status()
+            .expect("runs kill");
+        assert!(sent.success());
+        tokio::time::timeout(Duration::from_secs(30), signal)
+            .await
+            .expect("the SIGTERM sent before the first poll resolves it");
     }
 }
