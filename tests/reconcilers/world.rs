@@ -18,7 +18,7 @@ use harvester_cloud::{
         reconcile::{self as guest_reconcile, Ports},
     },
     lb::{
-        self, Shared,
+        self, Contexts,
         admission::{NetworkCheck, admitted},
         ippool::PoolReconcileError,
         loadbalancer::LbError,
@@ -156,7 +156,7 @@ pub fn requeue(secs: u64) -> Action {
 pub struct LbWorld {
     _dir: tempfile::TempDir,
     pub store: Arc<dyn ObjectStore>,
-    pub ctx: Arc<Shared>,
+    pub ctx: Contexts,
     pool_cache: Writer<IPPool>,
     events: mpsc::Receiver<Event>,
     woken: mpsc::UnboundedReceiver<ObjectRef<LoadBalancer>>,
@@ -186,7 +186,7 @@ impl LbWorld {
         relist(&mut vmi_cache, Vec::new());
         let (events_recorder, events) = Recorder::capture(events::COMPONENT, "test");
         let (wake, woken) = mpsc::unbounded_channel();
-        let ctx = Shared::new(
+        let ctx = Contexts::new(
             store.clone(),
             &lb::Settings {
                 identity: "test".into(),
@@ -314,7 +314,7 @@ impl LbWorld {
     /// One LoadBalancer reconcile of the stored object.
     pub async fn try_reconcile(&self, ns: &str, name: &str) -> Result<Action, LbError> {
         let lb = self.lb(ns, name).await;
-        lb::loadbalancer::reconcile(Arc::new(lb), self.ctx.clone()).await
+        lb::loadbalancer::reconcile(Arc::new(lb), self.ctx.lbs.clone()).await
     }
 
     /// One LoadBalancer reconcile, which must succeed.
@@ -327,7 +327,7 @@ impl LbWorld {
     /// One IPPool reconcile of the stored pool.
     pub async fn try_reconcile_pool(&self, name: &str) -> Result<Action, PoolReconcileError> {
         let pool = self.pool(name).await;
-        lb::ippool::reconcile(Arc::new(pool), self.ctx.clone()).await
+        lb::ippool::reconcile(Arc::new(pool), self.ctx.pools.clone()).await
     }
 
     pub async fn reconcile_pool(&self, name: &str) -> Action {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use kube::runtime::controller::Action;
 use tracing::info;
 
-use super::Shared;
+use super::CleanupCtx;
 use crate::{
     controller::{Event, FinalizerError, events::EventType, finalizer_when},
     crd::{VM_FINALIZER, keys::LABEL_GUEST_CLUSTER, kinds::VirtualMachine},
@@ -56,7 +56,7 @@ impl GuestCleanupError {
 
 pub async fn reconcile(
     vm: Arc<VirtualMachine>,
-    ctx: Arc<Shared>,
+    ctx: Arc<CleanupCtx>,
 ) -> Result<Action, GuestCleanupError> {
     let namespace = vm
         .metadata
@@ -101,7 +101,7 @@ pub async fn reconcile(
 /// Deletes the cluster-type load balancers of `cluster` in `namespace`; VM-type ones and those of
 /// other clusters are never touched. Every deletion is attempted; the last failure is returned.
 async fn delete_cluster_lbs(
-    ctx: &Shared,
+    ctx: &CleanupCtx,
     namespace: &str,
     cluster: &str,
     vm: &str,
@@ -153,7 +153,7 @@ async fn delete_cluster_lbs(
 /// Revokes the cloud-config account of `cluster` in `namespace` if this service issued it; the
 /// first of the cluster's VMs to go does it, the others find nothing left.
 async fn revoke_cluster_account(
-    ctx: &Shared,
+    ctx: &CleanupCtx,
     vm: &VirtualMachine,
     namespace: &str,
     cluster: &str,

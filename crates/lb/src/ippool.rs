@@ -12,7 +12,7 @@ use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
 use super::{
-    Shared,
+    PoolCtx,
     pools::{ManualRequest, PoolOp, PoolOpError, PoolReply},
 };
 use crate::{
@@ -53,7 +53,7 @@ impl PoolReconcileError {
     }
 }
 
-pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<Shared>) -> Result<Action, PoolReconcileError> {
+pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<PoolCtx>) -> Result<Action, PoolReconcileError> {
     let name = pool
         .metadata
         .name
@@ -76,7 +76,7 @@ async fn cleanup(
     pool: &IPPool,
     release: Release<IPPool>,
     name: &str,
-    ctx: &Shared,
+    ctx: &PoolCtx,
 ) -> Result<Action, PoolReconcileError> {
     match ctx.pools.call(name, PoolOp::Finalize).await {
         Ok(PoolReply::Empty) | Err(PoolOpError::Missing { .. }) => {
@@ -93,7 +93,7 @@ async fn cleanup(
     Ok(Action::await_change())
 }
 
-async fn apply(pool: &IPPool, name: &str, ctx: &Shared) -> Result<Action, PoolReconcileError> {
+async fn apply(pool: &IPPool, name: &str, ctx: &PoolCtx) -> Result<Action, PoolReconcileError> {
     let annotation = pool
         .metadata
         .annotations

@@ -124,32 +124,61 @@ impl Default for Settings {
     }
 }
 
-/// What every reconcile shares.
-pub struct Shared {
-    pub store: Arc<dyn ObjectStore>,
-    pub lbs: Api<LoadBalancer>,
+/// The three controllers' contexts, one each, made together: they share the pool tasks, the
+/// Event recorder and the waker of the load balancers that found no pool.
+pub struct Contexts {
+    pub pools: Arc<PoolCtx>,
+    pub lbs: Arc<LbCtx>,
+    pub cleanup: Arc<CleanupCtx>,
+}
+
+/// The IPPool controller's context.
+pub struct PoolCtx {
     pub pools_api: Api<IPPool>,
+    pub lbs: Api<LoadBalancer>,
+    pub pools: Arc<Pools>,
+    unmatched: Arc<Unmatched>,
+    /// Consecutive failures per pool.
+    backoff: Backoff,
+}
+
+/// The LoadBalancer controller's context.
+pub struct LbCtx {
+    pub lbs: Api<LoadBalancer>,
     pub pool_cache: Store<IPPool>,
-    pub pools: Pools,
+    pub pools: Arc<Pools>,
     pub events: Recorder,
-    /// The cloud-config accounts, when a removed guest cluster's are to be revoked.
-    pub accounts: Option<Arc<dyn ClusterAccounts>>,
     /// The VM load balancers' Services, EndpointSlices, backends and prober.
     pub vm: vm::VmContext,
-    wake: Wake,
-    /// Load balancers that found no usable pool; any pool change wakes them.
-    unmatched: Mutex<HashSet<ObjectRef<LoadBalancer>>>,
-    /// Bumped on every pool change, so a load balancer that failed to match while a pool appeared
-    /// notices it missed the wake-up.
-    pool_generation: std::sync::atomic::AtomicU64,
-    /// Consecutive failures per object.
+    unmatched: Arc<Unmatched>,
+    /// Consecutive failures per load balancer.
     backoff: Backoff,
     /// The resourceVersion each LoadBalancer was last applied at (`namespace/name`).
     applied: Mutex<std::collections::HashMap<String, String>>,
 }
 
-impl Shared {
-    /// The context of the reconciles on `store`: they read pools from `pool_cache` and VMIs from
+/// The guest-cluster cleanup controller's context.
+pub struct CleanupCtx {
+    pub store: Arc<dyn ObjectStore>,
+    pub lbs: Api<LoadBalancer>,
+    pub events: Recorder,
+    /// The cloud-config accounts, when a removed guest cluster's are to be revoked.
+    pub accounts: Option<Arc<dyn ClusterAccounts>>,
+    /// Consecutive failures per VM.
+    backoff: Backoff,
+}
+
+/// Load balancers that found no usable pool: any pool change wakes them.
+struct Unmatched {
+    wake: Wake,
+    waiting: Mutex<HashSet<ObjectRef<LoadBalancer>>>,
+    /// Bumped on every pool change, so a load balancer that failed to match while a pool appeared
+    /// notices it missed the wake-up.
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl Contexts {
+    /// The contexts of the reconciles on `store`: they read pools from `pool_cache` and VMIs from
     /// `vmis` (the controllers keep both from their watches), record Events with `events`, and
     /// send the load balancers to reconcile again to `wake`. Starts the prober; the pool tasks
     /// start on first use. Everything stops with `stop`.
@@ -161,26 +190,95 @@ impl Shared {
         events: Recorder,
         wake: Wake,
         stop: CancellationToken,
-    ) -> Arc<Self> {
+    ) -> Self {
         let prober =
             vm::prober::Prober::start(wake.clone(), stop.clone(), settings.probe_policy.clone());
-        Arc::new(Shared {
-            lbs: lb_api(store.clone()),
-            pools_api: pool_api(store.clone()),
-            pool_cache,
-            pools: Pools::new(store.clone(), wake.clone(), events.clone(), stop),
-            events,
-            accounts: settings.cluster_accounts.clone(),
-            vm: vm::VmContext::new(store.clone(), vmis, prober, settings.fill_service_ingress),
+        let pools = Arc::new(Pools::new(
+            store.clone(),
+            wake.clone(),
+            events.clone(),
+            stop,
+        ));
+        let unmatched = Arc::new(Unmatched {
             wake,
-            unmatched: Mutex::new(HashSet::new()),
-            pool_generation: std::sync::atomic::AtomicU64::new(0),
-            backoff: Backoff::default(),
-            applied: Mutex::default(),
-            store,
-        })
+            waiting: Mutex::new(HashSet::new()),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        });
+        Contexts {
+            pools: Arc::new(PoolCtx {
+                pools_api: pool_api(store.clone()),
+                lbs: lb_api(store.clone()),
+                pools: pools.clone(),
+                unmatched: unmatched.clone(),
+                backoff: Backoff::default(),
+            }),
+            lbs: Arc::new(LbCtx {
+                lbs: lb_api(store.clone()),
+                pool_cache,
+                pools,
+                events: events.clone(),
+                vm: vm::VmContext::new(store.clone(), vmis, prober, settings.fill_service_ingress),
+                unmatched,
+                backoff: Backoff::default(),
+                applied: Mutex::default(),
+            }),
+            cleanup: Arc::new(CleanupCtx {
+                lbs: lb_api(store.clone()),
+                store,
+                events,
+                accounts: settings.cluster_accounts.clone(),
+                backoff: Backoff::default(),
+            }),
+        }
+    }
+}
+
+impl Unmatched {
+    /// Records a load balancer that found no pool and returns how to report it.
+    fn record(
+        &self,
+        lb: ObjectRef<LoadBalancer>,
+        reason: &'static str,
+        message: String,
+    ) -> loadbalancer::Refusal {
+        let before = self.generation();
+        lock(&self.waiting).insert(lb.clone());
+        if self.generation() != before {
+            // A pool changed while this one was choosing: look again now.
+            let _ = self.wake.send(lb);
+        }
+        loadbalancer::Refusal::unmatched(reason, message)
     }
 
+    fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A pool appeared or changed: every load balancer that found none looks again.
+    fn pools_changed(&self) {
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let waiting: Vec<_> = lock(&self.waiting).drain().collect();
+        if !waiting.is_empty() {
+            debug!(
+                count = waiting.len(),
+                "pools changed; waking unmatched load balancers"
+            );
+        }
+        for lb in waiting {
+            let _ = self.wake.send(lb);
+        }
+    }
+}
+
+impl PoolCtx {
+    /// A pool appeared or changed: every load balancer that found none looks again.
+    fn pools_changed(&self) {
+        self.unmatched.pools_changed();
+    }
+}
+
+impl LbCtx {
     /// Records a load balancer that found no pool and returns how to report it.
     fn unmatched(
         &self,
@@ -188,13 +286,7 @@ impl Shared {
         reason: &'static str,
         message: String,
     ) -> loadbalancer::Refusal {
-        let before = self.generation();
-        lock(&self.unmatched).insert(lb.clone());
-        if self.generation() != before {
-            // A pool changed while this one was choosing: look again now.
-            let _ = self.wake.send(lb);
-        }
-        loadbalancer::Refusal::unmatched(reason, message)
+        self.unmatched.record(lb, reason, message)
     }
 
     /// Records that `lb` was applied at exactly this version.
@@ -222,27 +314,6 @@ impl Shared {
             return false;
         };
         lock(&self.applied).get(&format!("{namespace}/{name}")) == Some(version)
-    }
-
-    fn generation(&self) -> u64 {
-        self.pool_generation
-            .load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// A pool appeared or changed: every load balancer that found none looks again.
-    fn pools_changed(&self) {
-        self.pool_generation
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let waiting: Vec<_> = lock(&self.unmatched).drain().collect();
-        if !waiting.is_empty() {
-            debug!(
-                count = waiting.len(),
-                "pools changed; waking unmatched load balancers"
-            );
-        }
-        for lb in waiting {
-            let _ = self.wake.send(lb);
-        }
     }
 }
 
@@ -306,7 +377,11 @@ pub(crate) async fn run_controllers(
     let (vm_reader, vm_writer) = reflector::store::<VirtualMachine>();
     let (vmi_reader, vmi_writer) = reflector::store::<VirtualMachineInstance>();
     let events = Recorder::start(store.clone(), &settings.identity, stop.clone());
-    let ctx = Shared::new(
+    let Contexts {
+        pools: pool_ctx,
+        lbs: lb_ctx,
+        cleanup: cleanup_ctx,
+    } = Contexts::new(
         store.clone(),
         settings,
         pool_reader.clone(),
@@ -332,7 +407,7 @@ pub(crate) async fn run_controllers(
     )
     .applied_objects()
     .filter({
-        let ctx = ctx.clone();
+        let ctx = pool_ctx.clone();
         move |pool| {
             let own = pool
                 .as_ref()
@@ -344,14 +419,14 @@ pub(crate) async fn run_controllers(
         .graceful_shutdown_on(shutdown())
         .run(
             |pool, ctx| timed("ippool", ippool::reconcile(pool, ctx)),
-            |pool, e: &ippool::PoolReconcileError, ctx: Arc<Shared>| {
+            |pool, e: &ippool::PoolReconcileError, ctx: Arc<PoolCtx>| {
                 warn!(pool = pool.metadata.name.as_deref().unwrap_or_default(), error = %e, "IP pool reconcile failed");
                 ctx.backoff.failed(
                     pool.metadata.name.as_deref().unwrap_or_default(),
                     e.is_conflict(),
                 )
             },
-            ctx.clone(),
+            pool_ctx.clone(),
         )
         .for_each(log_result("ippool"));
 
@@ -366,7 +441,7 @@ pub(crate) async fn run_controllers(
     // After the predicate, which so remembers the version as seen: a later change back (our
     // finalizer removed by hand) still differs from it.
     .filter({
-        let ctx = ctx.clone();
+        let ctx = lb_ctx.clone();
         move |lb| {
             let own = lb.as_ref().is_ok_and(|lb| ctx.already_applied(lb));
             std::future::ready(!own)
@@ -383,7 +458,7 @@ pub(crate) async fn run_controllers(
     let slices =
         watcher::<EndpointSlice>(store.clone(), kind_of::<EndpointSlice>(), None).touched_objects();
     let vmi_owners = {
-        let (ctx, lbs) = (ctx.clone(), lb_reader.clone());
+        let (ctx, lbs) = (lb_ctx.clone(), lb_reader.clone());
         move |vmi: VirtualMachineInstance| ctx.vm.load_balancers_of(&vmi, &lbs)
     };
     let controller = Controller::for_stream(lb_stream, lb_reader)
@@ -401,7 +476,7 @@ pub(crate) async fn run_controllers(
         .graceful_shutdown_on(shutdown())
         .run(
             |lb, ctx| timed("loadbalancer", loadbalancer::reconcile(lb, ctx)),
-            |lb, e: &loadbalancer::LbError, ctx: Arc<Shared>| {
+            |lb, e: &loadbalancer::LbError, ctx: Arc<LbCtx>| {
                 let key = format!(
                     "{}/{}",
                     lb.metadata.namespace.as_deref().unwrap_or_default(),
@@ -414,14 +489,14 @@ pub(crate) async fn run_controllers(
                 }
                 ctx.backoff.failed(&key, e.is_conflict())
             },
-            ctx.clone(),
+            lb_ctx.clone(),
         )
         .for_each(log_result("loadbalancer"));
     // Pool selection and cleanup read the pool cache, so load balancers wait for its first list.
     // Waiting here, once, rather than in every reconcile: kube-runtime's readiness signal wakes only
     // the last of several concurrent waiters.
     let lbs = {
-        let (pools_ready, stop) = (ctx.pool_cache.clone(), stop.clone());
+        let (pools_ready, stop) = (lb_ctx.pool_cache.clone(), stop.clone());
         async move {
             tokio::select! {
                 ready = pools_ready.wait_until_ready() => if ready.is_ok() {
@@ -441,7 +516,7 @@ pub(crate) async fn run_controllers(
         .graceful_shutdown_on(shutdown())
         .run(
             |vm, ctx| timed("guestcluster", guest::reconcile(vm, ctx)),
-            |vm, e: &guest::GuestCleanupError, ctx: Arc<Shared>| {
+            |vm, e: &guest::GuestCleanupError, ctx: Arc<CleanupCtx>| {
                 let key = format!(
                     "vm/{}/{}",
                     vm.metadata.namespace.as_deref().unwrap_or_default(),
@@ -450,7 +525,7 @@ pub(crate) async fn run_controllers(
                 warn!(vm = %key, error = %e, "guest cluster cleanup failed");
                 ctx.backoff.failed(&key, e.is_conflict())
             },
-            ctx.clone(),
+            cleanup_ctx,
         )
         .for_each(log_result("guestcluster"));
 

@@ -22,7 +22,7 @@ use kube::runtime::{controller::Action, reflector::ObjectRef};
 use tracing::{debug, info, trace, warn};
 
 use super::{
-    Shared,
+    LbCtx,
     pools::{PoolOp, PoolOpError, PoolReply, Want, set_condition, set_ready},
     vm,
 };
@@ -83,7 +83,7 @@ impl LbError {
 
 pub use super::refusal::Refusal;
 
-pub async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Shared>) -> Result<Action, LbError> {
+pub async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<LbCtx>) -> Result<Action, LbError> {
     let namespace = lb.metadata.namespace.clone().ok_or(LbError::MissingField {
         field: "metadata.namespace",
     })?;
@@ -115,7 +115,7 @@ pub async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Shared>) -> Result<Action
     Ok(action)
 }
 
-async fn reconcile_once(lb: Arc<LoadBalancer>, key: &str, ctx: &Shared) -> Result<Action, LbError> {
+async fn reconcile_once(lb: Arc<LoadBalancer>, key: &str, ctx: &LbCtx) -> Result<Action, LbError> {
     finalizer(&ctx.lbs, LB_FINALIZER, lb, |event| async move {
         match event {
             Event::Apply(lb) => apply(lb, key, ctx).await,
@@ -130,7 +130,7 @@ async fn reconcile_once(lb: Arc<LoadBalancer>, key: &str, ctx: &Shared) -> Resul
     .await
 }
 
-async fn apply(lb: LoadBalancer, key: &str, ctx: &Shared) -> Result<Action, LbError> {
+async fn apply(lb: LoadBalancer, key: &str, ctx: &LbCtx) -> Result<Action, LbError> {
     ctx.applied_at(key, &lb);
     let current = lb.status.clone().unwrap_or_default();
     let mut status = current.clone();
@@ -213,7 +213,7 @@ async fn dhcp(
     lb: &LoadBalancer,
     key: &str,
     status: &mut LoadBalancerStatus,
-    ctx: &Shared,
+    ctx: &LbCtx,
 ) -> Result<(), LbError> {
     let old = status.allocated_address.ip_pool.clone();
     if !old.is_empty() {
@@ -243,7 +243,7 @@ async fn pool(
     lb: &LoadBalancer,
     key: &str,
     status: &mut LoadBalancerStatus,
-    ctx: &Shared,
+    ctx: &LbCtx,
 ) -> Result<Result<Option<Duration>, Refusal>, LbError> {
     let waiter = ObjectRef::from_obj(lb);
     let (requested, family) = match lb.address_request() {
@@ -367,7 +367,7 @@ fn mark_allocated(conditions: &mut Vec<crate::ipam::Condition>, message: Option<
 }
 
 /// The pool a requested address comes from: the first pool selection allows whose ranges hold it.
-fn pool_holding(lb: &LoadBalancer, ip: IpAddr, ctx: &Shared) -> Result<String, Refusal> {
+fn pool_holding(lb: &LoadBalancer, ip: IpAddr, ctx: &LbCtx) -> Result<String, Refusal> {
     let waiter = ObjectRef::from_obj(lb);
     let pools = ctx.pool_cache.state();
     let entries: Vec<PoolEntry<'_>> = pools.iter().map(|p| p.entry()).collect();
@@ -401,7 +401,7 @@ fn pool_holding(lb: &LoadBalancer, ip: IpAddr, ctx: &Shared) -> Result<String, R
 
 /// Chooses the pool from the cached pools (the controller starts once that cache has its first
 /// list).
-async fn select(lb: &LoadBalancer, ctx: &Shared) -> Result<Result<String, SelectError>, LbError> {
+async fn select(lb: &LoadBalancer, ctx: &LbCtx) -> Result<Result<String, SelectError>, LbError> {
     let pools = ctx.pool_cache.state();
     let entries: Vec<PoolEntry<'_>> = pools.iter().map(|p| p.entry()).collect();
     Ok(PoolIndex::new(&entries)
@@ -414,7 +414,7 @@ async fn release_from(
     lb: &LoadBalancer,
     key: &str,
     pool: &str,
-    ctx: &Shared,
+    ctx: &LbCtx,
 ) -> Result<Vec<IpAddr>, LbError> {
     let op = PoolOp::Release { id: lb.applicant() };
     match ctx.pools.call(pool, op).await {
@@ -445,7 +445,7 @@ async fn release_from(
 
 /// Deletion: release the address (wherever the load balancer holds one: its status may predate a
 /// crash), then let the object go.
-async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &Shared) -> Result<(), LbError> {
+async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &LbCtx) -> Result<(), LbError> {
     // The Service goes first, so kube-vip stops announcing the address before it is free again.
     if lb.workload_type() == WorkloadType::Vm {
         vm::cleanup(lb, key, ctx).await?;

@@ -48,7 +48,7 @@ use self::{
     endpoints::{Backends, Flip},
     prober::{Health, Prober},
 };
-use super::{Shared, pools::set_condition, refusal::Refusal};
+use super::{LbCtx, pools::set_condition, refusal::Refusal};
 use crate::{
     controller::{
         Target,
@@ -239,7 +239,7 @@ pub(super) async fn ensure(
     lb: &LoadBalancer,
     key: &str,
     status: &mut LoadBalancerStatus,
-    ctx: &Shared,
+    ctx: &LbCtx,
 ) -> Result<Outcome, VmError> {
     let vm = &ctx.vm;
     let lb_ref = ObjectRef::from_obj(lb);
@@ -442,7 +442,7 @@ async fn write_slice(
     uid: &str,
     backends: &Backends,
     health: Option<&HashMap<IpAddr, Health>>,
-    ctx: &Shared,
+    ctx: &LbCtx,
 ) -> Result<Result<HashSet<String>, Outcome>, VmError> {
     let vm = &ctx.vm;
     let (namespace, name) = (
@@ -620,7 +620,7 @@ fn health_condition(
 
 /// Deletion: stop probing, then delete the EndpointSlice and the Service the load balancer owns
 /// (tolerating that apply never ran).
-pub(super) async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &Shared) -> Result<(), VmError> {
+pub(super) async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &LbCtx) -> Result<(), VmError> {
     let vm = &ctx.vm;
     let lb_ref = ObjectRef::from_obj(lb);
     vm.prober.remove(&lb_ref);
