@@ -302,6 +302,7 @@ fn outcome(family: Family, result: Result<super::allocator::Allocation, PoolErro
             AllocateError::Gateway { .. } => Outcome::Gateway,
             AllocateError::Taken { .. } => Outcome::Taken,
             AllocateError::Duplicate { .. } => Outcome::Duplicate,
+            AllocateError::Skipped { .. } => panic!("the model's pools skip nothing"),
         },
         Err(other) => panic!("unexpected error {other}"),
     }

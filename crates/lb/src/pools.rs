@@ -142,6 +142,17 @@ impl PoolOpError {
         )
     }
 
+    /// Whether the pool skips the requested address.
+    pub fn is_skipped(&self) -> bool {
+        matches!(
+            self,
+            PoolOpError::Pool(PoolError::Allocate {
+                source: AllocateError::Skipped { .. },
+                ..
+            })
+        )
+    }
+
     /// The applicant holding a requested address, when that is why the request failed.
     pub fn holder(&self) -> Option<&str> {
         match self {
@@ -355,7 +366,17 @@ impl PoolTask {
         }
         let none = PoolStatus::default();
         let status = pool.status.as_ref().unwrap_or(&none);
-        let allocator = PoolAllocator::from_status(&self.name, &pool.spec.ranges, status);
+        // The addresses the pool skips come with the pool object, so a change of the annotation
+        // (a new resourceVersion) rebuilds the allocator too.
+        let allocator =
+            PoolAllocator::from_status(&self.name, &pool.spec.ranges, status).and_then(|mut a| {
+                let skip = pool.skip().map_err(|source| PoolError::Skip {
+                    pool: self.name.clone(),
+                    source,
+                })?;
+                a.set_skip(skip);
+                Ok(a)
+            });
         self.loaded = Some(Loaded {
             pool,
             allocator,
@@ -596,8 +617,9 @@ impl PoolTask {
                         .as_ref()
                         .map(|m| allocator.manual_release(&m.request, m.load_balancer_exists));
                     freed |= matches!(manual, Some(ManualReleaseOutcome::Released));
-                    // A grown pool may serve waiters; waking them costs little.
-                    freed |= allocator.available() > 0;
+                    // A grown pool (or one that skips less) may serve waiters; waking them
+                    // costs little.
+                    freed |= allocator.free() > 0;
                     if !loaded.synced || manual.is_some() {
                         ready = Some(Ok(()));
                     }
