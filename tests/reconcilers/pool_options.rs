@@ -64,7 +64,7 @@ fn refused(reason: &str, message: &str) -> (String, String, String) {
 
 #[tokio::test]
 async fn a_pool_that_skips_dot0_and_255_hands_out_past_them_and_counts_as_upstream() {
-    let mut w = LbWorld::with_pools([boundary_pool(&[(keys::SKIP_ADDRESSES, "dot0And255")])]).await;
+    let w = LbWorld::with_pools([boundary_pool(&[(keys::SKIP_ADDRESSES, "dot0And255")])]).await;
     w.reconcile_pool("edge").await;
     for name in ["lb1", "lb2", "lb3"] {
         w.add_lb(mk_lb(name, &[])).await;
@@ -115,6 +115,7 @@ async fn a_requested_address_the_pool_skips_is_refused_with_requested_address_un
 #[tokio::test]
 async fn an_address_held_before_the_pool_skipped_it_is_kept_then_never_handed_out_again() {
     let mut w = LbWorld::with_pools([boundary_pool(&[])]).await;
+    w.reconcile_pool("edge").await;
     w.add_lb(mk_lb("lb1", &[(keys::ANNOTATION_REQUESTED_IP, "10.0.0.255")]))
         .await;
     w.reconcile(NS, "lb1").await;
@@ -156,7 +157,7 @@ async fn an_address_held_before_the_pool_skipped_it_is_kept_then_never_handed_ou
 async fn a_skip_value_written_past_admission_makes_the_pool_not_ready_and_gives_nothing() {
     // The world's store has no admission: as if the value was written while upstream's webhook,
     // which ignores the annotation, ran.
-    let mut w = LbWorld::with_pools([boundary_pool(&[(keys::SKIP_ADDRESSES, "yes")])]).await;
+    let w = LbWorld::with_pools([boundary_pool(&[(keys::SKIP_ADDRESSES, "yes")])]).await;
     w.reconcile_pool("edge").await;
     let pool = w.pool("edge").await;
     let message = "invalid annotation of IP pool edge: annotation loadbalancer.harvesterhci.io/skipAddresses \"yes\" names \"yes\", which is not firstLast (each range's subnet's first and last address) or dot0And255 (every IPv4 address ending in .0 or .255); the value is a comma-separated list of those";
@@ -203,7 +204,7 @@ fn mk_guest_lb(name: &str, labels: &str) -> Value {
 
 #[tokio::test]
 async fn a_selective_pool_serves_the_service_labels_it_selects_and_the_rest_fall_through() {
-    let mut w = LbWorld::with_pools([gold_pool("tier in (gold,platinum),!canary"), catch_all()])
+    let w = LbWorld::with_pools([gold_pool("tier in (gold,platinum),!canary"), catch_all()])
         .await;
     w.add_lb(mk_guest_lb("gold", r#"{"tier":"gold","app":"web"}"#))
         .await;
@@ -292,7 +293,7 @@ async fn a_pool_change_wakes_the_load_balancers_its_selector_turned_away() {
 
 #[tokio::test]
 async fn a_pool_named_in_spec_ip_pool_must_select_the_labels_too() {
-    let mut w = LbWorld::with_pools([gold_pool("tier=gold"), catch_all()]).await;
+    let w = LbWorld::with_pools([gold_pool("tier=gold"), catch_all()]).await;
     let mut lb = mk_guest_lb("lb1", r#"{"tier":"silver"}"#);
     lb["spec"]["ipPool"] = json!("gold");
     w.add_lb(lb).await;
