@@ -27,7 +27,11 @@ fn annotated(mut pool: Value, annotations: &[(&str, &str)]) -> Value {
 /// Four addresses across a /24 boundary, 10.0.0.254 to 10.0.1.1, for everybody.
 fn boundary_pool(annotations: &[(&str, &str)]) -> Value {
     annotated(
-        mk_pool("edge", range("10.0.0.0/16", "10.0.0.254", "10.0.1.1"), global()),
+        mk_pool(
+            "edge",
+            range("10.0.0.0/16", "10.0.0.254", "10.0.1.1"),
+            global(),
+        ),
         annotations,
     )
 }
@@ -99,12 +103,19 @@ async fn a_requested_address_the_pool_skips_is_refused_with_requested_address_un
     assert_eq!(ip(&lb1), "");
     assert_eq!(
         w.events(),
-        [warning("default/lb1", "RequestedAddressUnavailable", message)]
+        [warning(
+            "default/lb1",
+            "RequestedAddressUnavailable",
+            message
+        )]
     );
     // The pool stops skipping: its reconcile wakes the load balancer, which then gets the address.
     let mut pool = w.pool("edge").await;
     pool.metadata.annotations = None;
-    w.pools_api().replace(&pool).await.expect("replaces the pool");
+    w.pools_api()
+        .replace(&pool)
+        .await
+        .expect("replaces the pool");
     w.sync_pools().await;
     w.reconcile_pool("edge").await;
     assert_eq!(w.woken(), ["default/lb1"]);
@@ -116,8 +127,11 @@ async fn a_requested_address_the_pool_skips_is_refused_with_requested_address_un
 async fn an_address_held_before_the_pool_skipped_it_is_kept_then_never_handed_out_again() {
     let mut w = LbWorld::with_pools([boundary_pool(&[])]).await;
     w.reconcile_pool("edge").await;
-    w.add_lb(mk_lb("lb1", &[(keys::ANNOTATION_REQUESTED_IP, "10.0.0.255")]))
-        .await;
+    w.add_lb(mk_lb(
+        "lb1",
+        &[(keys::ANNOTATION_REQUESTED_IP, "10.0.0.255")],
+    ))
+    .await;
     w.reconcile(NS, "lb1").await;
     assert_eq!(ip(&w.lb(NS, "lb1").await), "10.0.0.255");
     let before = w.pool("edge").await.status;
@@ -125,7 +139,10 @@ async fn an_address_held_before_the_pool_skipped_it_is_kept_then_never_handed_ou
     let mut pool = w.pool("edge").await;
     pool.metadata.annotations =
         Some([(keys::SKIP_ADDRESSES.to_string(), "dot0And255".to_string())].into());
-    w.pools_api().replace(&pool).await.expect("replaces the pool");
+    w.pools_api()
+        .replace(&pool)
+        .await
+        .expect("replaces the pool");
     w.sync_pools().await;
     w.reconcile_pool("edge").await;
     // Nothing churns: the pool status is as it was, and lb1 keeps its address on its next pass.
@@ -136,7 +153,10 @@ async fn an_address_held_before_the_pool_skipped_it_is_kept_then_never_handed_ou
     .await;
     w.reconcile(NS, "lb1").await;
     let lb1 = w.lb(NS, "lb1").await;
-    assert_eq!((ip(&lb1), ready(&lb1).0), ("10.0.0.255".into(), "True".into()));
+    assert_eq!(
+        (ip(&lb1), ready(&lb1).0),
+        ("10.0.0.255".into(), "True".into())
+    );
 
     // Released, it is not handed out again, not even to the load balancer that held it.
     w.delete_lb(NS, "lb1").await;
@@ -147,7 +167,10 @@ async fn an_address_held_before_the_pool_skipped_it_is_kept_then_never_handed_ou
     assert_eq!(ip(&w.lb(NS, "lb1").await), "10.0.1.1");
     let status = w.pool("edge").await.status.expect("status");
     assert_eq!(
-        status.allocated_history.get("10.0.0.255").map(String::as_str),
+        status
+            .allocated_history
+            .get("10.0.0.255")
+            .map(String::as_str),
         Some("default/lb1"),
         "kept in the history, as upstream keeps it"
     );
@@ -204,8 +227,7 @@ fn mk_guest_lb(name: &str, labels: &str) -> Value {
 
 #[tokio::test]
 async fn a_selective_pool_serves_the_service_labels_it_selects_and_the_rest_fall_through() {
-    let w = LbWorld::with_pools([gold_pool("tier in (gold,platinum),!canary"), catch_all()])
-        .await;
+    let w = LbWorld::with_pools([gold_pool("tier in (gold,platinum),!canary"), catch_all()]).await;
     w.add_lb(mk_guest_lb("gold", r#"{"tier":"gold","app":"web"}"#))
         .await;
     w.add_lb(mk_guest_lb("canary", r#"{"tier":"gold","canary":""}"#))
@@ -252,21 +274,24 @@ async fn a_load_balancer_no_pool_selects_waits_and_a_label_change_serves_it() {
     );
     // The cloud provider carries the Service's new labels: the next pass is served.
     w.edit_lb(NS, "lb1", |lb| {
-        lb.metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(keys::ANNOTATION_SERVICE_LABELS.into(), r#"{"tier":"gold"}"#.into());
+        lb.metadata.annotations.get_or_insert_default().insert(
+            keys::ANNOTATION_SERVICE_LABELS.into(),
+            r#"{"tier":"gold"}"#.into(),
+        );
     })
     .await;
     w.reconcile(NS, "lb1").await;
     let lb1 = w.lb(NS, "lb1").await;
-    assert_eq!((pool_of(&lb1), ip(&lb1)), ("gold".into(), "10.0.9.10".into()));
+    assert_eq!(
+        (pool_of(&lb1), ip(&lb1)),
+        ("gold".into(), "10.0.9.10".into())
+    );
     // Once it has an address, a label change does not move it.
     w.edit_lb(NS, "lb1", |lb| {
-        lb.metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(keys::ANNOTATION_SERVICE_LABELS.into(), r#"{"tier":"bronze"}"#.into());
+        lb.metadata.annotations.get_or_insert_default().insert(
+            keys::ANNOTATION_SERVICE_LABELS.into(),
+            r#"{"tier":"bronze"}"#.into(),
+        );
     })
     .await;
     w.reconcile(NS, "lb1").await;
@@ -279,11 +304,14 @@ async fn a_pool_change_wakes_the_load_balancers_its_selector_turned_away() {
     w.add_lb(mk_guest_lb("lb1", r#"{"tier":"silver"}"#)).await;
     w.reconcile(NS, "lb1").await;
     let mut pool = w.pool("gold").await;
-    pool.metadata
-        .annotations
-        .get_or_insert_default()
-        .insert(keys::SERVICE_SELECTOR.into(), "tier in (gold,silver)".into());
-    w.pools_api().replace(&pool).await.expect("replaces the pool");
+    pool.metadata.annotations.get_or_insert_default().insert(
+        keys::SERVICE_SELECTOR.into(),
+        "tier in (gold,silver)".into(),
+    );
+    w.pools_api()
+        .replace(&pool)
+        .await
+        .expect("replaces the pool");
     w.sync_pools().await;
     w.reconcile_pool("gold").await;
     assert_eq!(w.woken(), ["default/lb1"]);

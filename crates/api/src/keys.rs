@@ -80,14 +80,14 @@ pub const LABEL_GLOBAL_POOL: &str = "loadbalancer.harvesterhci.io/global-ip-pool
 /// The manual release of a leaked address; the IPAM engine parses its value (and names it in its
 /// messages), so it is defined there.
 pub use crate::ipam::MANUALLY_RELEASE_IP;
-/// Ours, not upstream's (upstream's controller ignores it): the addresses of its ranges a pool
-/// never hands out, `firstLast` and/or `dot0And255` ([`crate::ipam::skip`]). Defined in the IPAM
-/// engine, which parses it and names it in its messages.
-pub use crate::ipam::SKIP_ADDRESSES;
 /// Ours, not upstream's (upstream's controller ignores it): a label selector
 /// (`app=web,tier in (a,b)`) over the Service labels of the load balancers the pool serves
 /// ([`crate::ipam::labels`]). Defined in the IPAM engine, which parses it.
 pub use crate::ipam::SERVICE_SELECTOR;
+/// Ours, not upstream's (upstream's controller ignores it): the addresses of its ranges a pool
+/// never hands out, `firstLast` and/or `dot0And255` ([`crate::ipam::skip`]). Defined in the IPAM
+/// engine, which parses it and names it in its messages.
+pub use crate::ipam::SKIP_ADDRESSES;
 
 // --- On guest Services (the cloud provider's) ----------------------------------------------------
 

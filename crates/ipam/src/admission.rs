@@ -42,7 +42,9 @@ pub enum Rejection {
     Ranges(#[from] RangeError),
     #[error(transparent)]
     SkipAddresses(#[from] SkipError),
-    #[error("range {range} has no address left to hand out once annotation {SKIP_ADDRESSES} ({skip}) skips its addresses")]
+    #[error(
+        "range {range} has no address left to hand out once annotation {SKIP_ADDRESSES} ({skip}) skips its addresses"
+    )]
     Starved { range: String, skip: Skip },
     #[error(transparent)]
     ServiceSelector(#[from] SelectorError),
@@ -543,7 +545,11 @@ mod tests {
             ("dot0And255", "app=web"),
             ("firstLast,dot0And255", "app in (a,b),!canary"),
         ] {
-            assert_eq!(judge(skip, selector, &spec), Ok(()), "{skip:?} {selector:?}");
+            assert_eq!(
+                judge(skip, selector, &spec),
+                Ok(()),
+                "{skip:?} {selector:?}"
+            );
         }
         assert_eq!(
             judge("dot0", "", &spec),

@@ -383,9 +383,7 @@ mod tests {
     }
 
     fn reason(text: &str) -> String {
-        ServiceSelector::parse(text)
-            .expect_err("refused")
-            .reason
+        ServiceSelector::parse(text).expect_err("refused").reason
     }
 
     #[test]
@@ -461,17 +459,20 @@ mod tests {
 
     #[test]
     fn malformed_selectors_say_what_is_wrong() {
-        assert_eq!(
-            reason("app in (a"),
-            "a set is not closed with ')'"
-        );
+        assert_eq!(reason("app in (a"), "a set is not closed with ')'");
         assert_eq!(
             reason("app in a"),
             "found \"a\", expected '(' to open a set"
         );
         assert_eq!(reason("=x"), "found '=', expected a label key or '!'");
-        assert_eq!(reason("a)"), "found ')' after \"a\", expected =, ==, !=, in, notin, ',' or the end");
-        assert_eq!(reason("app=web,"), "a ',' must be followed by another requirement");
+        assert_eq!(
+            reason("a)"),
+            "found ')' after \"a\", expected =, ==, !=, in, notin, ',' or the end"
+        );
+        assert_eq!(
+            reason("app=web,"),
+            "a ',' must be followed by another requirement"
+        );
         assert_eq!(reason(",app"), "found ',', expected a label key or '!'");
         assert_eq!(reason("!"), "expected a label key at the end");
         assert_eq!(reason("app=web=x"), "found '=', expected ',' or the end");
@@ -484,15 +485,29 @@ mod tests {
             reason("app in (a b)"),
             "found \"b\" in a set, expected ',' or ')'"
         );
-        assert_eq!(reason("app web"), "found \"web\" after \"app\", expected =, ==, !=, in, notin, ',' or the end");
+        assert_eq!(
+            reason("app web"),
+            "found \"web\" after \"app\", expected =, ==, !=, in, notin, ',' or the end"
+        );
     }
 
     #[test]
     fn keys_and_values_follow_the_api_servers_rules() {
         let long = "a".repeat(64);
         assert!(reason(&format!("{long}=x")).starts_with(&format!("invalid label key \"{long}\"")));
-        assert!(reason(&format!("a={long}")).starts_with(&format!("invalid label value \"{long}\"")));
-        for bad_key in ["-a", "a-", "Example.com/a", "/a", "a/", "a/b/c", "ex_ample.com/a", "a.b./c"] {
+        assert!(
+            reason(&format!("a={long}")).starts_with(&format!("invalid label value \"{long}\""))
+        );
+        for bad_key in [
+            "-a",
+            "a-",
+            "Example.com/a",
+            "/a",
+            "a/",
+            "a/b/c",
+            "ex_ample.com/a",
+            "a.b./c",
+        ] {
             assert!(
                 reason(&format!("{bad_key}=x")).starts_with("invalid label key"),
                 "{bad_key:?}"

@@ -105,10 +105,7 @@ impl Skip {
             skipped += edges
                 .into_iter()
                 .filter(|&e| {
-                    lo <= e
-                        && e <= hi
-                        && self.skips_edge(subnet, e)
-                        && !self.skips_dot(subnet, e)
+                    lo <= e && e <= hi && self.skips_edge(subnet, e) && !self.skips_dot(subnet, e)
                 })
                 .count() as u128;
         }

@@ -473,7 +473,11 @@ mod tests {
         let got = addresses(&pool, &[]);
         assert_eq!((got.total, got.available), (4, 2), "nothing skipped yet");
         pool.metadata.annotations = Some(
-            [(crate::crd::keys::SKIP_ADDRESSES.to_string(), "dot0And255".to_string())].into(),
+            [(
+                crate::crd::keys::SKIP_ADDRESSES.to_string(),
+                "dot0And255".to_string(),
+            )]
+            .into(),
         );
         let got = addresses(&pool, &[]);
         assert_eq!((got.total, got.available), (2, 1));
@@ -481,7 +485,11 @@ mod tests {
         assert_eq!(got.addresses.len(), 2);
         // An annotation that does not read: the status's counters (the pool is not Ready).
         pool.metadata.annotations = Some(
-            [(crate::crd::keys::SKIP_ADDRESSES.to_string(), "dot0".to_string())].into(),
+            [(
+                crate::crd::keys::SKIP_ADDRESSES.to_string(),
+                "dot0".to_string(),
+            )]
+            .into(),
         );
         assert_eq!(
             (addresses(&pool, &[]).total, addresses(&pool, &[]).available),

@@ -55,9 +55,13 @@ pub async fn service_labels_choose_the_pool<E: GuestEnv>(env: E) {
     )
     .await;
 
-    env.put(labelled_svc("gold", 80, json!({"tier": "gold", "app": "web"})))
-        .await
-        .expect("accepted");
+    env.put(labelled_svc(
+        "gold",
+        80,
+        json!({"tier": "gold", "app": "web"}),
+    ))
+    .await
+    .expect("accepted");
     let (_, ip) = address(&env, "default", "gold").await;
     assert!(ip.starts_with("10.40.0."), "{ip}");
     carried(&env, "gold", json!({"tier": "gold", "app": "web"})).await;

@@ -137,11 +137,15 @@ pub async fn pools_that_skip_addresses<B: Backend>(b: B) {
     assert_eq!(owners_counts(&b, "edge").await.1, 1);
     // It skips again: nothing held moves, and the held skipped address counts in neither figure.
     set_pool_annotations(&b, "edge", json!({SKIP: "firstLast,dot0And255"})).await;
-    eventually("the owners view to count what the pool hands out", async || {
-        (owners_counts(&b, "edge").await == (2, 0)).then_some(())
-    })
+    eventually(
+        "the owners view to count what the pool hands out",
+        async || (owners_counts(&b, "edge").await == (2, 0)).then_some(()),
+    )
     .await;
-    let asks = ok(get(&b, &format!("{LBS}/default/asks")).await, StatusCode::OK);
+    let asks = ok(
+        get(&b, &format!("{LBS}/default/asks")).await,
+        StatusCode::OK,
+    );
     assert_eq!(ip_of(&asks), "10.70.1.0");
     assert_eq!(status_counts(&b, "edge").await, (4, 1));
     // Released, the skipped address is not handed out again.
@@ -234,11 +238,7 @@ pub async fn pools_by_service_labels<B: Backend>(b: B) {
     create_lb(&b, guest("gold", r#"{"tier":"gold","app":"web"}"#)).await;
     create_lb(&b, guest("canary", r#"{"tier":"gold","canary":"yes"}"#)).await;
     // The carried Service labels decide, not the LoadBalancer's own.
-    create_lb(
-        &b,
-        with_labels(guest("own", "{}"), &[("tier", "gold")]),
-    )
-    .await;
+    create_lb(&b, with_labels(guest("own", "{}"), &[("tier", "gold")])).await;
     // A LoadBalancer made on Harvester is matched on its own labels.
     create_lb(
         &b,
@@ -251,7 +251,11 @@ pub async fn pools_by_service_labels<B: Backend>(b: B) {
         ("own", "all"),
         ("vm", "gold"),
     ] {
-        assert_eq!(pool_of(&allocated(&b, "default", name).await), want, "{name}");
+        assert_eq!(
+            pool_of(&allocated(&b, "default", name).await),
+            want,
+            "{name}"
+        );
     }
 
     // Named in spec.ipPool, the pool must select the labels too.
@@ -265,9 +269,17 @@ pub async fn pools_by_service_labels<B: Backend>(b: B) {
     let events = events_about(&b, "named", "NoMatchedIPPool").await;
     assert_eq!(events[0].message.as_deref(), Some(message));
     // The pool widens its selector: the waiting load balancer is served; the others stay put.
-    set_pool_annotations(&b, "gold", json!({SELECTOR: "tier in (gold,platinum,silver)"})).await;
+    set_pool_annotations(
+        &b,
+        "gold",
+        json!({SELECTOR: "tier in (gold,platinum,silver)"}),
+    )
+    .await;
     assert_eq!(pool_of(&allocated(&b, "default", "named").await), "gold");
-    let canary = ok(get(&b, &format!("{LBS}/default/canary")).await, StatusCode::OK);
+    let canary = ok(
+        get(&b, &format!("{LBS}/default/canary")).await,
+        StatusCode::OK,
+    );
     assert_eq!(pool_of(&canary), "all");
     assert_consistent(&b).await;
 }

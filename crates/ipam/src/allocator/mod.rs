@@ -42,7 +42,9 @@ pub enum AllocateError {
         ranges: String,
     },
     /// Ours: the pool skips the address ([`Skip`]).
-    #[error("requested IP address {ip} is skipped by the pool's annotation {SKIP_ADDRESSES}: {skip}")]
+    #[error(
+        "requested IP address {ip} is skipped by the pool's annotation {SKIP_ADDRESSES}: {skip}"
+    )]
     Skipped { ip: IpAddr, skip: Skip },
     /// Only for a request of a specific address by an id that already holds another one: upstream
     /// would hand out a second address.

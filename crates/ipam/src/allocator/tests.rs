@@ -456,18 +456,13 @@ fn dot0_and_255_are_never_handed_out() {
 
 #[test]
 fn first_last_skips_the_last_address_of_an_ipv6_subnet() {
-    let mut pool = mk_skipping(
-        &[mk_range("fd00::/126", "fd00::2", "", "")],
-        "firstLast",
-    );
+    let mut pool = mk_skipping(&[mk_range("fd00::/126", "fd00::2", "", "")], "firstLast");
     // fd00::2 and fd00::3 (the subnet's last address, the default end); the gateway fd00::1 is
     // outside the range.
     assert_eq!((pool.total(), pool.capacity()), (2, 1));
     assert_eq!(alloc(&mut pool, "a"), "fd00::2");
     assert!(pool.allocate("b").is_err());
-    let err = pool
-        .request_ip("b", mk_ip("fd00::3"))
-        .expect_err("skipped");
+    let err = pool.request_ip("b", mk_ip("fd00::3")).expect_err("skipped");
     assert_eq!(
         err.to_string(),
         "fail to get ip from pool pool1, error: requested IP address fd00::3 is skipped by the pool's annotation loadbalancer.harvesterhci.io/skipAddresses: firstLast"
@@ -488,9 +483,7 @@ fn an_address_held_before_the_pool_skipped_it_stays_held_and_is_not_handed_out_a
     pool.set_skip(Skip::parse("dot0And255").expect("valid"));
     // Nothing churns: each id keeps its address, asked for as any or exactly.
     assert_eq!(alloc(&mut pool, "ns/b"), "10.0.0.255");
-    let held = pool
-        .request_ip("ns/c", mk_ip("10.0.1.0"))
-        .expect("kept");
+    let held = pool.request_ip("ns/c", mk_ip("10.0.1.0")).expect("kept");
     assert_eq!(held.origin, Origin::Held);
     assert_eq!(pool.status(), before);
     assert_eq!((pool.total(), pool.available()), (4, 1));

@@ -184,17 +184,12 @@ pub enum SelectError {
         family: Family,
     },
     /// Ours: pools matched the requirement, but their service selectors do not select the load
-    /// balancer's labels (`pools` by name).
-    #[error(
-        "{}: the service selector of IP pool {} does not select the load balancer's labels {labels}",
-        no_match(requirement.clone(), *family),
-        pools.join(", ")
-    )]
+    /// balancer's labels; `turned_away` names them and the labels.
+    #[error("{}: {turned_away}", no_match(requirement.clone(), *family))]
     NotSelected {
         requirement: Requirement,
         family: Option<Family>,
-        pools: Vec<String>,
-        labels: String,
+        turned_away: String,
     },
     /// Ours: the pool named in `spec.ipPool` has a service selector that does not select them.
     #[error(
@@ -309,8 +304,11 @@ fn refusal(requirement: Requirement, request: &LbRequest, mut excluded: Vec<&str
     SelectError::NotSelected {
         requirement,
         family: request.family,
-        pools: excluded.into_iter().map(String::from).collect(),
-        labels: labels_text(&request.labels),
+        turned_away: format!(
+            "the service selector of IP pool {} does not select the load balancer's labels {}",
+            excluded.join(", "),
+            labels_text(&request.labels)
+        ),
     }
 }
 
@@ -327,13 +325,11 @@ fn explicit<'a>(
             pool: name.into(),
             family: family.unwrap_or(Family::V4),
         }),
-        Some(p) if !Gate::of(p).admits(&request.labels) => {
-            Err(SelectError::ExplicitNotSelected {
-                pool: name.into(),
-                selector: p.options.service_selector.into(),
-                labels: labels_text(&request.labels),
-            })
-        }
+        Some(p) if !Gate::of(p).admits(&request.labels) => Err(SelectError::ExplicitNotSelected {
+            pool: name.into(),
+            selector: p.options.service_selector.into(),
+            labels: labels_text(&request.labels),
+        }),
         Some(p) => Ok(Selected {
             pool: p.name,
             by: SelectedBy::Explicit,

@@ -1,7 +1,7 @@
 //! Unit tests of pool selection.
 use super::*;
-use std::collections::BTreeMap;
 use crate::spec::RangeSpec;
+use std::collections::BTreeMap;
 
 fn mk_tuple(project: &str, namespace: &str, cluster: &str) -> Tuple {
     Tuple {
@@ -426,7 +426,11 @@ fn a_selective_pool_serves_only_the_labels_it_selects_and_the_others_fall_throug
     // The same scope: the selective pool needs the higher priority (admission refuses two
     // priority-0 pools of one scope), and the catch-all pool serves the rest.
     let pools = [
-        mk_selective("premium", &f.default_priority, "tier in (premium,gold),!canary"),
+        mk_selective(
+            "premium",
+            &f.default_priority,
+            "tier in (premium,gold),!canary",
+        ),
         mk_entry("default", &f.default),
     ];
     let request = mk_request(VLAN10, "", "default", "");
@@ -498,7 +502,9 @@ fn a_load_balancer_no_pool_selects_is_told_which_pools_turned_it_away() {
     let message = "no matched IPPool with requirement &{Network:default/vlan10 Project: Namespace:default Cluster:}: the service selector of IP pool default, global does not select the load balancer's labels app=db";
     assert_eq!(pick(&pools, &request), Err(message.into()));
     assert_eq!(
-        PoolIndex::new(&pools).eligible(&request).map_err(|e| e.to_string()),
+        PoolIndex::new(&pools)
+            .eligible(&request)
+            .map_err(|e| e.to_string()),
         Err(message.into())
     );
     let v4 = LbRequest {
@@ -537,11 +543,7 @@ fn a_pool_named_in_spec_ip_pool_must_select_the_labels_too() {
         pick(&pools, &explicit(&[("app", "db"), ("tier", "x")])),
         Err("the service selector \"app=web\" of IP pool default does not select the load balancer's labels app=db,tier=x".into())
     );
-    assert!(
-        PoolIndex::new(&pools)
-            .eligible(&explicit(&[]))
-            .is_err()
-    );
+    assert!(PoolIndex::new(&pools).eligible(&explicit(&[])).is_err());
 }
 
 #[test]
@@ -560,7 +562,7 @@ fn an_empty_selector_serves_everybody_and_a_broken_one_nobody() {
         mk_entry("default", &f.default),
     ];
     assert_eq!(pick(&pools, &request).as_deref(), Ok("default"));
-    assert!(pick(&pools[..1], &request)
-        .expect_err("nobody")
-        .ends_with("the service selector of IP pool broken does not select the load balancer's labels app=web"));
+    assert!(pick(&pools[..1], &request).expect_err("nobody").ends_with(
+        "the service selector of IP pool broken does not select the load balancer's labels app=web"
+    ));
 }

@@ -352,12 +352,17 @@ fn carried_service_labels_must_read_as_a_json_object_of_strings() {
     use crate::crd::keys::ANNOTATION_SERVICE_LABELS;
     let mut lb = mk_lb("cluster", vec![]);
     for ok in [r#"{}"#, r#"{"app":"web","example.com/tier":""}"#] {
-        lb.metadata.annotations = Some([(ANNOTATION_SERVICE_LABELS.to_string(), ok.to_string())].into());
+        lb.metadata.annotations =
+            Some([(ANNOTATION_SERVICE_LABELS.to_string(), ok.to_string())].into());
         assert!(validate_lb_create(&lb, &[]).is_ok(), "{ok}");
         assert!(validate_lb_update(&lb, &lb).is_ok(), "{ok}");
     }
     lb.metadata.annotations = Some(
-        [(ANNOTATION_SERVICE_LABELS.to_string(), r#"{"replicas":3}"#.to_string())].into(),
+        [(
+            ANNOTATION_SERVICE_LABELS.to_string(),
+            r#"{"replicas":3}"#.to_string(),
+        )]
+        .into(),
     );
     assert_eq!(
         create(&lb),
