@@ -177,23 +177,70 @@ async fn an_address_held_before_the_pool_skipped_it_is_kept_then_never_handed_ou
 }
 
 #[tokio::test]
-async fn a_skip_value_written_past_admission_makes_the_pool_not_ready_and_gives_nothing() {
+async fn a_skip_value_written_past_admission_stops_new_addresses_but_not_held_ones_or_releases() {
+    let mut w = LbWorld::with_pools([boundary_pool(&[])]).await;
+    w.reconcile_pool("edge").await;
+    w.add_lb(mk_lb("held", &[])).await;
+    w.reconcile(NS, "held").await;
+    assert_eq!(ip(&w.lb(NS, "held").await), "10.0.0.254");
     // The world's store has no admission: as if the value was written while upstream's webhook,
     // which ignores the annotation, ran.
-    let w = LbWorld::with_pools([boundary_pool(&[(keys::SKIP_ADDRESSES, "yes")])]).await;
+    let mut pool = w.pool("edge").await;
+    pool.metadata.annotations =
+        Some([(keys::SKIP_ADDRESSES.to_string(), "yes".to_string())].into());
+    w.pools_api()
+        .replace(&pool)
+        .await
+        .expect("replaces the pool");
+    w.sync_pools().await;
     w.reconcile_pool("edge").await;
-    let pool = w.pool("edge").await;
     let message = "invalid annotation of IP pool edge: annotation loadbalancer.harvesterhci.io/skipAddresses \"yes\" names \"yes\", which is not firstLast (each range's subnet's first and last address) or dot0And255 (every IPv4 address ending in .0 or .255); the value is a comma-separated list of those";
-    let condition = &pool.status.expect("status").conditions[0];
+    let status = w.pool("edge").await.status.expect("status");
+    let condition = &status.conditions[0];
     assert_eq!(
         (condition.status.as_str(), condition.message.as_str()),
         ("False", message)
     );
+    // No new address.
     w.add_lb(mk_lb("lb1", &[])).await;
-    w.reconcile(NS, "lb1").await;
+    assert_eq!(w.reconcile(NS, "lb1").await, requeue(30));
     let lb1 = w.lb(NS, "lb1").await;
     assert_eq!(ready(&lb1), refused("AllocationFailed", message));
     assert_eq!(ip(&lb1), "");
+    // The held address stays, and is released when its load balancer goes.
+    w.edit_lb(NS, "held", |lb| {
+        lb.metadata.labels = Some([("touched".to_string(), "yes".to_string())].into());
+    })
+    .await;
+    w.reconcile(NS, "held").await;
+    assert_eq!(ip(&w.lb(NS, "held").await), "10.0.0.254");
+    w.delete_lb(NS, "held").await;
+    w.reconcile(NS, "held").await;
+    assert!(w.try_lb(NS, "held").await.is_none());
+    let status = w.pool("edge").await.status.expect("status");
+    assert!(status.allocated.is_empty(), "{status:?}");
+    assert_eq!(
+        status
+            .allocated_history
+            .get("10.0.0.254")
+            .map(String::as_str),
+        Some("default/held")
+    );
+    // Fixed, the pool is Ready again and wakes the load balancer it turned away.
+    let mut pool = w.pool("edge").await;
+    pool.metadata.annotations =
+        Some([(keys::SKIP_ADDRESSES.to_string(), "dot0And255".to_string())].into());
+    w.pools_api()
+        .replace(&pool)
+        .await
+        .expect("replaces the pool");
+    w.sync_pools().await;
+    w.reconcile_pool("edge").await;
+    let status = w.pool("edge").await.status.expect("status");
+    assert_eq!(status.conditions[0].status, "True");
+    assert_eq!(w.woken(), ["default/lb1"]);
+    w.reconcile(NS, "lb1").await;
+    assert_eq!(ip(&w.lb(NS, "lb1").await), "10.0.1.1");
 }
 
 // --- Pools by Service labels ---------------------------------------------------------------------

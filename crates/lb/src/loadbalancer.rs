@@ -338,9 +338,16 @@ async fn pool(
                 recheck: Some(EXHAUSTED_RECHECK),
             }))
         }
-        Err(e @ (PoolOpError::Missing { .. } | PoolOpError::Deleting { .. })) => Ok(Err(
-            ctx.unmatched(waiter, reason::ALLOCATION_FAILED, e.to_string())
-        )),
+        // Woken by the pool's next change.
+        Err(
+            e @ (PoolOpError::Missing { .. }
+            | PoolOpError::Deleting { .. }
+            | PoolOpError::InvalidSkip { .. }),
+        ) => Ok(Err(ctx.unmatched(
+            waiter,
+            reason::ALLOCATION_FAILED,
+            e.to_string(),
+        ))),
         // The pool began skipping it after the check above read the cache.
         Err(e) if e.is_skipped() => Ok(Err(ctx.unmatched(
             waiter,

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use super::addr::{Family, family_of, from_key, key};
 use super::range::{RangeError, RangeSet};
-use super::skip::{SKIP_ADDRESSES, Skip, SkipError};
+use super::skip::{SKIP_ADDRESSES, Skip};
 use super::spec::RangeSpec;
 
 /// Why an address could not be reserved; the texts are those of the upstream allocator, which the
@@ -63,10 +63,6 @@ pub enum PoolError {
         id: String,
         source: AllocateError,
     },
-    /// Ours: the pool's `skipAddresses` annotation does not read (admission refuses it; this is
-    /// one written past admission): nothing is allocated until it is fixed.
-    #[error("invalid annotation of IP pool {pool}: {source}")]
-    Skip { pool: String, source: SkipError },
     /// The new ranges would leave a held address outside the pool (or make it the gateway).
     #[error("allocated IP {ip} is excluded")]
     Resize {
