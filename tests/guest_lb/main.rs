@@ -861,5 +861,6 @@ suite!(
         foreign_load_balancers_are_left_alone,
         requested_addresses,
         dual_stack_services,
+        service_labels_choose_the_pool,
     ]
 );

@@ -241,6 +241,8 @@ suite!(
         load_balancer_events_are_listed,
         requested_address_and_family,
         nearly_full_pools_warn,
+        pools_that_skip_addresses,
+        pools_by_service_labels,
     ]
 );
 

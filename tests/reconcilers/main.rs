@@ -17,6 +17,7 @@ mod support;
 mod guest_service;
 mod ip_pool;
 mod load_balancer;
+mod pool_options;
 mod pool_round;
 mod vm_load_balancer;
 mod world;

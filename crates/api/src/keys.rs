@@ -30,6 +30,12 @@ pub const ANNOTATION_SERVICE_NETWORK: &str = "cloudprovider.harvesterhci.io/lb-n
 /// Ours, not upstream's: the UID of the guest Service a LoadBalancer serves, so that one whose
 /// Service was recreated (a new UID) is garbage-collected instead of leaking.
 pub const ANNOTATION_SERVICE_UID: &str = "cloudprovider.harvesterhci.io/serviceUID";
+/// Ours, not upstream's: the labels of the guest Service a LoadBalancer serves, as a JSON object
+/// (`{"app":"web"}`), written by the guest cloud provider on every sync, so that pools' service
+/// selectors ([`SERVICE_SELECTOR`]) can match them. An annotation rather than a copy of the labels:
+/// a Service's label keys would collide with Harvester's own on the LoadBalancer. Upstream's
+/// controller ignores it.
+pub const ANNOTATION_SERVICE_LABELS: &str = "cloudprovider.harvesterhci.io/serviceLabels";
 /// Ours, not upstream's: the identity of the guest cluster that made a LoadBalancer (the UID of
 /// its `kube-system` Namespace), so that two guest clusters sharing a name and a Harvester
 /// namespace never collect each other's.
@@ -74,6 +80,14 @@ pub const LABEL_GLOBAL_POOL: &str = "loadbalancer.harvesterhci.io/global-ip-pool
 /// The manual release of a leaked address; the IPAM engine parses its value (and names it in its
 /// messages), so it is defined there.
 pub use crate::ipam::MANUALLY_RELEASE_IP;
+/// Ours, not upstream's (upstream's controller ignores it): a label selector
+/// (`app=web,tier in (a,b)`) over the Service labels of the load balancers the pool serves
+/// ([`crate::ipam::labels`]). Defined in the IPAM engine, which parses it.
+pub use crate::ipam::SERVICE_SELECTOR;
+/// Ours, not upstream's (upstream's controller ignores it): the addresses of its ranges a pool
+/// never hands out, `firstLast` and/or `dot0And255` ([`crate::ipam::skip`]). Defined in the IPAM
+/// engine, which parses it and names it in its messages.
+pub use crate::ipam::SKIP_ADDRESSES;
 
 // --- On guest Services (the cloud provider's) ----------------------------------------------------
 

@@ -231,6 +231,13 @@ pub fn annotation<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
+/// A Service's labels as the LoadBalancer carries them: a JSON object, `{}` when it has none.
+pub(crate) fn service_labels(svc: &Service) -> String {
+    let labels = svc.metadata.labels.clone().unwrap_or_default();
+    // A map of strings always serialises.
+    serde_json::to_string(&labels).unwrap_or_else(|_| "{}".into())
+}
+
 /// A Service's label, if set.
 pub fn label<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
     svc.metadata
@@ -354,6 +361,12 @@ pub(crate) fn plan_slot(
         (
             keys::ANNOTATION_GUEST_CLUSTER_ID.to_string(),
             ctx.identity.clone(),
+        ),
+        // The Service's labels, for pools' service selectors; kept current (a Service whose
+        // labels change may then match a pool it waits for; an address it holds stays).
+        (
+            keys::ANNOTATION_SERVICE_LABELS.to_string(),
+            service_labels(svc),
         ),
     ]);
     // As upstream's constructLB: from the Service's, empty when it has none. Harvester's mutator
@@ -489,6 +502,7 @@ mod tests {
         assert_eq!(p.labels[keys::LABEL_SERVICE_NAME], "abcd");
         assert_eq!(p.labels[keys::LABEL_SERVICE_NAMESPACE], "default");
         assert_eq!(p.labels[keys::LABEL_GUEST_CLUSTER], "test");
+        assert_eq!(p.annotations[keys::ANNOTATION_SERVICE_LABELS], "{}");
         let p = plan(
             &mk_service("default", "abcd", &[(keys::SVC_IPAM, "dhcp")]),
             &mk_ctx(None),
@@ -503,6 +517,24 @@ mod tests {
                 keys::ANNOTATION_IP_FAMILY
             ]
         );
+    }
+
+    #[test]
+    fn the_service_labels_ride_along_as_one_annotation() {
+        let mut svc = mk_service("default", "abcd", &[]);
+        svc.metadata.labels = Some(BTreeMap::from([
+            ("app".to_string(), "web".to_string()),
+            ("example.com/tier".to_string(), "front".to_string()),
+            // A key of Harvester's own stays inside the annotation, never on the LoadBalancer.
+            (keys::LABEL_GUEST_CLUSTER.to_string(), "other".to_string()),
+        ]));
+        let p = plan(&svc, &mk_ctx(None), None).unwrap();
+        assert_eq!(
+            p.annotations[keys::ANNOTATION_SERVICE_LABELS],
+            r#"{"app":"web","cloudprovider.harvesterhci.io/cluster":"other","example.com/tier":"front"}"#
+        );
+        assert_eq!(p.labels[keys::LABEL_GUEST_CLUSTER], "test");
+        assert!(!p.labels.contains_key("app"));
     }
 
     #[test]

@@ -3,9 +3,11 @@
 mod addresses;
 mod lifecycle;
 mod networks;
+mod pool_options;
 mod share_ip;
 
 pub use addresses::*;
 pub use lifecycle::*;
 pub use networks::*;
+pub use pool_options::*;
 pub use share_ip::*;

@@ -6,10 +6,12 @@ mod admission;
 mod allocation;
 mod api;
 mod guest_clusters;
+mod pool_options;
 mod pools;
 
 pub use admission::*;
 pub use allocation::*;
 pub use api::*;
 pub use guest_clusters::*;
+pub use pool_options::*;
 pub use pools::*;

@@ -77,6 +77,9 @@ pub enum LbRejection {
     /// Ours: the requested address or family annotations are not usable.
     #[error("{reason}")]
     AddressRequest { reason: String },
+    /// Ours: the carried Service labels (`cloudprovider.harvesterhci.io/serviceLabels`) do not read.
+    #[error("{reason}")]
+    ServiceLabels { reason: String },
     #[error("can't change the IPAM from {old} to {new}")]
     IpamChange { old: String, new: String },
     #[error("can't change the WorkloadType from {old} to {new}")]
@@ -321,6 +324,14 @@ pub(crate) fn check_address_request(lb: &LoadBalancer) -> Result<(), LbRejection
     Ok(())
 }
 
+/// Ours: the Service labels the cloud provider carries for pools' service selectors must read as a
+/// JSON object of strings.
+pub(crate) fn check_service_labels(lb: &LoadBalancer) -> Result<(), LbRejection> {
+    lb.selector_labels()
+        .map(|_| ())
+        .map_err(|reason| LbRejection::ServiceLabels { reason })
+}
+
 /// The validating webhook on create.
 pub fn validate_lb_create(
     lb: &LoadBalancer,
@@ -329,6 +340,7 @@ pub fn validate_lb_create(
     let (namespace, name) = ids(lb);
     check_listeners(lb)
         .and_then(|()| check_address_request(lb))
+        .and_then(|()| check_service_labels(lb))
         .map_err(|source| LbAdmissionError::Create {
             namespace: namespace.clone(),
             name: name.clone(),
@@ -361,6 +373,7 @@ pub fn validate_lb_update(old: &LoadBalancer, new: &LoadBalancer) -> Result<(), 
     };
     check_listeners(new)
         .and_then(|()| check_address_request(new))
+        .and_then(|()| check_service_labels(new))
         .map_err(update)?;
     let changed = old.spec.health_check != new.spec.health_check;
     check_health_check(new)

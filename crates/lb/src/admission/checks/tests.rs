@@ -347,6 +347,36 @@ fn ipam_and_workload_type_changes() {
     assert!(validate_lb_update(&old, &new).is_ok());
 }
 
+#[test]
+fn carried_service_labels_must_read_as_a_json_object_of_strings() {
+    use crate::crd::keys::ANNOTATION_SERVICE_LABELS;
+    let mut lb = mk_lb("cluster", vec![]);
+    for ok in [r#"{}"#, r#"{"app":"web","example.com/tier":""}"#] {
+        lb.metadata.annotations =
+            Some([(ANNOTATION_SERVICE_LABELS.to_string(), ok.to_string())].into());
+        assert!(validate_lb_create(&lb, &[]).is_ok(), "{ok}");
+        assert!(validate_lb_update(&lb, &lb).is_ok(), "{ok}");
+    }
+    lb.metadata.annotations = Some(
+        [(
+            ANNOTATION_SERVICE_LABELS.to_string(),
+            r#"{"replicas":3}"#.to_string(),
+        )]
+        .into(),
+    );
+    assert_eq!(
+        create(&lb),
+        "create loadbalancer default/lb1 failed: annotation cloudprovider.harvesterhci.io/serviceLabels is not a JSON object of label values: invalid type: integer `3`, expected a string at line 1 column 13"
+    );
+    let old = mk_lb("cluster", vec![]);
+    assert!(
+        validate_lb_update(&old, &lb)
+            .expect_err("refused")
+            .to_string()
+            .starts_with("update loadbalancer default/lb1 failed: annotation cloudprovider.harvesterhci.io/serviceLabels is not a JSON object")
+    );
+}
+
 fn mk_vm(name: &str, cluster: &str, removing: bool) -> VirtualMachine {
     let mut vm = VirtualMachine::default();
     vm.metadata.name = Some(name.into());
