@@ -4,6 +4,12 @@
 # chart's CRDs are deploy/crds (which tests/crds.rs checks against `harvester-cloud crds`), and
 # validates every manifest and rendering with kubernetes-validate against the Kubernetes schemas
 # (also deploy/ccm, the guest cluster's ccm, whose RBAC tests/guest_lb/ runs the ccm with).
+# The guest chart (deploy/guest-chart/harvester-cloud-provider, in place of the Harvester Cloud
+# Provider's) goes through scripts/check-guest-chart.py (upstream's values keys, Rancher's values,
+# the ccm's arguments against the built binary; HARVESTER_UPSTREAM_CHARTS, a harvester/charts
+# checkout, adds upstream's chart as the oracle), and its renderings and HelmChart example through
+# the same validation and dry runs; with a control plane, `harvester-cloud ccm` also runs there with
+# the chart's arguments until it leads. HARVESTER_CLOUD_BIN names the binary (default: cargo build).
 # With a real control plane (the first directory of HARVESTER_CLOUD_CONTROL_PLANES, as
 # `scripts/control-plane.sh with 1 scripts/check-manifests.sh` sets it), the CRDs are also applied
 # server-side and every rendering is applied with --dry-run=server, so kube-apiserver itself
@@ -14,6 +20,11 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HELM="${HELM:-$("$ROOT/scripts/install-helm.sh")}"
+if [[ -z "${HARVESTER_CLOUD_BIN:-}" ]]; then
+  (cd "$ROOT" && cargo build --quiet --bin harvester-cloud)
+  HARVESTER_CLOUD_BIN="$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/debug/harvester-cloud"
+fi
 CHART="$ROOT/deploy/chart/harvester-cloud"
 MANIFEST="$ROOT/deploy/manifests/harvester-cloud.yaml"
 RANCHER_MANIFEST="$ROOT/deploy/manifests/harvester-cloud-rancher.yaml"
@@ -84,6 +95,27 @@ if grep -q "MutatingWebhookConfiguration\|harvesterhci.io:csi-driver\"$" "$WORK/
   echo "disabled parts were rendered" >&2; exit 1
 fi
 
+echo "the guest chart (scripts/check-guest-chart.py)"
+python3 "$ROOT/scripts/check-guest-chart.py" --helm "$HELM" --out "$WORK/guest" --bin "$HARVESTER_CLOUD_BIN"
+# Its PodMonitor (kube-vip.podMonitor.enabled) is the Prometheus Operator's kind: checked for shape
+# here, left out of the schema validation and the dry runs (no such CRD on the control plane).
+python3 - "$WORK/guest" <<'PY'
+import pathlib, sys, yaml
+for f in sorted(pathlib.Path(sys.argv[1]).glob("guest-*.yaml")):
+    if f.name.endswith("-values.yaml"):
+        continue
+    docs = [d for d in yaml.safe_load_all(f.read_text()) if d]
+    for d in docs:
+        if d["kind"] == "PodMonitor":
+            assert d["apiVersion"] == "monitoring.coreos.com/v1", d
+            assert d["spec"]["podMetricsEndpoints"] == [{"port": "monitoring"}], d
+            assert d["spec"]["selector"]["matchLabels"], d
+    core = [d for d in docs if d["kind"] != "PodMonitor"]
+    f.with_name(f.stem + ".core.yml").write_text(yaml.safe_dump_all(core))
+PY
+GUEST=("$WORK"/guest/guest-*.core.yml)
+[[ ${#GUEST[@]} -ge 6 ]] || { echo "the guest chart was rendered ${#GUEST[@]} times, not 6" >&2; exit 1; }
+
 echo "kubernetes-validate"
 # The APIService is Rancher's custom resource, unknown to the Kubernetes schemas: left out here,
 # checked by kube-apiserver below (with Rancher's CRD) and by tests/rancher_aggregation.rs.
@@ -94,7 +126,7 @@ print(yaml.safe_dump_all(docs))
 PY
 kubernetes-validate --strict --quiet \
   "$MANIFEST" "$WORK/rancher-core.yaml" "$WORK/generated-tls.yaml" "$WORK/custom.yaml" "$ROOT"/deploy/crds/*.yaml \
-  "$ROOT/deploy/ccm/harvester-cloud-ccm.yaml"
+  "$ROOT/deploy/ccm/harvester-cloud-ccm.yaml" "${GUEST[@]}"
 # HelmChart is helm.cattle.io's custom resource, unknown to the Kubernetes schemas: check its shape.
 python3 - "$ROOT/deploy/helmchart.yaml" <<'PY'
 import sys, yaml
@@ -118,10 +150,10 @@ if [[ -n "${HARVESTER_CLOUD_CONTROL_PLANES:-}" ]]; then
   k apply --server-side --field-manager=check-manifests \
     -f "$CP/foreign/crds/apiservices.management.cattle.io.json" >/dev/null
   k wait --for=condition=Established crd/apiservices.management.cattle.io --timeout=60s >/dev/null
-  for ns in harvester-system tools; do
+  for ns in harvester-system tools kube-vip-system; do
     k create namespace "$ns" --dry-run=client -o yaml | k apply --server-side -f - >/dev/null
   done
-  for f in "$MANIFEST" "$RANCHER_MANIFEST" "$WORK/generated-tls.yaml" "$WORK/custom.yaml" "$ROOT/deploy/ccm/harvester-cloud-ccm.yaml"; do
+  for f in "$MANIFEST" "$RANCHER_MANIFEST" "$WORK/generated-tls.yaml" "$WORK/custom.yaml" "$ROOT/deploy/ccm/harvester-cloud-ccm.yaml" "${GUEST[@]}"; do
     k apply --server-side --field-manager=check-manifests --dry-run=server -f "$f" >/dev/null ||
       { echo "kube-apiserver refused $f" >&2; exit 1; }
   done
