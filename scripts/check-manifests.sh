@@ -157,6 +157,54 @@ if [[ -n "${HARVESTER_CLOUD_CONTROL_PLANES:-}" ]]; then
     k apply --server-side --field-manager=check-manifests --dry-run=server -f "$f" >/dev/null ||
       { echo "kube-apiserver refused $f" >&2; exit 1; }
   done
+
+  echo "harvester-cloud ccm runs with the guest chart's arguments (Rancher's values) until it leads"
+  # The control plane is both clusters: the guest's API (in-cluster in a pod, KUBECONFIG here) and
+  # Harvester's (the cloud-config, its context in namespace gc-chart-check). Two arguments name
+  # what is elsewhere in a pod: the cloud-config's path on the node, and the metrics port (a free
+  # one here); the rest is the rendering's, as written.
+  CCM_ARGS=()
+  while IFS= read -r -d '' arg; do CCM_ARGS+=("$arg"); done < <(python3 - "$WORK/guest/guest-rancher.yaml" <<'PY'
+import socket, sys, yaml
+ccm = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Deployment"
+       and d["metadata"]["name"] == "harvester-cloud-ccm"][0]
+args = ccm["spec"]["template"]["spec"]["containers"][0]["args"]
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+for a in args:
+    if a.startswith("--cloud-config="):
+        a = "--cloud-config=CLOUD_CONFIG"
+    elif a.startswith("--metrics-listen="):
+        a = f"--metrics-listen=127.0.0.1:{port}"
+    sys.stdout.write(a + "\0")
+PY
+)
+  cp "$CP/admin.kubeconfig" "$WORK/cloud-config"
+  kubectl --kubeconfig "$WORK/cloud-config" config set-context --current --namespace=gc-chart-check >/dev/null
+  CCM_ARGS=("${CCM_ARGS[@]/CLOUD_CONFIG/$WORK/cloud-config}")
+  METRICS="$(printf '%s\n' "${CCM_ARGS[@]}" | sed -n 's/^--metrics-listen=//p')"
+  k -n kube-system delete lease harvester-cloud-ccm --ignore-not-found >/dev/null
+  env -u HARVESTER_CLOUD_CONTROL_PLANES KUBECONFIG="$CP/admin.kubeconfig" \
+    "$HARVESTER_CLOUD_BIN" "${CCM_ARGS[@]}" >"$WORK/ccm.log" 2>&1 &
+  CCM_PID=$!
+  led=""
+  for _ in $(seq 1 120); do
+    kill -0 "$CCM_PID" 2>/dev/null || break
+    if curl -fsS "http://$METRICS/metrics" 2>/dev/null | grep -q '^harvester_cloud_leader 1'; then led=yes; break; fi
+    sleep 0.5
+  done
+  holder="$(k -n kube-system get lease harvester-cloud-ccm -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)"
+  kill -TERM "$CCM_PID" 2>/dev/null || true
+  rc=0; wait "$CCM_PID" || rc=$?
+  # Leave the control plane as the tests expect it: no Lease, no NAD mapping of this run.
+  k -n kube-system delete lease harvester-cloud-ccm --ignore-not-found >/dev/null
+  k -n kube-system delete configmap harvester-nad-mapping --ignore-not-found >/dev/null
+  if [[ -z "$led" || -z "$holder" || "$rc" != 0 ]]; then
+    echo "harvester-cloud ccm ${CCM_ARGS[*]} did not lead and stop cleanly (led: ${led:-no}, Lease holder: ${holder:-none}, exit $rc):" >&2
+    cat "$WORK/ccm.log" >&2
+    exit 1
+  fi
   flock -u 9
 fi
 echo "manifests: ok"
