@@ -158,6 +158,19 @@ if [[ -n "${HARVESTER_CLOUD_CONTROL_PLANES:-}" ]]; then
       { echo "kube-apiserver refused $f" >&2; exit 1; }
   done
 
+  echo "the guest chart's install notes (helm install --dry-run=client)"
+  notes() {
+    "$HELM" install harvester-cloud-provider "$ROOT/deploy/guest-chart/harvester-cloud-provider" \
+      --namespace kube-system --dry-run=client --kubeconfig "$CP/admin.kubeconfig" "$@" | sed -n '/^NOTES:/,$p'
+  }
+  say_notes() { echo "the guest chart's notes $1:" >&2; shift; notes "$@" >&2; exit 1; }
+  notes | grep -q "global.cattle.clusterName is empty" || say_notes "do not warn of an empty cluster name"
+  notes --set global.cattle.clusterName=gc1 | grep -q "is empty" && say_notes "warn of a cluster name that is set" --set global.cattle.clusterName=gc1
+  local_values=(--set global.cattle.clusterName=gc1 --set kube-vip.env.svc_election=true)
+  notes "${local_values[@]}" | grep -q "svc_election" || say_notes "do not warn of svc_election on control planes only" "${local_values[@]}"
+  notes "${local_values[@]}" --set kube-vip.affinity=null | grep -q "svc_election" &&
+    say_notes "warn of svc_election with kube-vip on every node" "${local_values[@]}" --set kube-vip.affinity=null
+
   echo "harvester-cloud ccm runs with the guest chart's arguments (Rancher's values) until it leads"
   # The control plane is both clusters: the guest's API (in-cluster in a pod, KUBECONFIG here) and
   # Harvester's (the cloud-config, its context in namespace gc-chart-check). Two arguments name
