@@ -24,7 +24,8 @@ checks that:
 - with --bin, `harvester-cloud` accepts the ccm arguments of every rendering (it gets past parsing,
   to reading the cloud-config);
 - with --upstream, kube-vip's DaemonSet and RBAC and the cloud provider's Deployment are upstream's
-  for the same values (upstream's chart rendered beside ours), but for the differences we mean.
+  for the same values (upstream's chart rendered beside ours), but for the differences we mean; and
+  upstream's chart is left in DIR/upstream-chart.
 """
 
 import argparse
@@ -501,6 +502,8 @@ def main():
     table = yaml.safe_load((FIXTURES / "upstream-keys.yaml").read_text())
     upstream = upstream_files(args.upstream)
     if upstream:
+        # For check-manifests.sh's switch to this chart and back on the control plane.
+        shutil.copytree(upstream[2], args.out / "upstream-chart", dirs_exist_ok=True)
         keys = upstream_keys(upstream)
         print(f"upstream's keys: {len(keys)}, read from {args.upstream}")
         extra = {tuple(e["key"]) for e in table} - set(keys)
@@ -539,6 +542,8 @@ def main():
                                              ("every key", comparable),
                                              ("svc_election", {"kube-vip": {"env": {"svc_election": "true"}, "affinity": None}})])
     shutil.rmtree(scratch, ignore_errors=True)
+    if upstream:
+        shutil.rmtree(upstream[2].parent, ignore_errors=True)
     print(f"guest chart: {h.count} renderings, {len(keys)} upstream keys, {len(failures)} failures")
     sys.exit(1 if failures else 0)
 

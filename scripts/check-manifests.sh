@@ -218,6 +218,42 @@ PY
     cat "$WORK/ccm.log" >&2
     exit 1
   fi
+
+  if [[ -d "$WORK/guest/upstream-chart" ]]; then
+    echo "helm switches a release of upstream's chart to the guest chart and back, in place"
+    # Real helm against kube-apiserver, with Rancher's values: the objects both charts have are
+    # updated (the same uid before and after), none is refused (a Deployment's or DaemonSet's
+    # selector cannot change), and harvester-cloud-ccm comes and goes with the guest chart.
+    hk() { "$HELM" --kubeconfig "$CP/admin.kubeconfig" --namespace kube-system "$@"; }
+    python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["spec"]["valuesContent"])' \
+      "$ROOT/tests/guest_chart/rancher-helmchartconfig.yaml" > "$WORK/rancher-values.json"
+    switched() { hk uninstall harvester-cloud-provider --wait >/dev/null 2>&1 || true; }
+    trap 'switched; rm -rf "$WORK"' EXIT
+    uids() {
+      k -n kube-system get deployment/harvester-cloud-provider daemonset/kube-vip \
+        -o jsonpath='{range .items[*]}{.kind}/{.metadata.name}={.metadata.uid} {end}'
+    }
+    has_ccm() { k -n kube-system get deployment harvester-cloud-ccm >/dev/null 2>&1; }
+    hk install harvester-cloud-provider "$WORK/guest/upstream-chart" -f "$WORK/rancher-values.json" >/dev/null
+    before="$(uids)"
+    [[ "$before" == *Deployment/harvester-cloud-provider=* && "$before" == *DaemonSet/kube-vip=* ]] ||
+      { echo "upstream's chart did not install its Deployment and DaemonSet: $before" >&2; exit 1; }
+    hk upgrade harvester-cloud-provider "$ROOT/deploy/guest-chart/harvester-cloud-provider" -f "$WORK/rancher-values.json" >/dev/null
+    [[ "$(uids)" == "$before" ]] || { echo "switching to the guest chart replaced objects: $before -> $(uids)" >&2; exit 1; }
+    has_ccm || { echo "the guest chart's release has no harvester-cloud-ccm" >&2; exit 1; }
+    k -n kube-system get deployment harvester-cloud-provider -o jsonpath='{.spec.template.spec.containers[0].args}' |
+      grep -q -- '--controllers=\*,-service' || { echo "after the switch the cloud provider's service controller is on" >&2; exit 1; }
+    hk upgrade harvester-cloud-provider "$WORK/guest/upstream-chart" -f "$WORK/rancher-values.json" >/dev/null
+    [[ "$(uids)" == "$before" ]] || { echo "switching back replaced objects: $before -> $(uids)" >&2; exit 1; }
+    has_ccm && { echo "switching back left harvester-cloud-ccm behind" >&2; exit 1; }
+    switched
+    trap 'rm -rf "$WORK"' EXIT
+    if k get clusterrole kube-vip harvester-cloud-provider harvester-cloud-ccm >/dev/null 2>&1; then
+      echo "helm uninstall left ClusterRoles behind" >&2; exit 1
+    fi
+  else
+    echo "SKIPPED: switching a release of upstream's chart (HARVESTER_UPSTREAM_CHARTS is not set)"
+  fi
   flock -u 9
 fi
 echo "manifests: ok"
