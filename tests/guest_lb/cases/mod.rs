@@ -1,11 +1,13 @@
 //! The cases `suite!` runs on both environments (see main.rs), one module per topic.
 
 mod addresses;
+mod dhcp;
 mod lifecycle;
 mod networks;
 mod share_ip;
 
 pub use addresses::*;
+pub use dhcp::*;
 pub use lifecycle::*;
 pub use networks::*;
 pub use share_ip::*;
