@@ -366,7 +366,10 @@ async fn a_recreated_service_takes_the_lease_record_of_the_deleted_one() {
         lb_annotation(&lb, keys::ANNOTATION_DHCP_LEASED_IP),
         Some("192.168.50.7")
     );
-    assert_eq!(lb_annotation(&lb, keys::ANNOTATION_DHCP_RETAINED_UNTIL), None);
+    assert_eq!(
+        lb_annotation(&lb, keys::ANNOTATION_DHCP_RETAINED_UNTIL),
+        None
+    );
     assert_eq!(
         w.events(),
         [normal(
@@ -401,8 +404,11 @@ async fn a_recreated_service_s_own_mac_address_wins_over_the_record() {
         )
     );
 
-    w.add(dhcp_svc("web", &[(keys::KUBE_VIP_HWADDR, "02:00:5e:10:00:01")]))
-        .await;
+    w.add(dhcp_svc(
+        "web",
+        &[(keys::KUBE_VIP_HWADDR, "02:00:5e:10:00:01")],
+    ))
+    .await;
     w.reconcile("default", "web").await;
 
     let lb = w.try_lb(&lb_name_of(&w, "web").await).await.expect("made");

@@ -29,56 +29,40 @@ pub fn parse_mac(value: &str) -> Result<String, String> {
             .to_string()
     };
     let b = value.as_bytes();
-    let hex = |s: &[u8]| -> Option<Vec<u8>> {
-        if s.len() % 2 != 0 || s.is_empty() {
-            return None;
-        }
-        s.chunks(2)
-            .map(|p| u8::from_str_radix(std::str::from_utf8(p).ok()?, 16).ok())
-            .collect()
-    };
-    let bytes: Vec<u8> = match b.get(2) {
-        Some(&sep @ (b':' | b'-')) => {
-            if (b.len() + 1) % 3 != 0 {
-                return Err(malformed());
-            }
-            let mut out = Vec::new();
-            // Each group two digits: a different separator leaves a longer group.
-            for group in b.split(|c| *c == sep) {
-                if group.len() != 2 {
-                    return Err(malformed());
-                }
-                out.extend(hex(group).ok_or_else(malformed)?);
-            }
-            out
-        }
-        _ if b.get(4) == Some(&b'.') => {
-            if (b.len() + 1) % 5 != 0 {
-                return Err(malformed());
-            }
-            let mut out = Vec::new();
-            for group in b.split(|c| *c == b'.') {
-                if group.len() != 4 {
-                    return Err(malformed());
-                }
-                out.extend(hex(group).ok_or_else(malformed)?);
-            }
-            out
-        }
+    // Groups of two hex digits joined by `:` or `-`, or of four joined by `.`; one separator
+    // throughout (another leaves a longer group).
+    let (sep, width) = match (b.get(2), b.get(4)) {
+        (Some(&sep @ (b':' | b'-')), _) => (sep, 2),
+        (_, Some(b'.')) => (b'.', 4),
         _ => return Err(malformed()),
     };
+    let mut bytes = Vec::new();
+    for group in b.split(|c| *c == sep) {
+        if group.len() != width {
+            return Err(malformed());
+        }
+        for pair in group.chunks(2) {
+            // Hex digits only (`from_str_radix` alone would take a sign).
+            let byte = std::str::from_utf8(pair)
+                .ok()
+                .filter(|p| p.bytes().all(|c| c.is_ascii_hexdigit()))
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+                .ok_or_else(malformed)?;
+            bytes.push(byte);
+        }
+    }
     match bytes.as_slice() {
         b if b.len() == 8 || b.len() == 20 => Err(format!(
             "a {}-bit hardware address; kube-vip's macvlan interface takes a 48-bit Ethernet address",
             b.len() * 8
         )),
         b if b.len() != 6 => Err(malformed()),
-        b if b.iter().all(|x| *x == 0) => Err(
-            "the all-zero MAC address; the lease needs a unicast address".to_string(),
-        ),
-        b if b.iter().all(|x| *x == 0xff) => Err(
-            "the broadcast MAC address; the lease needs a unicast address".to_string(),
-        ),
+        b if b.iter().all(|x| *x == 0) => {
+            Err("the all-zero MAC address; the lease needs a unicast address".to_string())
+        }
+        b if b.iter().all(|x| *x == 0xff) => {
+            Err("the broadcast MAC address; the lease needs a unicast address".to_string())
+        }
         b if b[0] & 1 == 1 => Err(format!(
             "a multicast MAC address (the low bit of the first octet, {:02x}, is set); the lease needs a unicast address",
             b[0]
@@ -219,6 +203,7 @@ mod tests {
             "00:00:6c:12:34:567",
             "00:00-6c:12:34:56",
             "00:00:6c:12:34:5g",
+            "00:00:6c:12:34:+5",
             "0000.6c12.345",
             "00006c123456",
             " 00:00:6c:12:34:56",
@@ -313,8 +298,7 @@ mod tests {
             )
         );
         assert_eq!(
-            record_of(&annotations(&[(ANNOTATION_DHCP_RETAINED_UNTIL, "soon")]))
-                .expect_err("time"),
+            record_of(&annotations(&[(ANNOTATION_DHCP_RETAINED_UNTIL, "soon")])).expect_err("time"),
             format!(
                 "annotation {ANNOTATION_DHCP_RETAINED_UNTIL} is \"soon\": not an RFC 3339 time, as in 2026-01-02T15:04:05Z"
             )

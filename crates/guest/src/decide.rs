@@ -105,7 +105,14 @@ pub(crate) fn judge_primary(
 ) -> Result<LbPlan, GuestError> {
     let addressing = mapping::addressing(svc)?;
     let first = addressing.slots.first().cloned().unwrap_or_default();
-    mapping::plan_slot(svc, ctx, existing.map(existing_view).as_ref(), 0, &first, None)
+    mapping::plan_slot(
+        svc,
+        ctx,
+        existing.map(existing_view).as_ref(),
+        0,
+        &first,
+        None,
+    )
 }
 
 /// The plan of the LoadBalancer in slot `index` of a primary Service (see [`mapping::addressing`]);

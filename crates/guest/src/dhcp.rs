@@ -13,15 +13,38 @@
 use k8s_openapi::api::core::v1::Service;
 use sha2::{Digest, Sha256};
 
-use super::{
-    GuestError,
-    decide::set_annotation,
-    mapping::{annotation, service_key},
-};
+use super::GuestError;
 use crate::crd::{
     dhcp::{self as record, DhcpRecord},
     keys,
 };
+
+// This module is below `mapping` and `decide` (the plan calls it), so it reads and writes the
+// Service's annotations itself.
+fn annotation<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
+    svc.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+fn set_annotation(svc: &mut Service, key: &str, value: &str) -> bool {
+    let a = svc.metadata.annotations.get_or_insert_default();
+    if a.get(key).map(String::as_str) == Some(value) {
+        return false;
+    }
+    a.insert(key.into(), value.into());
+    true
+}
+
+fn service_key(svc: &Service) -> String {
+    format!(
+        "{}/{}",
+        svc.metadata.namespace.as_deref().unwrap_or_default(),
+        svc.metadata.name.as_deref().unwrap_or_default()
+    )
+}
 
 /// The MAC address a Service gets when none is named or recorded: locally administered, unicast,
 /// and the same whenever guest cluster `identity` has Service `namespace/name`, so a Service
@@ -58,9 +81,9 @@ fn asked(svc: &Service) -> Result<Asked, GuestError> {
         None => None,
     };
     let leased = match given(keys::KUBE_VIP_REQUESTED_IP) {
-        Some(v) => Some(
-            record::parse_leased(v).map_err(|e| refuse(keys::KUBE_VIP_REQUESTED_IP, v, e))?,
-        ),
+        Some(v) => {
+            Some(record::parse_leased(v).map_err(|e| refuse(keys::KUBE_VIP_REQUESTED_IP, v, e))?)
+        }
         None => None,
     };
     let hostname = match annotation(svc, keys::KUBE_VIP_HOSTNAME) {
@@ -185,6 +208,16 @@ mod tests {
         assert_ne!(a, generated_mac("cluster-uid", "default", "api"));
         assert_ne!(a, generated_mac("other-cluster", "default", "web"));
         assert_ne!(a, generated_mac("cluster-uid", "other", "web"));
+        // Known answers: a change of the derivation would move every Service's lease, so it is
+        // pinned (the second is the manual's example).
+        assert_eq!(
+            generated_mac("cluster-uid", "default", "web"),
+            "ae:ad:82:c3:f3:66"
+        );
+        assert_eq!(
+            generated_mac("embedded:default/my-cluster", "default", "leased"),
+            "ba:17:9d:69:f2:36"
+        );
     }
 
     #[test]
@@ -209,13 +242,14 @@ mod tests {
         ]);
         assert_eq!(
             plan(&leased, "id", Some(&existing), None),
-            Ok(mk_record("00:00:6c:aa:bb:cc", Some("10.0.0.9"), Some("web-lb")))
+            Ok(mk_record(
+                "00:00:6c:aa:bb:cc",
+                Some("10.0.0.9"),
+                Some("web-lb")
+            ))
         );
         // An empty host name is the Service's "none"; empty kube-vip values are no values.
-        let cleared = mk_svc(&[
-            (keys::KUBE_VIP_HOSTNAME, ""),
-            (keys::KUBE_VIP_HWADDR, ""),
-        ]);
+        let cleared = mk_svc(&[(keys::KUBE_VIP_HOSTNAME, ""), (keys::KUBE_VIP_HWADDR, "")]);
         assert_eq!(
             plan(&cleared, "id", Some(&existing), None),
             Ok(mk_record("02:00:00:00:00:01", Some("10.0.0.5"), None))
@@ -256,14 +290,23 @@ mod tests {
         let record = mk_record("02:00:00:00:00:01", Some("10.0.0.5"), Some("web-lb"));
         let mut svc = mk_svc(&[(keys::KUBE_VIP_HWADDR, "00:00:6c:aa:bb:cc")]);
         assert!(write_back(&mut svc, &record));
-        assert_eq!(annotation(&svc, keys::KUBE_VIP_HWADDR), Some("00:00:6c:aa:bb:cc"));
-        assert_eq!(annotation(&svc, keys::KUBE_VIP_REQUESTED_IP), Some("10.0.0.5"));
+        assert_eq!(
+            annotation(&svc, keys::KUBE_VIP_HWADDR),
+            Some("00:00:6c:aa:bb:cc")
+        );
+        assert_eq!(
+            annotation(&svc, keys::KUBE_VIP_REQUESTED_IP),
+            Some("10.0.0.5")
+        );
         assert_eq!(annotation(&svc, keys::KUBE_VIP_HOSTNAME), Some("web-lb"));
         assert!(!write_back(&mut svc, &record));
         let mut none = mk_svc(&[(keys::KUBE_VIP_HOSTNAME, ""), (keys::KUBE_VIP_HWADDR, "")]);
         assert!(write_back(&mut none, &record));
         assert_eq!(annotation(&none, keys::KUBE_VIP_HOSTNAME), Some(""));
-        assert_eq!(annotation(&none, keys::KUBE_VIP_HWADDR), Some("02:00:00:00:00:01"));
+        assert_eq!(
+            annotation(&none, keys::KUBE_VIP_HWADDR),
+            Some("02:00:00:00:00:01")
+        );
     }
 
     #[test]
@@ -293,6 +336,11 @@ mod tests {
             "default",
             "web"
         ));
-        assert!(!worth_keeping(&DhcpRecord::default(), "id", "default", "web"));
+        assert!(!worth_keeping(
+            &DhcpRecord::default(),
+            "id",
+            "default",
+            "web"
+        ));
     }
 }

@@ -52,7 +52,10 @@ pub async fn dhcp_leases_survive_recreation<E: GuestEnv>(env: E) {
     )
     .await;
     let kept = lb_of_name(&env, &first).await.expect("kept");
-    assert!(kept["metadata"]["annotations"][RETAINED].is_string(), "{kept}");
+    assert!(
+        kept["metadata"]["annotations"][RETAINED].is_string(),
+        "{kept}"
+    );
 
     env.put(dhcp_web(&[])).await.expect("accepted");
     let (again, _) = address(&env, "default", "web").await;
@@ -80,9 +83,7 @@ pub async fn dhcp_leases_survive_recreation<E: GuestEnv>(env: E) {
 /// embedded API, as an Event in a guest cluster), and Harvester's LoadBalancer admission refuses
 /// such a record, and a record on a load balancer that is not DHCP.
 pub async fn dhcp_lease_values_are_checked<E: GuestEnv>(env: E) {
-    let put = env
-        .put(dhcp_web(&[(HWADDR, "01:00:5e:00:00:01")]))
-        .await;
+    let put = env.put(dhcp_web(&[(HWADDR, "01:00:5e:00:00:01")])).await;
     refused(
         &env,
         put,
@@ -103,11 +104,15 @@ pub async fn dhcp_lease_values_are_checked<E: GuestEnv>(env: E) {
     for (body, message) in [
         (
             lb("zero", "dhcp", &[(MAC_RECORD, "00:00:00:00:00:00")]),
-            format!("create loadbalancer {NS}/zero failed: annotation {MAC_RECORD} is \"00:00:00:00:00:00\": the all-zero MAC address; the lease needs a unicast address"),
+            format!(
+                "create loadbalancer {NS}/zero failed: annotation {MAC_RECORD} is \"00:00:00:00:00:00\": the all-zero MAC address; the lease needs a unicast address"
+            ),
         ),
         (
             lb("pooled", "pool", &[(MAC_RECORD, "02:00:5e:10:00:01")]),
-            format!("create loadbalancer {NS}/pooled failed: annotation {MAC_RECORD} is a DHCP lease record, and spec.ipam is not dhcp"),
+            format!(
+                "create loadbalancer {NS}/pooled failed: annotation {MAC_RECORD} is a DHCP lease record, and spec.ipam is not dhcp"
+            ),
         ),
     ] {
         let r = call(env.harvester(), Method::POST, LBS, Some(body)).await;
@@ -116,7 +121,14 @@ pub async fn dhcp_lease_values_are_checked<E: GuestEnv>(env: E) {
             message
         );
     }
-    let good = lb("good", "dhcp", &[(MAC_RECORD, "02:00:5e:10:00:01"), (LEASE_RECORD, "192.168.77.8")]);
+    let good = lb(
+        "good",
+        "dhcp",
+        &[
+            (MAC_RECORD, "02:00:5e:10:00:01"),
+            (LEASE_RECORD, "192.168.77.8"),
+        ],
+    );
     ok(
         call(env.harvester(), Method::POST, LBS, Some(good)).await,
         StatusCode::CREATED,

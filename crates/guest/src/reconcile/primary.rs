@@ -5,9 +5,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::runtime::{controller::Action, reflector::ObjectRef};
 use tracing::info;
 
-use super::{
-    Ctx, SyncError, WAIT_RECHECK, missing, reason, report_address, retain, write_back,
-};
+use super::{Ctx, SyncError, WAIT_RECHECK, missing, reason, report_address, retain, write_back};
 use crate::{
     controller::{Target, events::EventType, modify},
     crd::{LoadBalancer, keys},

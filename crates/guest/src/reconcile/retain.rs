@@ -91,7 +91,9 @@ pub(super) fn verdict(ctx: &Ctx, lb: &LoadBalancer, now: Timestamp) -> Verdict {
 /// Marks a LoadBalancer as kept until `now` plus the retention; `false` when it is gone.
 pub(super) async fn retire(ctx: &Ctx, lb: &LoadBalancer) -> Result<bool, SyncError> {
     let until = Timestamp::now()
-        .checked_add(SignedDuration::try_from(ctx.record_retention()).unwrap_or(SignedDuration::MAX))
+        .checked_add(
+            SignedDuration::try_from(ctx.record_retention()).unwrap_or(SignedDuration::MAX),
+        )
         .unwrap_or(Timestamp::MAX)
         .round(Unit::Second)
         .unwrap_or(Timestamp::MAX)
@@ -132,8 +134,7 @@ pub(super) fn donors(ctx: &Ctx, svc: &Service) -> Vec<Arc<LoadBalancer>> {
             service_of(&ctx.cluster, lb).is_some_and(|r| {
                 r.name == svc.metadata.name.as_deref().unwrap_or_default()
                     && format!("{}/{}", r.namespace.as_deref().unwrap_or_default(), r.name) == me
-            })
-                && lb.metadata.deletion_timestamp.is_none()
+            }) && lb.metadata.deletion_timestamp.is_none()
                 && lb.is_dhcp()
                 && lb_annotation(lb, keys::ANNOTATION_SERVICE_UID).is_some_and(|u| u != uid)
                 && lb_annotation(lb, keys::ANNOTATION_SERVICE_NETWORK).unwrap_or_default()
@@ -161,7 +162,11 @@ pub(super) async fn release(
             uid: lb.metadata.uid.clone(),
             resource_version: None,
         };
-        match ctx.lbs.delete(ctx.lb_namespace(), name, &preconditions).await {
+        match ctx
+            .lbs
+            .delete(ctx.lb_namespace(), name, &preconditions)
+            .await
+        {
             Ok(_) => {
                 info!(service = %key, lb = %ctx.lb_ref(name), "deleted the load balancer whose DHCP lease record the service took")
             }
