@@ -448,6 +448,26 @@ async fn a_record_is_not_carried_to_another_network() {
 }
 
 #[tokio::test]
+async fn with_no_retention_a_leased_service_s_load_balancer_goes_at_once() {
+    let mut w = GuestWorld::new().await;
+    w.set_record_retention(Duration::ZERO);
+    let (lb_name, _) = leased(&mut w, "web", "192.168.50.7").await;
+
+    w.delete("default", "web").await;
+    w.reconcile("default", "web").await;
+
+    assert!(w.try_lb(&lb_name).await.is_none());
+    assert_eq!(
+        w.events(),
+        [normal(
+            "default/web",
+            "DeletedLoadBalancer",
+            &format!("Deleted load balancer {NS}/{lb_name}")
+        )]
+    );
+}
+
+#[tokio::test]
 async fn a_deleted_dhcp_service_that_never_leased_gives_its_load_balancer_back_at_once() {
     let mut w = GuestWorld::new().await;
     let lb_name = served(&mut w, "web", &[]).await;

@@ -56,8 +56,12 @@ fn lb_annotation<'a>(lb: &'a LoadBalancer, key: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
-/// Whether a DHCP LoadBalancer's record is worth keeping after its Service ([`dhcp::worth_keeping`]).
+/// Whether a DHCP LoadBalancer's record is worth keeping after its Service ([`dhcp::worth_keeping`]);
+/// never with no retention.
 pub(super) fn worth_keeping(ctx: &Ctx, lb: &LoadBalancer) -> bool {
+    if ctx.record_retention().is_zero() {
+        return false;
+    }
     let (Some(svc), Some(r)) = (service_of(&ctx.cluster, lb), record_of(lb)) else {
         return false;
     };
