@@ -21,6 +21,10 @@
 //!   it): nothing is deleted on a timeout, so there is no delete/recreate churn.
 //! - A LoadBalancer whose Service is gone, or was recreated with a new UID, is garbage-collected
 //!   (the LoadBalancer carries the Service's UID in `cloudprovider.harvesterhci.io/serviceUID`).
+//! - A DHCP Service's lease (the MAC address and address kube-vip reports, a host name) is recorded
+//!   on its LoadBalancer and written back onto the Service where it lacks them
+//!   ([`super::dhcp`]); the LoadBalancer of a deleted DHCP Service is kept a while for a Service
+//!   recreated under the same name to take that record ([`retain`]).
 //! - A primary whose secondaries still use it keeps its finalizer: its deletion waits, and an Event
 //!   says why.
 //! - Writing `status.address` of a LoadBalancer (the DHCP lease kube-vip reports) goes through the
