@@ -24,7 +24,7 @@
 //! - A DHCP Service's lease (the MAC address and address kube-vip reports, a host name) is recorded
 //!   on its LoadBalancer and written back onto the Service where it lacks them
 //!   ([`super::dhcp`]); the LoadBalancer of a deleted DHCP Service is kept a while for a Service
-//!   recreated under the same name to take that record ([`retain`]).
+//!   recreated under the same name to take that record.
 //! - A primary whose secondaries still use it keeps its finalizer: its deletion waits, and an Event
 //!   says why.
 //! - Writing `status.address` of a LoadBalancer (the DHCP lease kube-vip reports) goes through the
@@ -91,7 +91,7 @@ pub mod reason {
 }
 
 /// How long the LoadBalancer of a deleted DHCP Service is kept for a Service recreated under the
-/// same name to take its lease record ([`retain`]), unless the settings say otherwise.
+/// same name to take its lease record, unless the settings say otherwise.
 pub const DHCP_RECORD_RETENTION: Duration = Duration::from_secs(600);
 
 /// Fallback re-checks; the events that end each wait (a LoadBalancer changing, a primary getting its
