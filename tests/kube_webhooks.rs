@@ -308,6 +308,29 @@ async fn writes_through_the_api_server_are_admitted_by_the_service() {
         )
     );
 
+    // Ours: a DHCP lease record kube-vip could not lease with (the guest would write it back for
+    // kube-vip) is refused by the validator the embedded store shares.
+    let (code, message) = refusal(
+        lbs.create(
+            &PostParams::default(),
+            &object(json!({
+                "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+                "metadata": {"name": "leased", "namespace": NS, "annotations": {
+                    "loadbalancer.harvesterhci.io/cluster": "gc1",
+                    "cloudprovider.harvesterhci.io/dhcpMACAddress": "01:00:5e:00:00:01"}},
+                "spec": {"workloadType": "cluster", "ipam": "dhcp"}
+            })),
+        )
+        .await,
+    );
+    assert_eq!(code, 400);
+    assert_eq!(
+        message,
+        format!(
+            "admission webhook \"validator.loadbalancer.harvester-cloud.io\" denied the request: create loadbalancer {NS}/leased failed: annotation cloudprovider.harvesterhci.io/dhcpMACAddress is \"01:00:5e:00:00:01\": a multicast MAC address (the low bit of the first octet, 01, is set); the lease needs a unicast address"
+        )
+    );
+
     // The service's reconciler gives a plain LoadBalancer an address from the global pool; the pool
     // cannot then be deleted.
     lbs.create(

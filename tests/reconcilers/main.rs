@@ -14,6 +14,7 @@
 #[allow(unused_macros)]
 mod support;
 
+mod guest_dhcp;
 mod guest_service;
 mod ip_pool;
 mod load_balancer;

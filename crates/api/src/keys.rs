@@ -41,6 +41,22 @@ pub const ANNOTATION_SERVICE_LABELS: &str = "cloudprovider.harvesterhci.io/servi
 /// namespace never collect each other's.
 pub const ANNOTATION_GUEST_CLUSTER_ID: &str = "cloudprovider.harvesterhci.io/clusterID";
 
+/// Ours, not upstream's: the DHCP lease record of a guest Service's LoadBalancer (`spec.ipam:
+/// dhcp`), kept by the guest cloud provider from what the guest's kube-vip wrote on the Service
+/// ([`KUBE_VIP_HWADDR`], [`KUBE_VIP_REQUESTED_IP`]) and what the Service asks for
+/// ([`KUBE_VIP_HOSTNAME`]), and written back onto a Service that lacks them (recreated, or its
+/// annotations lost) so that kube-vip leases the same address again. The MAC address of the lease,
+/// as kube-vip writes it (`00:00:6c:12:34:56`). Upstream's controllers ignore all four.
+pub const ANNOTATION_DHCP_MAC: &str = "cloudprovider.harvesterhci.io/dhcpMACAddress";
+/// The address(es) kube-vip leased: `<IPv4>`, `<IPv6>` or `<IPv4>,<IPv6>`.
+pub const ANNOTATION_DHCP_LEASED_IP: &str = "cloudprovider.harvesterhci.io/dhcpLeasedIP";
+/// The host name kube-vip sends with its DHCP requests.
+pub const ANNOTATION_DHCP_HOSTNAME: &str = "cloudprovider.harvesterhci.io/dhcpHostname";
+/// Set on a LoadBalancer whose Service was deleted, while its record waits for a Service
+/// recreated under the same name (RFC 3339): the guest cloud provider deletes it at that time, or
+/// once such a Service took the record.
+pub const ANNOTATION_DHCP_RETAINED_UNTIL: &str = "cloudprovider.harvesterhci.io/dhcpRetainedUntil";
+
 /// Ours, not upstream's: the HTTP(S) health check of a VM load balancer, an annotation because
 /// Harvester's CRD (the one its chart installs, which Helm never upgrades) prunes any field of
 /// `spec.healthCheck` it does not know, while annotations survive every schema and upstream's
@@ -104,6 +120,15 @@ pub const SVC_PRIMARY: &str = "cloudprovider.harvesterhci.io/primary-service";
 /// Written for the guest's kube-vip: the address(es) to announce, and the interface.
 pub const KUBE_VIP_IPS: &str = "kube-vip.io/loadbalancerIPs";
 pub const KUBE_VIP_INTERFACE: &str = "kube-vip.io/serviceInterface";
+/// kube-vip's own, on a DHCP Service (`kube-vip.io/loadbalancerIPs: 0.0.0.0`): the MAC address of
+/// the macvlan interface it leases on, and the address(es) it leased. kube-vip reads both when it
+/// starts serving the Service (a new Service, another node, a restart): the MAC for the interface,
+/// the address for an INIT-REBOOT request of that address; and writes both once it has a lease.
+pub const KUBE_VIP_HWADDR: &str = "kube-vip.io/hwaddr";
+pub const KUBE_VIP_REQUESTED_IP: &str = "kube-vip.io/requestedIP";
+/// kube-vip's own (v0.6.4 and later), set by the Service's owner: the host name kube-vip sends
+/// with its DHCP requests (option 12, and as the client identifier). kube-vip never writes it.
+pub const KUBE_VIP_HOSTNAME: &str = "kube-vip.io/loadbalancerHostname";
 
 /// The guest's NAD-to-interface mapping ConfigMap (`kube-system/harvester-nad-mapping`) and its key.
 pub const NAD_MAPPING_NAMESPACE: &str = "kube-system";

@@ -28,6 +28,7 @@ use crate::{
     store::{Kind, Object},
 };
 
+pub mod dhcp;
 pub mod keys;
 pub mod kinds;
 

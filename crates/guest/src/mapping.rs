@@ -6,7 +6,13 @@ use std::{collections::BTreeMap, net::IpAddr};
 use k8s_openapi::api::core::v1::Service;
 
 use super::{GuestError, naming};
-use crate::{crd::keys, ipam::Family};
+use crate::{
+    crd::{
+        dhcp::{DhcpRecord, record_of},
+        keys,
+    },
+    ipam::Family,
+};
 
 /// Where the guest cluster's LoadBalancers go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -209,6 +215,9 @@ pub struct LbPlan {
     pub ipam: String,
     /// `status.address` reported by the guest, if any.
     pub address: Option<String>,
+    /// A DHCP Service's lease record (its first LoadBalancer only): recorded on the LoadBalancer,
+    /// and written back onto the Service where it lacks a part ([`super::dhcp`]).
+    pub dhcp: Option<DhcpRecord>,
 }
 
 /// `--management-network` as `ns/name`: a bare name is in `default`; empty or malformed values are
@@ -281,7 +290,7 @@ pub fn plan(
     ctx: &GuestContext,
     existing: Option<&ExistingLb>,
 ) -> Result<LbPlan, GuestError> {
-    plan_slot(svc, ctx, existing, 0, &Slot::default())
+    plan_slot(svc, ctx, existing, 0, &Slot::default(), None)
 }
 
 /// The name of the LoadBalancer in slot `index` of a Service: the first as upstream names it, the
@@ -303,13 +312,15 @@ pub(crate) fn slot_lb_name(
     }
 }
 
-/// The plan of the LoadBalancer in slot `index` of a Service.
+/// The plan of the LoadBalancer in slot `index` of a Service; `carried` is the DHCP record a
+/// deleted Service of the same name left, for a LoadBalancer about to be made.
 pub(crate) fn plan_slot(
     svc: &Service,
     ctx: &GuestContext,
     existing: Option<&ExistingLb>,
     index: usize,
     slot: &Slot,
+    carried: Option<&DhcpRecord>,
 ) -> Result<LbPlan, GuestError> {
     let ns = svc.metadata.namespace.clone().unwrap_or_default();
     let name = svc.metadata.name.clone().unwrap_or_default();
@@ -413,6 +424,29 @@ pub(crate) fn plan_slot(
         };
         to.insert(keys::ANNOTATION_REQUESTED_IP.into(), ip.to_string());
     }
+    // The lease record lives on the first LoadBalancer: kube-vip leases on one interface per
+    // Service, whatever its families.
+    let dhcp = if ipam == "dhcp" && index == 0 {
+        let recorded = existing.and_then(|lb| record_of(&lb.annotations).ok());
+        let record = super::dhcp::plan(svc, &ctx.identity, recorded.as_ref(), carried)?;
+        for (key, part) in [
+            (keys::ANNOTATION_DHCP_MAC, &record.mac),
+            (keys::ANNOTATION_DHCP_LEASED_IP, &record.leased),
+            (keys::ANNOTATION_DHCP_HOSTNAME, &record.hostname),
+        ] {
+            match part {
+                Some(v) => {
+                    annotations.insert(key.to_string(), v.clone());
+                }
+                None => remove_annotations.push(key),
+            }
+        }
+        // A Service serves it again: no longer kept for a recreated one.
+        remove_annotations.push(keys::ANNOTATION_DHCP_RETAINED_UNTIL);
+        Some(record)
+    } else {
+        None
+    };
     let labels = BTreeMap::from([
         (keys::LABEL_GUEST_CLUSTER.to_string(), ctx.cluster.clone()),
         (keys::LABEL_SERVICE_NAMESPACE.to_string(), ns),
@@ -427,6 +461,7 @@ pub(crate) fn plan_slot(
         labels,
         ipam,
         address: ingress_ip(svc),
+        dhcp,
     })
 }
 
@@ -514,8 +549,22 @@ mod tests {
             p.remove_annotations,
             [
                 keys::ANNOTATION_MANAGEMENT_NETWORK,
-                keys::ANNOTATION_IP_FAMILY
+                keys::ANNOTATION_IP_FAMILY,
+                keys::ANNOTATION_DHCP_LEASED_IP,
+                keys::ANNOTATION_DHCP_HOSTNAME,
+                keys::ANNOTATION_DHCP_RETAINED_UNTIL,
             ]
+        );
+        // Its lease record: the MAC address made from the guest cluster's identity and the
+        // Service's name, until kube-vip reports a lease.
+        let mac = super::super::dhcp::generated_mac("guest-uid", "default", "abcd");
+        assert_eq!(p.annotations[keys::ANNOTATION_DHCP_MAC], mac);
+        assert_eq!(
+            p.dhcp,
+            Some(DhcpRecord {
+                mac: Some(mac),
+                ..Default::default()
+            })
         );
     }
 
