@@ -60,6 +60,15 @@ KNOWN = {
     "cluster-address": "a guest cluster's LoadBalancer: ours writes the allocated address into status.address "
                        "itself; upstream leaves it to the guest's cloud provider (the manual's load balancers page "
                        "lists it)",
+    "skip-addresses": "a pool annotated `loadbalancer.harvesterhci.io/skipAddresses` (ours, issue 27): ours does not "
+                      "hand out what it skips (here an address ending in .255 and one ending in .0); upstream ignores "
+                      "the annotation",
+    "service-selector": "a pool annotated `loadbalancer.harvesterhci.io/serviceSelector` (ours, issue 27) serves only "
+                        "the load balancers whose Service labels match; upstream ignores the annotation and lets it "
+                        "serve every load balancer of its scope",
+    "sharing-key": "load balancers of one namespace with one `loadbalancer.harvesterhci.io/sharing-key` (ours, "
+                   "issue 27) share one address: the pool names one holder, the others carry its address; upstream "
+                   "ignores the key and gives each its own",
     "vmi-label-change": "a VMI that stops matching a selector: ours drops it from the EndpointSlice at once; "
                         "upstream wakes only the LoadBalancers matching the VMI's new labels",
 }
@@ -67,7 +76,7 @@ KNOWN = {
 # --- builders -------------------------------------------------------------------------------
 
 def pool_obj(name, subnet="10.0.0.0/24", start=None, end=None, gw=None, scope=(GLOBAL,), priority=0, network="",
-             ranges=None, vid="0"):
+             ranges=None, vid="0", ann=None):
     if ranges is None:
         r = {"subnet": subnet}
         if start:
@@ -85,10 +94,13 @@ def pool_obj(name, subnet="10.0.0.0/24", start=None, end=None, gw=None, scope=(G
     if network:
         sel["network"] = network
     glob = scope is not None and list(scope) == [GLOBAL]
+    meta = {"name": name, "labels": {"loadbalancer.harvesterhci.io/global-ip-pool": str(glob).lower(),
+                                      "loadbalancer.harvesterhci.io/vid": vid}}
+    if ann:
+        meta["annotations"] = dict(ann)
     return {
         "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
-        "metadata": {"name": name, "labels": {"loadbalancer.harvesterhci.io/global-ip-pool": str(glob).lower(),
-                                               "loadbalancer.harvesterhci.io/vid": vid}},
+        "metadata": meta,
         "spec": {"ranges": ranges, "selector": sel},
     }
 
@@ -97,8 +109,10 @@ LISTENERS = [{"name": "http", "port": 80, "protocol": "TCP", "backendPort": 8080
 
 
 def lb_obj(ns, name, wt="vm", ipam="pool", pool="", network=None, project=None, cluster=None, listeners=None,
-           selector=None, hc=None):
+           selector=None, hc=None, ann=None, labels=None):
+    extra = ann or {}
     ann = {"loadbalancer.harvesterhci.io/namespace": ns}
+    ann.update(extra)
     if wt == "cluster":
         # What the mutator writes for a guest cluster's load balancer (project from the namespace,
         # network from findNetwork), and the cloud provider's cluster annotation.
@@ -120,8 +134,11 @@ def lb_obj(ns, name, wt="vm", ipam="pool", pool="", network=None, project=None, 
     if hc:
         spec["healthCheck"] = {"port": hc, "successThreshold": 2, "failureThreshold": 2, "periodSeconds": 1,
                                "timeoutSeconds": 1}
+    meta = {"name": name, "namespace": ns, "annotations": ann}
+    if labels:
+        meta["labels"] = dict(labels)
     return {"apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
-            "metadata": {"name": name, "namespace": ns, "annotations": ann}, "spec": spec}
+            "metadata": meta, "spec": spec}
 
 
 def nad_obj(k, ns, name, vlan):
@@ -328,6 +345,40 @@ def sequences():
             what="a DHCP guest load balancer needs no pool"))
     add(Seq("dhcp-and-pool", [P("g", "10.7.1.0/24", "10.7.1.10", "10.7.1.20"), L("ns1", "a", ipam="dhcp"), L("ns1", "b"),
                               DL("ns1", "a")], what="DHCP takes nothing from the pool"))
+    # --- ours, not upstream's (issue 27): annotations upstream's controller and webhook must ignore ---
+    add(Seq("skip-addresses", [P("sk", "10.0.0.0/16", "10.0.0.254", "10.0.1.1",
+                                 ann={"loadbalancer.harvesterhci.io/skipAddresses": "dot0And255"}),
+                               L("ns1", "a"), L("ns1", "b")],
+            known={r"lb/ns1/b/(aa|address)$": "skip-addresses", r"svc/ns1/b$": "skip-addresses", r"pool/sk/(allocated|lastAllocated)$": "skip-addresses"},
+            what="a pool that skips .0 and .255: upstream hands out 10.0.0.255 next, ours 10.0.1.1"))
+    add(Seq("skip-addresses-added-later", [P("g", "10.7.2.0/24", "10.7.2.10", "10.7.2.20"), L("ns1", "a"),
+                                           ("pool-annotate", "g", {"loadbalancer.harvesterhci.io/skipAddresses": "dot0And255,firstLast"}),
+                                           L("ns1", "b"), DL("ns1", "a")],
+            what="the annotation added to a pool in use moves nothing; addresses it does not skip are handed out alike"))
+    add(Seq("service-selector", [P("gold", "10.7.3.0/24", "10.7.3.10", "10.7.3.20", scope=[("*", "ns1", "*")], priority=10,
+                                   ann={"loadbalancer.harvesterhci.io/serviceSelector": "tier=gold"}),
+                                 P("g", "10.7.4.0/24", "10.7.4.10", "10.7.4.20"),
+                                 L("ns1", "a", ann={"cloudprovider.harvesterhci.io/serviceLabels": '{"tier":"silver"}'}),
+                                 L("ns1", "b", ann={"cloudprovider.harvesterhci.io/serviceLabels": '{"tier":"gold"}'})],
+            known={r"lb/ns1/(a|b)/(aa|address)$": "service-selector", r"svc/ns1/(a|b)$": "service-selector", r"pool/(gold|g)/(available|lastAllocated|allocated)$": "service-selector"},
+            what="a pool for tier=gold beside the global pool: upstream gives both from the gold pool (priority 10)"))
+    add(Seq("service-selector-own-labels", [P("gold", "10.7.5.0/24", "10.7.5.10", "10.7.5.20", scope=[("*", "ns1", "*")],
+                                              ann={"loadbalancer.harvesterhci.io/serviceSelector": "tier in (gold,platinum),!canary"}),
+                                            L("ns1", "a", labels={"tier": "gold"})],
+            what="a load balancer made on Harvester is matched on its own labels; one that matches is served alike"))
+    add(Seq("sharing-key", [P("g", "10.7.6.0/24", "10.7.6.10", "10.7.6.20"),
+                            L("ns1", "a", ann={"loadbalancer.harvesterhci.io/sharing-key": "k1"}),
+                            L("ns1", "b", ann={"metallb.io/allow-shared-ip": "k1"},
+                              listeners=[{"name": "dns", "port": 53, "protocol": "UDP", "backendPort": 5353}]),
+                            L("ns1", "c")],
+            known={r"lb/ns1/(b|c)/(aa|address|ready)$": "sharing-key", r"svc/ns1/(b|c)$": "sharing-key",
+                   r"pool/g/(available|lastAllocated|allocated)$": "sharing-key"},
+            what="two load balancers with one key (ours and MetalLB's alias) share 10.7.6.10; upstream gives b its own"))
+    add(Seq("dhcp-record", [L("gc-ns", "a", wt="cluster", ipam="dhcp", cluster="gc1", ann={
+                "cloudprovider.harvesterhci.io/dhcpMACAddress": "02:00:5e:10:00:01",
+                "cloudprovider.harvesterhci.io/dhcpLeasedIP": "192.168.77.7",
+                "cloudprovider.harvesterhci.io/dhcpHostname": "web-lb"})],
+            what="a DHCP guest load balancer carrying our lease record: 0.0.0.0 on both sides"))
     # --- VM load balancers with VMIs ---
     add(Seq("vm-no-backends", [P("g", "10.8.0.0/24", "10.8.0.10", "10.8.0.20"), L("ns1", "a", selector={"app": ["web"]})],
             what="no VMI matches: no running backend servers, dummy endpoint"))
