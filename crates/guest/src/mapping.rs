@@ -209,6 +209,9 @@ pub struct LbPlan {
     pub ipam: String,
     /// `status.address` reported by the guest, if any.
     pub address: Option<String>,
+    /// `spec.listeners`, when the plan has them (a sharing group's: its members' ports); `None`
+    /// leaves them as they are (a Service's own LoadBalancer has none, as upstream makes it).
+    pub listeners: Option<Vec<crate::crd::Listener>>,
 }
 
 /// `--management-network` as `ns/name`: a bare name is in `default`; empty or malformed values are
@@ -414,6 +417,7 @@ pub(crate) fn plan_slot(
         labels,
         ipam,
         address: ingress_ip(svc),
+        listeners: None,
     })
 }
 

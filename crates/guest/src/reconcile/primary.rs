@@ -154,12 +154,30 @@ async fn ensure_slot(
         Ok(plan) => plan,
         Err(e) => return Ok(Err(ctx.refuse(svc, key, e.to_string()))),
     };
+    match write_lb(svc, key, ctx, cached.as_deref(), &plan).await? {
+        Ok(lb) => Ok(Ok((lb, plan, lb_key))),
+        Err(action) => Ok(Err(action)),
+    }
+}
+
+/// Creates the LoadBalancer of `plan` (or brings `cached` to it) for Service `svc`:
+/// `Ok(Err(action))` when the Service cannot go on now (admission refused it, or it was deleted
+/// meanwhile).
+pub(super) async fn write_lb(
+    svc: &Service,
+    key: &str,
+    ctx: &Ctx,
+    cached: Option<&LoadBalancer>,
+    plan: &LbPlan,
+) -> Result<Result<LoadBalancer, Action>, SyncError> {
+    let lb_name = &plan.name;
+    let lb_key = ctx.lb_ref(lb_name);
     let write_failed = |source| SyncError::WriteLoadBalancer {
         lb: lb_key.clone(),
         source,
     };
     let lb = match cached {
-        None => match ctx.lbs.create(&new_lb(&plan)).await {
+        None => match ctx.lbs.create(&new_lb(plan)).await {
             Ok(lb) => {
                 info!(service = %key, lb = %lb_key, ipam = %plan.ipam, "created load balancer");
                 Some(lb)
@@ -168,16 +186,14 @@ async fn ensure_slot(
                 // Made by an earlier pass the cache does not show yet: update it instead.
                 let fresh = ctx
                     .lbs
-                    .get(ctx.lb_namespace(), &lb_name)
+                    .get(ctx.lb_namespace(), lb_name)
                     .await
                     .map_err(write_failed)?;
                 match fresh {
-                    Some(fresh) => {
-                        modify(&ctx.lbs, &fresh, Target::Object, |l| update_lb(l, &plan))
-                            .await
-                            .map_err(write_failed)?
-                            .map(|m| m.object)
-                    }
+                    Some(fresh) => modify(&ctx.lbs, &fresh, Target::Object, |l| update_lb(l, plan))
+                        .await
+                        .map_err(write_failed)?
+                        .map(|m| m.object),
                     None => None,
                 }
             }
@@ -186,7 +202,7 @@ async fn ensure_slot(
             }
             Err(e) => return Err(write_failed(e)),
         },
-        Some(lb) => match modify(&ctx.lbs, &lb, Target::Object, |l| update_lb(l, &plan)).await {
+        Some(lb) => match modify(&ctx.lbs, lb, Target::Object, |l| update_lb(l, plan)).await {
             Ok(lb) => lb.map(|m| m.object),
             Err(source @ (StoreError::Invalid { .. } | StoreError::Refused { .. })) => {
                 return Ok(Err(ctx.refuse(svc, key, write_failed(source).to_string())));
@@ -195,7 +211,7 @@ async fn ensure_slot(
         },
     };
     match lb {
-        Some(lb) => Ok(Ok((lb, plan, lb_key))),
+        Some(lb) => Ok(Ok(lb)),
         // Deleted meanwhile: its Delete event brings this Service back.
         None => Ok(Err(Action::requeue(WAIT_RECHECK))),
     }
