@@ -15,6 +15,7 @@
 mod support;
 
 mod guest_service;
+mod guest_sharing;
 mod ip_pool;
 mod load_balancer;
 mod pool_round;
