@@ -120,8 +120,9 @@ fn membership_fingerprint(svc: &Service) -> u64 {
 
 impl GroupIndex {
     /// `svc` was created or changed: returns the other Services of its group, and of the group it
-    /// left, when what it asks changed.
-    pub fn apply(&mut self, svc: &Service) -> Vec<ObjectRef<Service>> {
+    /// left, when what it asks changed; and the group it left (`<namespace>/<key>`), whose
+    /// LoadBalancer may have no Service left.
+    pub fn apply(&mut self, svc: &Service) -> (Vec<ObjectRef<Service>>, Option<String>) {
         let group = sharing_key(svc).ok().flatten().map(|k| {
             format!(
                 "{}/{}",
@@ -133,8 +134,8 @@ impl GroupIndex {
         self.record(svc, now)
     }
 
-    /// `svc` was deleted: returns the other Services of its group.
-    pub fn delete(&mut self, svc: &Service) -> Vec<ObjectRef<Service>> {
+    /// `svc` was deleted: returns the other Services of its group, and the group.
+    pub fn delete(&mut self, svc: &Service) -> (Vec<ObjectRef<Service>>, Option<String>) {
         self.record(svc, None)
     }
 
@@ -151,15 +152,23 @@ impl GroupIndex {
             .unwrap_or_default()
     }
 
-    fn record(&mut self, svc: &Service, now: Option<(String, u64)>) -> Vec<ObjectRef<Service>> {
+    fn record(
+        &mut self,
+        svc: &Service,
+        now: Option<(String, u64)>,
+    ) -> (Vec<ObjectRef<Service>>, Option<String>) {
         let me = ObjectRef::from_obj(svc);
         let before = self.of.remove(&me);
         if before == now {
             if let Some(now) = now {
                 self.of.insert(me, now);
             }
-            return Vec::new();
+            return (Vec::new(), None);
         }
+        let left = before
+            .as_ref()
+            .map(|(group, _)| group.clone())
+            .filter(|group| now.as_ref().map(|(g, _)| g) != Some(group));
         let mut wake = HashSet::new();
         if let Some((group, _)) = &before
             && let Some(set) = self.members.get_mut(group)
@@ -178,7 +187,7 @@ impl GroupIndex {
         }
         let mut wake: Vec<_> = wake.into_iter().collect();
         wake.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        wake
+        (wake, left)
     }
 }
 
@@ -313,37 +322,39 @@ mod tests {
     #[test]
     fn a_member_s_change_wakes_the_others_of_its_groups() {
         let mut index = GroupIndex::default();
-        assert!(index.apply(&mk_member("a", Some("k"), 80)).is_empty());
+        let none = |v: Vec<ObjectRef<Service>>| (v, None::<String>);
+        assert_eq!(index.apply(&mk_member("a", Some("k"), 80)), none(vec![]));
         assert_eq!(
             index.apply(&mk_member("b", Some("k"), 80)),
-            [mk_ref("default", "a")]
+            none(vec![mk_ref("default", "a")])
         );
         // The same again (a status write): nobody wakes.
-        assert!(index.apply(&mk_member("b", Some("k"), 80)).is_empty());
+        assert_eq!(index.apply(&mk_member("b", Some("k"), 80)), none(vec![]));
         // Its ports change: the others look again.
         assert_eq!(
             index.apply(&mk_member("a", Some("k"), 81)),
-            [mk_ref("default", "b")]
+            none(vec![mk_ref("default", "b")])
         );
-        assert_eq!(
-            index.members("default/k").len(),
-            2,
-            "{:?}",
-            index.members("default/k")
-        );
-        // Moving to another key wakes the group it left (and the new one, empty here).
+        assert_eq!(index.members("default/k").len(), 2);
+        // Moving to another key wakes the group it left (and the new one, empty here), and says
+        // which it left.
         assert_eq!(
             index.apply(&mk_member("a", Some("other"), 81)),
-            [mk_ref("default", "b")]
+            (vec![mk_ref("default", "b")], Some("default/k".into()))
         );
         // A Service without a key is in no group; its going wakes nobody.
-        assert!(index.apply(&mk_member("c", None, 80)).is_empty());
-        assert!(index.delete(&mk_member("c", None, 80)).is_empty());
+        assert_eq!(index.apply(&mk_member("c", None, 80)), none(vec![]));
+        assert_eq!(index.delete(&mk_member("c", None, 80)), none(vec![]));
+        // Dropping its key, b leaves its group (of which it was the last).
+        assert_eq!(
+            index.apply(&mk_member("b", None, 80)),
+            (vec![], Some("default/k".into()))
+        );
         // The holder goes: the one refused for clashing with it wakes.
         index.apply(&mk_member("d", Some("other"), 81));
         assert_eq!(
             index.delete(&mk_member("a", Some("other"), 81)),
-            [mk_ref("default", "d")]
+            (vec![mk_ref("default", "d")], Some("default/other".into()))
         );
         index.reset();
         assert!(index.members("default/k").is_empty());

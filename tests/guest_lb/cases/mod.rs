@@ -4,8 +4,10 @@ mod addresses;
 mod lifecycle;
 mod networks;
 mod share_ip;
+mod sharing;
 
 pub use addresses::*;
 pub use lifecycle::*;
 pub use networks::*;
 pub use share_ip::*;
+pub use sharing::*;

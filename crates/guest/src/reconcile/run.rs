@@ -33,7 +33,9 @@ use crate::{
     {
         decide::{in_scope, is_leftover, lb_names_of, service_fingerprint, service_of},
         mapping::{GuestContext, annotation, service_key},
-        nad, sharing,
+        nad,
+        naming::shared_load_balancer_name,
+        sharing,
     },
 };
 
@@ -164,7 +166,13 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
                 }
                 Ok(WatchEvent::Apply(svc)) => {
                     let mut woken = lock(&index.share_index).apply(svc);
-                    woken.extend(lock(&index.group_index).apply(svc));
+                    let (members, left) = lock(&index.group_index).apply(svc);
+                    woken.extend(members);
+                    // A group it left (its key changed or went, whatever its record says) may
+                    // have no Service left.
+                    if let Some((namespace, key)) = left.as_ref().and_then(|g| g.split_once('/')) {
+                        let _ = gc.send(shared_load_balancer_name(&name, namespace, key));
+                    }
                     woken
                 }
                 Ok(WatchEvent::Delete(svc)) => {
@@ -177,7 +185,7 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
                         let _ = gc.send(lb);
                     }
                     let mut woken = lock(&index.share_index).delete(svc);
-                    woken.extend(lock(&index.group_index).delete(svc));
+                    woken.extend(lock(&index.group_index).delete(svc).0);
                     woken
                 }
                 _ => Vec::new(),
