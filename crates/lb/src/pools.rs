@@ -73,6 +73,14 @@ pub enum PoolOp {
     },
     /// Release whatever `id` holds into the history.
     Release { id: String },
+    /// `ip`, held by `from`, goes to `to` in the same round (nobody else can take it in between):
+    /// a sharing group's address handed to another sharer when its holder goes
+    /// ([`crate::sharing`]). Nothing happens when `from` does not hold `ip`.
+    Handover {
+        from: String,
+        to: String,
+        ip: IpAddr,
+    },
     /// The pool object changed: rebuild from the stored pool, apply a manual release, and set the
     /// counters and the Ready condition.
     Sync {
@@ -583,6 +591,22 @@ impl PoolTask {
                                 Err(e)
                             }
                         }
+                    }
+                }
+                (PoolOp::Handover { from, to, ip }, Ok(allocator)) => {
+                    if allocator.holder(*ip) == Some(from.as_str()) {
+                        allocator.release(from);
+                        changed = true;
+                        match allocator.request_ip(to, *ip) {
+                            Ok(a) => Ok(PoolReply::Allocated(a)),
+                            Err(e) => {
+                                // Not to be: the address is free now, and woken waiters may take it.
+                                freed = true;
+                                Err(PoolOpError::Pool(e))
+                            }
+                        }
+                    } else {
+                        Ok(PoolReply::Released(Vec::new()))
                     }
                 }
                 (PoolOp::Release { id }, Ok(allocator)) => {
