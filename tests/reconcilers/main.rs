@@ -17,6 +17,7 @@ mod support;
 mod guest_service;
 mod guest_sharing;
 mod ip_pool;
+mod lb_sharing;
 mod load_balancer;
 mod pool_round;
 mod vm_load_balancer;

@@ -134,8 +134,12 @@ async fn apply(lb: LoadBalancer, key: &str, ctx: &LbCtx) -> Result<Action, LbErr
     ctx.applied_at(key, &lb);
     let current = lb.status.clone().unwrap_or_default();
     let mut status = current.clone();
+    let mut shared_with = None;
     let outcome = match sharing::apply(&lb, key, &mut status, ctx).await? {
-        sharing::Shared::Served(outcome) => Ok(outcome),
+        sharing::Shared::Served { outcome, holder } => {
+            shared_with = holder;
+            Ok(outcome)
+        }
         sharing::Shared::NotShared if lb.is_dhcp() => {
             dhcp(&lb, key, &mut status, ctx).await.map(|()| Ok(None))
         }
@@ -191,7 +195,18 @@ async fn apply(lb: LoadBalancer, key: &str, ctx: &LbCtx) -> Result<Action, LbErr
         });
     }
     let (was, now) = (&current.allocated_address, &status.allocated_address);
-    if was != now && !now.ip.is_empty() {
+    if let Some(holder) = shared_with.filter(|_| was != now && !now.ip.is_empty()) {
+        info!(lb = %key, ip = %now.ip, %holder, "shares its group's address");
+        ctx.events.record(
+            &lb,
+            EventType::Normal,
+            sharing::SHARED,
+            format!(
+                "shares {} (IP pool {}) with load balancer {holder}",
+                now.ip, now.ip_pool
+            ),
+        );
+    } else if was != now && !now.ip.is_empty() {
         let message = if now.ip_pool.is_empty() {
             format!("{} marks the address for DHCP in the guest", now.ip)
         } else {

@@ -41,6 +41,8 @@ use crate::{
 pub const SHARING_REFUSED: &str = "SharingRefused";
 /// A holder that went handed the group's address to another member (an Event on the one that went).
 pub const HANDED_OVER: &str = "AddressHandedOver";
+/// A member took its group's address (an Event on it, in place of `Allocated`).
+pub const SHARED: &str = "AddressShared";
 
 /// Fallback re-check of a refused member; a member's change normally wakes it first.
 const REFUSED_RECHECK: Duration = Duration::from_secs(60);
@@ -360,8 +362,12 @@ fn eligible(ctx: &LbCtx, lb: &LoadBalancer) -> Result<Vec<String>, String> {
 pub enum Shared {
     /// No key: the load balancer is served on its own.
     NotShared,
-    /// Served (or refused) as a member of its group.
-    Served(Result<Option<Duration>, Refusal>),
+    /// Served (or refused) as a member of its group; `holder` is the member whose address it
+    /// shares (none when it is the holder).
+    Served {
+        outcome: Result<Option<Duration>, Refusal>,
+        holder: Option<String>,
+    },
 }
 
 /// A load balancer giving a sharing key: admitted to its group (the holder allocates as any load
@@ -393,11 +399,14 @@ pub async fn apply(
         }
         Err(message) => {
             give_up(lb, key, status, ctx).await?;
-            return Ok(Shared::Served(Err(Refusal::new(
-                SHARING_REFUSED,
-                message,
-                Some(REFUSED_RECHECK),
-            ))));
+            return Ok(Shared::Served {
+                outcome: Err(Refusal::new(
+                    SHARING_REFUSED,
+                    message,
+                    Some(REFUSED_RECHECK),
+                )),
+                holder: None,
+            });
         }
     };
     let group = group_id(&namespace, &sharing);
@@ -408,6 +417,7 @@ pub async fn apply(
     let refs: Vec<&LoadBalancer> = members.iter().collect();
     let decision = decide(&sharing, &refs, held.as_ref(), |m| eligible(ctx, m));
     let before = status.allocated_address.clone();
+    let mut holder = None;
     let served = if let Some(message) = decision.refused.get(&me) {
         give_up(lb, key, status, ctx).await?;
         Err(Refusal::new(
@@ -423,9 +433,6 @@ pub async fn apply(
                 if !own.is_empty() && status.allocated_address != h.address {
                     release_from(lb, key, &own, ctx).await?;
                 }
-                if status.allocated_address != h.address {
-                    info!(lb = %key, ip = %h.address.ip, holder = %h.holder, key = %sharing, "shares its group's address");
-                }
                 status.allocated_address = h.address.clone();
                 status.address = h.address.ip.clone();
                 mark_allocated(
@@ -438,6 +445,7 @@ pub async fn apply(
                         h.holder
                     )),
                 );
+                holder = Some(h.holder);
                 Ok(None)
             }
             // The holder, or the first member of a group without an address: as any load
@@ -477,7 +485,10 @@ pub async fn apply(
     if changed_ask || before != status.allocated_address {
         wake_others(ctx, &members, &me);
     }
-    Ok(Shared::Served(served))
+    Ok(Shared::Served {
+        outcome: served,
+        holder,
+    })
 }
 
 fn forget_asked(ctx: &LbCtx, me: &str) {
