@@ -7,9 +7,11 @@ mod allocation;
 mod api;
 mod guest_clusters;
 mod pools;
+mod sharing;
 
 pub use admission::*;
 pub use allocation::*;
 pub use api::*;
 pub use guest_clusters::*;
 pub use pools::*;
+pub use sharing::*;
