@@ -26,6 +26,8 @@ use super::{
     pools::{PoolOp, PoolOpError, PoolReply, Want, set_condition, set_ready},
     sharing, vm,
 };
+
+mod shared;
 use crate::{
     controller::{
         Event, FinalizerError,
@@ -135,15 +137,15 @@ async fn apply(lb: LoadBalancer, key: &str, ctx: &LbCtx) -> Result<Action, LbErr
     let current = lb.status.clone().unwrap_or_default();
     let mut status = current.clone();
     let mut shared_with = None;
-    let outcome = match sharing::apply(&lb, key, &mut status, ctx).await? {
-        sharing::Shared::Served { outcome, holder } => {
+    let outcome = match shared::apply(&lb, key, &mut status, ctx).await? {
+        shared::Shared::Served { outcome, holder } => {
             shared_with = holder;
             Ok(outcome)
         }
-        sharing::Shared::NotShared if lb.is_dhcp() => {
+        shared::Shared::NotShared if lb.is_dhcp() => {
             dhcp(&lb, key, &mut status, ctx).await.map(|()| Ok(None))
         }
-        sharing::Shared::NotShared => pool(&lb, key, &mut status, ctx).await,
+        shared::Shared::NotShared => pool(&lb, key, &mut status, ctx).await,
     };
     let mut outcome = outcome?;
     let mut deferred = None;
@@ -468,7 +470,7 @@ async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &LbCtx) -> Result<(), LbErro
         vm::cleanup(lb, key, ctx).await?;
     }
     // A sharing group's address it holds stays with the group's next member.
-    sharing::hand_over_on_deletion(lb, key, ctx).await?;
+    shared::hand_over_on_deletion(lb, key, ctx).await?;
     let recorded = lb
         .status
         .as_ref()
@@ -491,5 +493,5 @@ async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &LbCtx) -> Result<(), LbErro
     for pool in &pools {
         release_from(lb, key, pool, ctx).await?;
     }
-    sharing::gone(lb, ctx).await
+    shared::gone(lb, ctx).await
 }

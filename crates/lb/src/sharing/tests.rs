@@ -2,6 +2,7 @@
 //! a group's terms).
 
 use super::*;
+use crate::crd::LoadBalancerStatus;
 
 fn mk_lb(
     name: &str,
