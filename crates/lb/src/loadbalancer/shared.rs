@@ -32,6 +32,21 @@ async fn members(
     current: Option<&LoadBalancer>,
     except: Option<&str>,
 ) -> Result<Vec<LoadBalancer>, LbError> {
+    let mut all = with_key(ctx, namespace, key, current, except).await?;
+    all.retain(|lb| lb.metadata.deletion_timestamp.is_none());
+    Ok(all)
+}
+
+/// The LoadBalancers giving group `key`'s key in `namespace`, being deleted or not (one being
+/// deleted still holds the group's address until its deletion hands it over), with `current` as
+/// given and without `except`.
+async fn with_key(
+    ctx: &LbCtx,
+    namespace: &str,
+    key: &str,
+    current: Option<&LoadBalancer>,
+    except: Option<&str>,
+) -> Result<Vec<LoadBalancer>, LbError> {
     let listed = ctx
         .lbs
         .list(Some(namespace), &LabelSelector::everything())
@@ -47,13 +62,10 @@ async fn members(
             let me = lb.applicant();
             Some(&me) != skip.as_ref()
                 && Some(me.as_str()) != except
-                && lb.metadata.deletion_timestamp.is_none()
                 && sharing_key(lb).ok().flatten().as_deref() == Some(key)
         })
         .collect();
-    if let Some(c) = current
-        && c.metadata.deletion_timestamp.is_none()
-    {
+    if let Some(c) = current {
         found.push(c.clone());
     }
     Ok(found)
@@ -147,8 +159,11 @@ pub async fn apply(
     let group = group_id(&namespace, &sharing);
     let group_lock = ctx.sharing.lock(&group);
     let _held = group_lock.lock().await;
-    let members = members(ctx, &namespace, &sharing, Some(lb), None).await?;
+    let mut members = with_key(ctx, &namespace, &sharing, Some(lb), None).await?;
+    // A holder being deleted still holds the address (its deletion hands it over): the others
+    // keep sharing it meanwhile rather than take another.
     let held = held_address(ctx, &group, &members);
+    members.retain(|m| m.metadata.deletion_timestamp.is_none());
     let refs: Vec<&LoadBalancer> = members.iter().collect();
     let decision = decide(&sharing, &refs, held.as_ref(), |m| eligible(ctx, m));
     let before = status.allocated_address.clone();
