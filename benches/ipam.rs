@@ -630,6 +630,7 @@ fn selection(c: &mut Criterion) {
             name,
             spec,
             deleting: false,
+            options: Default::default(),
         })
         .collect();
     let index = PoolIndex::new(&entries);

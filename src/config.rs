@@ -103,6 +103,11 @@ pub struct CcmArgs {
     /// How many Services are reconciled at once.
     #[arg(long, env = "HARVESTER_CLOUD_CCM_CONCURRENCY", default_value_t = 256)]
     pub concurrency: u16,
+    /// How long the LoadBalancer of a deleted DHCP Service is kept for its lease record (MAC
+    /// address, leased address, host name), so that a Service recreated under the same name leases
+    /// the same address again (`0s`: deleted at once).
+    #[arg(long, env = "HARVESTER_CLOUD_DHCP_RECORD_RETENTION", default_value = "10m", value_parser = parse_duration)]
+    pub dhcp_record_retention: Duration,
     /// Reconcile only while holding a Lease in the guest cluster, so that several replicas are
     /// safe (`--leader-elect=false` for a single one).
     #[arg(long, env = "HARVESTER_CLOUD_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]

@@ -308,6 +308,29 @@ async fn writes_through_the_api_server_are_admitted_by_the_service() {
         )
     );
 
+    // Ours: a DHCP lease record kube-vip could not lease with (the guest would write it back for
+    // kube-vip) is refused by the validator the embedded store shares.
+    let (code, message) = refusal(
+        lbs.create(
+            &PostParams::default(),
+            &object(json!({
+                "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+                "metadata": {"name": "leased", "namespace": NS, "annotations": {
+                    "loadbalancer.harvesterhci.io/cluster": "gc1",
+                    "cloudprovider.harvesterhci.io/dhcpMACAddress": "01:00:5e:00:00:01"}},
+                "spec": {"workloadType": "cluster", "ipam": "dhcp"}
+            })),
+        )
+        .await,
+    );
+    assert_eq!(code, 400);
+    assert_eq!(
+        message,
+        format!(
+            "admission webhook \"validator.loadbalancer.harvester-cloud.io\" denied the request: create loadbalancer {NS}/leased failed: annotation cloudprovider.harvesterhci.io/dhcpMACAddress is \"01:00:5e:00:00:01\": a multicast MAC address (the low bit of the first octet, 01, is set); the lease needs a unicast address"
+        )
+    );
+
     // The service's reconciler gives a plain LoadBalancer an address from the global pool; the pool
     // cannot then be deleted.
     lbs.create(
@@ -339,6 +362,114 @@ async fn writes_through_the_api_server_are_admitted_by_the_service() {
         "admission webhook \"validator.loadbalancer.harvester-cloud.io\" denied the request: can't delete pool before releasing all the allocated IP"
     );
     assert!(pools.get_opt("global").await.expect("reads").is_some());
+}
+
+/// The pool and LoadBalancer annotations only this service reads, as a Harvester user writes them
+/// (`kubectl apply`): values that do not read are denied by the webhook in its words, valid ones are
+/// stored as written, and the reconciler honours them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_annotations_of_ours_are_judged_by_the_webhook() {
+    let env = Env::start().await;
+    let pools = env.pools();
+    let annotated = |name: &str, annotations: Value| {
+        let mut p = mk_pool(
+            name,
+            json!([{"subnet": "10.53.0.0/16", "rangeStart": "10.53.0.254", "rangeEnd": "10.53.1.1"}]),
+            global(),
+        );
+        p["metadata"]["annotations"] = annotations;
+        object(p)
+    };
+    for (annotations, want) in [
+        (
+            json!({"loadbalancer.harvesterhci.io/skipAddresses": "yes"}),
+            "can't create IP pool bad because annotation loadbalancer.harvesterhci.io/skipAddresses \"yes\" names \"yes\", which is not firstLast (each range's subnet's first and last address) or dot0And255 (every IPv4 address ending in .0 or .255); the value is a comma-separated list of those",
+        ),
+        (
+            json!({"loadbalancer.harvesterhci.io/serviceSelector": "tier in (gold"}),
+            "can't create IP pool bad because annotation loadbalancer.harvesterhci.io/serviceSelector \"tier in (gold\" is not a label selector: a set is not closed with ')'",
+        ),
+    ] {
+        let (code, message) = refusal(
+            pools
+                .create(&PostParams::default(), &annotated("bad", annotations))
+                .await,
+        );
+        assert_eq!(code, 400);
+        assert_eq!(
+            message,
+            format!(
+                "admission webhook \"validator.loadbalancer.harvester-cloud.io\" denied the request: {want}"
+            )
+        );
+    }
+    assert!(pools.get_opt("bad").await.expect("reads").is_none());
+
+    let stored = pools
+        .create(
+            &PostParams::default(),
+            &annotated(
+                "edge",
+                json!({"loadbalancer.harvesterhci.io/skipAddresses": "dot0And255",
+                       "loadbalancer.harvesterhci.io/serviceSelector": "tier=edge"}),
+            ),
+        )
+        .await
+        .expect("valid annotations are admitted");
+    assert_eq!(
+        stored
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get("loadbalancer.harvesterhci.io/skipAddresses")
+            .map(String::as_str),
+        Some("dot0And255")
+    );
+
+    let lbs = env.lbs();
+    let lb = |name: &str, annotations: Value| {
+        object(json!({
+            "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+            "metadata": {"name": name, "namespace": NS, "annotations": annotations},
+            "spec": {"workloadType": "cluster", "ipam": "pool"}
+        }))
+    };
+    let (code, message) = refusal(
+        lbs.create(
+            &PostParams::default(),
+            &lb(
+                "bad",
+                json!({"cloudprovider.harvesterhci.io/serviceLabels": "tier=edge"}),
+            ),
+        )
+        .await,
+    );
+    assert_eq!(code, 400);
+    assert!(
+        message.starts_with(&format!("admission webhook \"validator.loadbalancer.harvester-cloud.io\" denied the request: create loadbalancer {NS}/bad failed: annotation cloudprovider.harvesterhci.io/serviceLabels is not a JSON object of label values: ")),
+        "{message}"
+    );
+    // Two edge Services: the pool passes over 10.53.0.255 and 10.53.1.0.
+    for name in ["edge1", "edge2"] {
+        lbs.create(
+            &PostParams::default(),
+            &lb(
+                name,
+                json!({"cloudprovider.harvesterhci.io/serviceLabels": r#"{"tier":"edge"}"#}),
+            ),
+        )
+        .await
+        .expect("admitted");
+        eventually(&format!("{name}'s address"), async || {
+            let lb = lbs.get(name).await.ok()?;
+            lb.data["status"]["allocatedAddress"]["ip"]
+                .as_str()
+                .map(String::from)
+        })
+        .await;
+    }
+    let edge2 = lbs.get("edge2").await.expect("reads");
+    assert_eq!(edge2.data["status"]["allocatedAddress"]["ip"], "10.53.1.1");
 }
 
 /// With the service down, `failurePolicy: Fail` (as shipped) refuses writes to the two kinds rather

@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
         admission::mutate_pool(&mut pool, u32::from(which));
         let name = pool.metadata.name.clone().unwrap_or_default();
         let spec = pool.ipam_spec();
-        let entry = PoolEntry { name: &name, spec: &spec, deleting: false };
+        let entry = PoolEntry { name: &name, spec: &spec, deleting: false, options: Default::default() };
         let accepted = ipam::validate_create(&entry, &[]).is_ok();
         // An accepted pool's ranges must build an allocator whose counts add up.
         if accepted && let Ok(allocator) = PoolAllocator::new(&name, &pool.ranges()) {

@@ -163,6 +163,7 @@ pub async fn run(args: &CcmArgs, shutdown: CancellationToken) -> Result<(), CcmE
         concurrency: args.concurrency.max(1),
         // The guest's API server expires Events itself (and the ccm needs no right to delete them).
         prune_events: false,
+        dhcp_record_retention: args.dhcp_record_retention,
         ..Default::default()
     };
     let elector: Arc<dyn LeaderElector> = if args.leader_elect {

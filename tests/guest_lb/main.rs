@@ -59,6 +59,9 @@ const NS: &str = "gc-test";
 const CLUSTER: &str = "gc1";
 /// The user the ccm of `deploy/ccm` runs as in the guest cluster.
 const CCM_USER: &str = "system:serviceaccount:kube-system:harvester-cloud-ccm";
+/// How long the LoadBalancer of a deleted DHCP Service is kept for its lease record (short, so the
+/// cases see it go).
+const RETENTION: Duration = Duration::from_secs(4);
 
 /// Harvester's load balancer reconcilers on a store.
 fn lb_reconcilers(store: Arc<dyn ObjectStore>) -> Reconcilers {
@@ -94,6 +97,37 @@ trait GuestEnv {
     fn harvester_admission(&self) -> bool;
     /// The guest cluster's identity, as its LoadBalancers record it.
     async fn identity(&self) -> String;
+    /// Plays the guest's kube-vip v1.2.3 once it holds a DHCP lease of `ip` on `mac`
+    /// (pkg/services/services.go, `updateStatus`): one update of the Service with
+    /// `kube-vip.io/vipHost`, `kube-vip.io/hwaddr` and `kube-vip.io/requestedIP`, then its status.
+    async fn kube_vip_leases(&self, ns: &str, name: &str, mac: &str, ip: &str);
+}
+
+/// What kube-vip v1.2.3 writes on a Service once it holds a lease of `ip` on `mac`.
+fn kube_vip_lease(svc: &mut Service, mac: &str, ip: &str) {
+    let a = svc.metadata.annotations.get_or_insert_default();
+    // ARP mode (Harvester's guest chart: vip_arp "true"): the node announcing the address.
+    a.insert("kube-vip.io/vipHost".into(), "guest-cp-1".into());
+    a.insert("kube-vip.io/hwaddr".into(), mac.into());
+    a.insert("kube-vip.io/requestedIP".into(), ip.into());
+}
+
+/// The status kube-vip v1.2.3 writes with a lease of `ip` (the ports of the Service's).
+fn kube_vip_status(svc: &mut Service, ip: &str) {
+    let ports: Vec<Value> = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .map(|p| {
+            p.iter()
+                .map(|p| json!({"port": p.port, "protocol": p.protocol}))
+                .collect()
+        })
+        .unwrap_or_default();
+    svc.status = Some(
+        serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": ip, "ports": ports}]}}))
+            .expect("status"),
+    );
 }
 
 // --- Embedded: guest Services over HTTP ------------------------------------------------------------
@@ -128,6 +162,7 @@ impl EmbeddedEnv {
                     concurrency: 64,
                     identity: "test".into(),
                     prune_events: true,
+                    dhcp_record_retention: RETENTION,
                 },
                 stop,
             )
@@ -264,6 +299,18 @@ impl GuestEnv for EmbeddedEnv {
     async fn identity(&self) -> String {
         ClusterKey::new(NS, CLUSTER).expect("valid").identity()
     }
+
+    async fn kube_vip_leases(&self, ns: &str, name: &str, mac: &str, ip: &str) {
+        let api = Api::<Service>::new(self.cluster_store());
+        let mut svc = eventually("kube-vip's update to go through", async || {
+            let mut svc = api.get(ns, name).await.expect("reads")?;
+            kube_vip_lease(&mut svc, mac, ip);
+            api.replace(&svc).await.ok()
+        })
+        .await;
+        kube_vip_status(&mut svc, ip);
+        api.replace_status(&svc).await.expect("writes the status");
+    }
 }
 
 // --- Kube: the ccm between two real control planes ---------------------------------------------------
@@ -292,6 +339,8 @@ fn ccm_args(dir: &std::path::Path) -> harvester_cloud::config::CcmArgs {
         "mgmt".into(),
         "--metrics-listen".into(),
         "127.0.0.1:0".into(),
+        "--dhcp-record-retention".into(),
+        format!("{}s", RETENTION.as_secs()),
     ])
     .expect("valid ccm arguments");
     match cli.command {
@@ -563,6 +612,20 @@ impl GuestEnv for KubeEnv {
     /// The UID of the guest's `kube-system` Namespace.
     async fn identity(&self) -> String {
         namespace_uid(&self.guest_client).await
+    }
+
+    async fn kube_vip_leases(&self, ns: &str, name: &str, mac: &str, ip: &str) {
+        let api = self.services(ns);
+        let mut svc = eventually("kube-vip's update to go through", async || {
+            let mut svc = api.get(name).await.expect("reads");
+            kube_vip_lease(&mut svc, mac, ip);
+            api.replace(name, &PostParams::default(), &svc).await.ok()
+        })
+        .await;
+        kube_vip_status(&mut svc, ip);
+        api.replace_status(name, &PostParams::default(), &svc)
+            .await
+            .expect("writes the status");
     }
 }
 
@@ -863,5 +926,8 @@ suite!(
         foreign_load_balancers_are_left_alone,
         requested_addresses,
         dual_stack_services,
+        service_labels_choose_the_pool,
+        dhcp_leases_survive_recreation,
+        dhcp_lease_values_are_checked,
     ]
 );

@@ -471,6 +471,19 @@ impl GuestWorld {
             .expect("deletes the service");
     }
 
+    /// How long the LoadBalancer of a deleted DHCP Service is kept for its lease record.
+    pub fn set_record_retention(&self, retention: Duration) {
+        self.ctx.set_record_retention(retention);
+    }
+
+    /// A LoadBalancer of the guest cluster by name, if it exists.
+    pub async fn try_lb(&self, name: &str) -> Option<LoadBalancer> {
+        self.lbs()
+            .get(NS, name)
+            .await
+            .expect("reads the load balancer")
+    }
+
     /// Every LoadBalancer in the guest cluster's Harvester namespace.
     pub async fn all_lbs(&self) -> Vec<LoadBalancer> {
         self.lbs()

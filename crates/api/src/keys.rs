@@ -30,6 +30,12 @@ pub const ANNOTATION_SERVICE_NETWORK: &str = "cloudprovider.harvesterhci.io/lb-n
 /// Ours, not upstream's: the UID of the guest Service a LoadBalancer serves, so that one whose
 /// Service was recreated (a new UID) is garbage-collected instead of leaking.
 pub const ANNOTATION_SERVICE_UID: &str = "cloudprovider.harvesterhci.io/serviceUID";
+/// Ours, not upstream's: the labels of the guest Service a LoadBalancer serves, as a JSON object
+/// (`{"app":"web"}`), written by the guest cloud provider on every sync, so that pools' service
+/// selectors ([`SERVICE_SELECTOR`]) can match them. An annotation rather than a copy of the labels:
+/// a Service's label keys would collide with Harvester's own on the LoadBalancer. Upstream's
+/// controller ignores it.
+pub const ANNOTATION_SERVICE_LABELS: &str = "cloudprovider.harvesterhci.io/serviceLabels";
 /// Ours, not upstream's: the identity of the guest cluster that made a LoadBalancer (the UID of
 /// its `kube-system` Namespace), so that two guest clusters sharing a name and a Harvester
 /// namespace never collect each other's.
@@ -44,6 +50,21 @@ pub const ANNOTATION_SHARING_GROUP: &str = "cloudprovider.harvesterhci.io/sharin
 /// with the same key share one pool address when their listeners' (protocol, port)s do not clash;
 /// MetalLB's and Cilium's key annotations are accepted as aliases. Upstream's controller ignores it.
 pub const ANNOTATION_SHARING_KEY: &str = "loadbalancer.harvesterhci.io/sharing-key";
+/// Ours, not upstream's: the DHCP lease record of a guest Service's LoadBalancer (`spec.ipam:
+/// dhcp`), kept by the guest cloud provider from what the guest's kube-vip wrote on the Service
+/// ([`KUBE_VIP_HWADDR`], [`KUBE_VIP_REQUESTED_IP`]) and what the Service asks for
+/// ([`KUBE_VIP_HOSTNAME`]), and written back onto a Service that lacks them (recreated, or its
+/// annotations lost) so that kube-vip leases the same address again. The MAC address of the lease,
+/// as kube-vip writes it (`00:00:6c:12:34:56`). Upstream's controllers ignore all four.
+pub const ANNOTATION_DHCP_MAC: &str = "cloudprovider.harvesterhci.io/dhcpMACAddress";
+/// The address(es) kube-vip leased: `<IPv4>`, `<IPv6>` or `<IPv4>,<IPv6>`.
+pub const ANNOTATION_DHCP_LEASED_IP: &str = "cloudprovider.harvesterhci.io/dhcpLeasedIP";
+/// The host name kube-vip sends with its DHCP requests.
+pub const ANNOTATION_DHCP_HOSTNAME: &str = "cloudprovider.harvesterhci.io/dhcpHostname";
+/// Set on a LoadBalancer whose Service was deleted, while its record waits for a Service
+/// recreated under the same name (RFC 3339): the guest cloud provider deletes it at that time, or
+/// once such a Service took the record.
+pub const ANNOTATION_DHCP_RETAINED_UNTIL: &str = "cloudprovider.harvesterhci.io/dhcpRetainedUntil";
 
 /// Ours, not upstream's: the HTTP(S) health check of a VM load balancer, an annotation because
 /// Harvester's CRD (the one its chart installs, which Helm never upgrades) prunes any field of
@@ -84,6 +105,14 @@ pub const LABEL_GLOBAL_POOL: &str = "loadbalancer.harvesterhci.io/global-ip-pool
 /// The manual release of a leaked address; the IPAM engine parses its value (and names it in its
 /// messages), so it is defined there.
 pub use crate::ipam::MANUALLY_RELEASE_IP;
+/// Ours, not upstream's (upstream's controller ignores it): a label selector
+/// (`app=web,tier in (a,b)`) over the Service labels of the load balancers the pool serves
+/// ([`crate::ipam::labels`]). Defined in the IPAM engine, which parses it.
+pub use crate::ipam::SERVICE_SELECTOR;
+/// Ours, not upstream's (upstream's controller ignores it): the addresses of its ranges a pool
+/// never hands out, `firstLast` and/or `dot0And255` ([`crate::ipam::skip`]). Defined in the IPAM
+/// engine, which parses it and names it in its messages.
+pub use crate::ipam::SKIP_ADDRESSES;
 
 // --- On guest Services (the cloud provider's) ----------------------------------------------------
 
@@ -120,6 +149,15 @@ pub const SVC_SHARED_LOAD_BALANCER: &str = "cloudprovider.harvesterhci.io/shared
 /// Written for the guest's kube-vip: the address(es) to announce, and the interface.
 pub const KUBE_VIP_IPS: &str = "kube-vip.io/loadbalancerIPs";
 pub const KUBE_VIP_INTERFACE: &str = "kube-vip.io/serviceInterface";
+/// kube-vip's own, on a DHCP Service (`kube-vip.io/loadbalancerIPs: 0.0.0.0`): the MAC address of
+/// the macvlan interface it leases on, and the address(es) it leased. kube-vip reads both when it
+/// starts serving the Service (a new Service, another node, a restart): the MAC for the interface,
+/// the address for an INIT-REBOOT request of that address; and writes both once it has a lease.
+pub const KUBE_VIP_HWADDR: &str = "kube-vip.io/hwaddr";
+pub const KUBE_VIP_REQUESTED_IP: &str = "kube-vip.io/requestedIP";
+/// kube-vip's own (v0.6.4 and later), set by the Service's owner: the host name kube-vip sends
+/// with its DHCP requests (option 12, and as the client identifier). kube-vip never writes it.
+pub const KUBE_VIP_HOSTNAME: &str = "kube-vip.io/loadbalancerHostname";
 
 /// The guest's NAD-to-interface mapping ConfigMap (`kube-system/harvester-nad-mapping`) and its key.
 pub const NAD_MAPPING_NAMESPACE: &str = "kube-system";

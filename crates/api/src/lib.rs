@@ -28,6 +28,7 @@ use crate::{
     store::{Kind, Object},
 };
 
+pub mod dhcp;
 pub mod keys;
 pub mod kinds;
 
@@ -403,6 +404,27 @@ impl LoadBalancer {
         }
     }
 
+    /// The labels pools' service selectors are matched against: the guest Service's, which the
+    /// cloud provider carries in the annotation `cloudprovider.harvesterhci.io/serviceLabels`,
+    /// else (a LoadBalancer made on Harvester, or by upstream's cloud provider) the
+    /// LoadBalancer's own. `Err` names an annotation that is not a JSON object of strings.
+    pub fn selector_labels(&self) -> Result<BTreeMap<String, String>, String> {
+        let carried = self
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(keys::ANNOTATION_SERVICE_LABELS));
+        match carried {
+            None => Ok(self.metadata.labels.clone().unwrap_or_default()),
+            Some(text) => serde_json::from_str(text).map_err(|e| {
+                format!(
+                    "annotation {} is not a JSON object of label values: {e}",
+                    keys::ANNOTATION_SERVICE_LABELS
+                )
+            }),
+        }
+    }
+
     /// What pool selection reads of this load balancer.
     pub fn request(&self) -> ipam::LbRequest {
         ipam::LbRequest {
@@ -414,6 +436,9 @@ impl LoadBalancer {
             namespace: self.annotation(ANNOTATION_NAMESPACE),
             cluster: self.annotation(ANNOTATION_CLUSTER),
             family: self.address_request().ok().and_then(|(_, f)| f),
+            // Admission refuses an annotation that does not read; one written past it matches
+            // only selectors that accept no labels.
+            labels: self.selector_labels().unwrap_or_default(),
         }
     }
 }
@@ -429,11 +454,30 @@ impl IPPool {
             name: self.name(),
             spec: &self.spec.pool,
             deleting: self.is_deleting(),
+            options: ipam::PoolOptions {
+                skip_addresses: self.annotation(keys::SKIP_ADDRESSES),
+                service_selector: self.annotation(keys::SERVICE_SELECTOR),
+            },
         }
     }
 
     pub fn is_deleting(&self) -> bool {
         self.metadata.deletion_timestamp.is_some()
+    }
+
+    /// An annotation's value, empty when absent.
+    fn annotation(&self, key: &str) -> &str {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map_or("", String::as_str)
+    }
+
+    /// What the pool skips (`loadbalancer.harvesterhci.io/skipAddresses`); `Err` when the
+    /// annotation names something unknown.
+    pub fn skip(&self) -> Result<ipam::Skip, ipam::SkipError> {
+        ipam::Skip::parse(self.annotation(keys::SKIP_ADDRESSES))
     }
 
     /// `status.allocated`, empty when there is no status.

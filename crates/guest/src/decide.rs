@@ -15,7 +15,7 @@ use super::{
     naming, network, share, sharing,
 };
 use crate::{
-    crd::{LoadBalancer, LoadBalancerSpec, keys},
+    crd::{LoadBalancer, LoadBalancerSpec, dhcp::DhcpRecord, keys},
     ipam::Family,
 };
 
@@ -105,18 +105,34 @@ pub(crate) fn judge_primary(
 ) -> Result<LbPlan, GuestError> {
     let addressing = mapping::addressing(svc)?;
     let first = addressing.slots.first().cloned().unwrap_or_default();
-    mapping::plan_slot(svc, ctx, existing.map(existing_view).as_ref(), 0, &first)
+    mapping::plan_slot(
+        svc,
+        ctx,
+        existing.map(existing_view).as_ref(),
+        0,
+        &first,
+        None,
+    )
 }
 
-/// The plan of the LoadBalancer in slot `index` of a primary Service (see [`mapping::addressing`]).
+/// The plan of the LoadBalancer in slot `index` of a primary Service (see [`mapping::addressing`]);
+/// `carried`: the DHCP record a deleted Service of the same name left (see [`super::dhcp`]).
 pub(crate) fn judge_slot(
     svc: &Service,
     ctx: &GuestContext,
     existing: Option<&LoadBalancer>,
     index: usize,
     slot: &mapping::Slot,
+    carried: Option<&DhcpRecord>,
 ) -> Result<LbPlan, GuestError> {
-    mapping::plan_slot(svc, ctx, existing.map(existing_view).as_ref(), index, slot)
+    mapping::plan_slot(
+        svc,
+        ctx,
+        existing.map(existing_view).as_ref(),
+        index,
+        slot,
+        carried,
+    )
 }
 
 /// A secondary of `primary_ref`: the primary's address, if it may share it with `others` (the

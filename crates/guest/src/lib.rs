@@ -5,7 +5,7 @@
 //! [`nad`] keeps the guest's NAD mapping ConfigMap from the cluster's VMIs on Harvester (the
 //! reconciler runs it alongside).
 //!
-//! `mapping`, `naming`, `network`, `share`, [`decide`] and [`index`] are pure domain code: callers
+//! `mapping`, `naming`, `network`, `share`, [`dhcp`], [`decide`] and [`index`] are pure domain code: callers
 //! bring the objects and apply the plans. [`reconcile`] is the reconciler that applies them between
 //! a guest cluster's store port and Harvester's (its steps only: the decisions are [`decide`]'s,
 //! which [`admit`] shares to refuse up front what the reconciler would refuse of a Service written
@@ -26,6 +26,7 @@ use harvester_cloud_store::validation;
 pub mod admit;
 pub mod clusters;
 pub mod decide;
+pub mod dhcp;
 pub mod index;
 pub mod mapping;
 pub mod nad;
@@ -154,6 +155,9 @@ pub enum GuestError {
         secondary: String,
         key: String,
     },
+    /// Ours: a DHCP Service's lease annotation (kube-vip's) that kube-vip could not lease with.
+    #[error("service {service}: {detail}")]
+    DhcpAnnotation { service: String, detail: String },
     /// Ours: a dual-stack primary's two addresses are not shared.
     #[error(
         "primary service {primary} is dual-stack; sharing its addresses is not supported: give service {secondary} its own load balancer"

@@ -6,7 +6,13 @@ use std::{collections::BTreeMap, net::IpAddr};
 use k8s_openapi::api::core::v1::Service;
 
 use super::{GuestError, naming};
-use crate::{crd::keys, ipam::Family};
+use crate::{
+    crd::{
+        dhcp::{DhcpRecord, record_of},
+        keys,
+    },
+    ipam::Family,
+};
 
 /// Where the guest cluster's LoadBalancers go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -212,6 +218,9 @@ pub struct LbPlan {
     /// `spec.listeners`, when the plan has them (a sharing group's: its members' ports); `None`
     /// leaves them as they are (a Service's own LoadBalancer has none, as upstream makes it).
     pub listeners: Option<Vec<crate::crd::Listener>>,
+    /// A DHCP Service's lease record (its first LoadBalancer only): recorded on the LoadBalancer,
+    /// and written back onto the Service where it lacks a part ([`super::dhcp`]).
+    pub dhcp: Option<DhcpRecord>,
 }
 
 /// `--management-network` as `ns/name`: a bare name is in `default`; empty or malformed values are
@@ -232,6 +241,13 @@ pub fn annotation<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {
         .as_ref()
         .and_then(|a| a.get(key))
         .map(String::as_str)
+}
+
+/// A Service's labels as the LoadBalancer carries them: a JSON object, `{}` when it has none.
+pub(crate) fn service_labels(svc: &Service) -> String {
+    let labels = svc.metadata.labels.clone().unwrap_or_default();
+    // A map of strings always serialises.
+    serde_json::to_string(&labels).unwrap_or_else(|_| "{}".into())
 }
 
 /// A Service's label, if set.
@@ -277,7 +293,7 @@ pub fn plan(
     ctx: &GuestContext,
     existing: Option<&ExistingLb>,
 ) -> Result<LbPlan, GuestError> {
-    plan_slot(svc, ctx, existing, 0, &Slot::default())
+    plan_slot(svc, ctx, existing, 0, &Slot::default(), None)
 }
 
 /// The name of the LoadBalancer in slot `index` of a Service: the first as upstream names it, the
@@ -299,13 +315,15 @@ pub(crate) fn slot_lb_name(
     }
 }
 
-/// The plan of the LoadBalancer in slot `index` of a Service.
+/// The plan of the LoadBalancer in slot `index` of a Service; `carried` is the DHCP record a
+/// deleted Service of the same name left, for a LoadBalancer about to be made.
 pub(crate) fn plan_slot(
     svc: &Service,
     ctx: &GuestContext,
     existing: Option<&ExistingLb>,
     index: usize,
     slot: &Slot,
+    carried: Option<&DhcpRecord>,
 ) -> Result<LbPlan, GuestError> {
     let ns = svc.metadata.namespace.clone().unwrap_or_default();
     let name = svc.metadata.name.clone().unwrap_or_default();
@@ -358,6 +376,12 @@ pub(crate) fn plan_slot(
             keys::ANNOTATION_GUEST_CLUSTER_ID.to_string(),
             ctx.identity.clone(),
         ),
+        // The Service's labels, for pools' service selectors; kept current (a Service whose
+        // labels change may then match a pool it waits for; an address it holds stays).
+        (
+            keys::ANNOTATION_SERVICE_LABELS.to_string(),
+            service_labels(svc),
+        ),
     ]);
     // As upstream's constructLB: from the Service's, empty when it has none. Harvester's mutator
     // then overwrites both on every write of a cluster LoadBalancer (the namespace always, the
@@ -403,6 +427,29 @@ pub(crate) fn plan_slot(
         };
         to.insert(keys::ANNOTATION_REQUESTED_IP.into(), ip.to_string());
     }
+    // The lease record lives on the first LoadBalancer: kube-vip leases on one interface per
+    // Service, whatever its families.
+    let dhcp = if ipam == "dhcp" && index == 0 {
+        let recorded = existing.and_then(|lb| record_of(&lb.annotations).ok());
+        let record = super::dhcp::plan(svc, &ctx.identity, recorded.as_ref(), carried)?;
+        for (key, part) in [
+            (keys::ANNOTATION_DHCP_MAC, &record.mac),
+            (keys::ANNOTATION_DHCP_LEASED_IP, &record.leased),
+            (keys::ANNOTATION_DHCP_HOSTNAME, &record.hostname),
+        ] {
+            match part {
+                Some(v) => {
+                    annotations.insert(key.to_string(), v.clone());
+                }
+                None => remove_annotations.push(key),
+            }
+        }
+        // A Service serves it again: no longer kept for a recreated one.
+        remove_annotations.push(keys::ANNOTATION_DHCP_RETAINED_UNTIL);
+        Some(record)
+    } else {
+        None
+    };
     let labels = BTreeMap::from([
         (keys::LABEL_GUEST_CLUSTER.to_string(), ctx.cluster.clone()),
         (keys::LABEL_SERVICE_NAMESPACE.to_string(), ns),
@@ -418,6 +465,7 @@ pub(crate) fn plan_slot(
         ipam,
         address: ingress_ip(svc),
         listeners: None,
+        dhcp,
     })
 }
 
@@ -493,6 +541,7 @@ mod tests {
         assert_eq!(p.labels[keys::LABEL_SERVICE_NAME], "abcd");
         assert_eq!(p.labels[keys::LABEL_SERVICE_NAMESPACE], "default");
         assert_eq!(p.labels[keys::LABEL_GUEST_CLUSTER], "test");
+        assert_eq!(p.annotations[keys::ANNOTATION_SERVICE_LABELS], "{}");
         let p = plan(
             &mk_service("default", "abcd", &[(keys::SVC_IPAM, "dhcp")]),
             &mk_ctx(None),
@@ -504,9 +553,41 @@ mod tests {
             p.remove_annotations,
             [
                 keys::ANNOTATION_MANAGEMENT_NETWORK,
-                keys::ANNOTATION_IP_FAMILY
+                keys::ANNOTATION_IP_FAMILY,
+                keys::ANNOTATION_DHCP_LEASED_IP,
+                keys::ANNOTATION_DHCP_HOSTNAME,
+                keys::ANNOTATION_DHCP_RETAINED_UNTIL,
             ]
         );
+        // Its lease record: the MAC address made from the guest cluster's identity and the
+        // Service's name, until kube-vip reports a lease.
+        let mac = super::super::dhcp::generated_mac("guest-uid", "default", "abcd");
+        assert_eq!(p.annotations[keys::ANNOTATION_DHCP_MAC], mac);
+        assert_eq!(
+            p.dhcp,
+            Some(DhcpRecord {
+                mac: Some(mac),
+                ..Default::default()
+            })
+        );
+    }
+
+    #[test]
+    fn the_service_labels_ride_along_as_one_annotation() {
+        let mut svc = mk_service("default", "abcd", &[]);
+        svc.metadata.labels = Some(BTreeMap::from([
+            ("app".to_string(), "web".to_string()),
+            ("example.com/tier".to_string(), "front".to_string()),
+            // A key of Harvester's own stays inside the annotation, never on the LoadBalancer.
+            (keys::LABEL_GUEST_CLUSTER.to_string(), "other".to_string()),
+        ]));
+        let p = plan(&svc, &mk_ctx(None), None).unwrap();
+        assert_eq!(
+            p.annotations[keys::ANNOTATION_SERVICE_LABELS],
+            r#"{"app":"web","cloudprovider.harvesterhci.io/cluster":"other","example.com/tier":"front"}"#
+        );
+        assert_eq!(p.labels[keys::LABEL_GUEST_CLUSTER], "test");
+        assert!(!p.labels.contains_key("app"));
     }
 
     #[test]

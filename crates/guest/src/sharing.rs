@@ -173,6 +173,9 @@ pub struct Terms {
     pub family: Option<Family>,
     /// The (protocol, port)s it exposes.
     pub ports: Vec<(String, i32)>,
+    /// MetalLB's backend key: under `externalTrafficPolicy: Local` the Service's selector (the
+    /// nodes with its endpoints are those that may announce the address), else empty.
+    pub backend: String,
 }
 
 /// The terms of the group: those of its first member, with the request and family of the first
@@ -264,6 +267,18 @@ pub fn own_terms(candidate: &Candidate<'_>, key: &SharingKey) -> Result<Terms, G
     let mut ports = share::ports(svc);
     ports.sort();
     ports.dedup();
+    let backend = if spec.external_traffic_policy.as_deref() == Some("Local") {
+        let selector: Vec<String> = spec
+            .selector
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        format!("Local, selector {{{}}}", selector.join(","))
+    } else {
+        String::new()
+    };
     Ok(Terms {
         network: annotation(svc, keys::SVC_NETWORK)
             .unwrap_or_default()
@@ -274,6 +289,7 @@ pub fn own_terms(candidate: &Candidate<'_>, key: &SharingKey) -> Result<Terms, G
             .map(Family::of)
             .or(ipv6_only.then_some(Family::V6)),
         ports,
+        backend,
     })
 }
 
@@ -413,6 +429,23 @@ fn admit(
                     &g.reference,
                 ));
             }
+            if g.terms.backend != mine.backend {
+                // MetalLB's rule: under Local, the nodes that may announce the address are those
+                // with the Service's endpoints, which must then be the same for all.
+                let shown = |b: &str| {
+                    if b.is_empty() {
+                        "Cluster".to_string()
+                    } else {
+                        b.to_string()
+                    }
+                };
+                return Err(disagree(
+                    "externalTrafficPolicy",
+                    shown(&mine.backend),
+                    shown(&g.terms.backend),
+                    &g.reference,
+                ));
+            }
             if let (Some(r), Some(t)) = (mine.requested, g.terms.requested)
                 && r != t
             {
@@ -522,13 +555,15 @@ pub fn plan(
             authoritative: false,
             family: None,
             ports: Vec::new(),
+            backend: String::new(),
         });
     let slot = Slot {
         family: terms.family,
         requested: terms.requested,
         authoritative: terms.authoritative,
     };
-    let mut plan = mapping::plan_slot(reference, ctx, None, 0, &slot)?;
+    // No DHCP lease record: a sharing group's address is a pool's.
+    let mut plan = mapping::plan_slot(reference, ctx, None, 0, &slot, None)?;
     let namespace = reference.metadata.namespace.clone().unwrap_or_default();
     plan.name = crate::naming::shared_load_balancer_name(&ctx.cluster, &namespace, &key.value);
     plan.annotations.remove(keys::ANNOTATION_SERVICE_UID);

@@ -8,13 +8,20 @@
 //! address family: an IPv4 and an IPv6 pool may share a scope, so that dual-stack load balancers get
 //! one address of each family, and a global pool may exist per network (selection prefers the one
 //! on the load balancer's network). Upstream allows one global pool in all.
+//!
+//! Ours: the pool annotations IPAM reads are judged too, since upstream's webhook ignores them: a
+//! `skipAddresses` value that names something unknown, or that leaves a range nothing to hand out,
+//! and a `serviceSelector` that is not a label selector are refused. Adding `skipAddresses` to a
+//! pool whose allocated addresses it skips is fine: they stay held.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::addr::parse_ip;
+use super::labels::SelectorError;
 use super::range::{RangeError, RangeSet};
 use super::select::{PoolEntry, Requirement};
+use super::skip::{SKIP_ADDRESSES, Skip, SkipError};
 use super::spec::Selector;
 
 /// A rejected IPPool create, update or delete; the texts are the upstream webhook's.
@@ -33,6 +40,14 @@ pub enum AdmissionError {
 pub enum Rejection {
     #[error(transparent)]
     Ranges(#[from] RangeError),
+    #[error(transparent)]
+    SkipAddresses(#[from] SkipError),
+    #[error(
+        "range {range} has no address left to hand out once annotation {SKIP_ADDRESSES} ({skip}) skips its addresses"
+    )]
+    Starved { range: String, skip: Skip },
+    #[error(transparent)]
+    ServiceSelector(#[from] SelectorError),
     #[error("the ranges {ranges} overlap with other pools")]
     OverlapsOtherPool { ranges: String, other: String },
     #[error("invalid ip string {ip}")]
@@ -97,7 +112,15 @@ fn check(
     allocated: Option<&BTreeMap<String, String>>,
     others: &[PoolEntry<'_>],
 ) -> Result<(), Rejection> {
-    let ranges = RangeSet::parse(&pool.spec.ranges)?;
+    let skip = pool.options.skip()?;
+    let ranges = RangeSet::parse(&pool.spec.ranges)?.with_skip(skip);
+    if let Some(range) = ranges.starved() {
+        return Err(Rejection::Starved {
+            range: range.to_string(),
+            skip,
+        });
+    }
+    pool.options.service_selector()?;
     // Sorted by name so that the pool named in a message does not depend on list order.
     let mut others: Vec<&PoolEntry<'_>> = others.iter().filter(|o| o.name != pool.name).collect();
     others.sort_by_key(|o| o.name);
@@ -244,6 +267,7 @@ mod tests {
             name,
             spec,
             deleting: false,
+            options: Default::default(),
         }
     }
 
@@ -500,6 +524,82 @@ mod tests {
             validate_update(&mk_entry("input", &input), &junk, &[]).map_err(|e| e.to_string()),
             Err("can't update IP pool input because invalid ip string nope".into())
         );
+    }
+
+    #[test]
+    fn the_pool_annotations_ipam_reads_are_judged() {
+        let spec = mk_spec("10.0.0.0/16", "", 0, &[mk_tuple(ALL, "a", ALL)]);
+        let judge = |skip: &str, selector: &str, spec: &PoolSpec| {
+            let entry = PoolEntry {
+                options: crate::PoolOptions {
+                    skip_addresses: skip,
+                    service_selector: selector,
+                },
+                ..mk_entry("input", spec)
+            };
+            validate_create(&entry, &[]).map_err(|e| e.to_string())
+        };
+        for (skip, selector) in [
+            ("", ""),
+            ("firstLast", ""),
+            ("dot0And255", "app=web"),
+            ("firstLast,dot0And255", "app in (a,b),!canary"),
+        ] {
+            assert_eq!(
+                judge(skip, selector, &spec),
+                Ok(()),
+                "{skip:?} {selector:?}"
+            );
+        }
+        assert_eq!(
+            judge("dot0", "", &spec),
+            Err("can't create IP pool input because annotation loadbalancer.harvesterhci.io/skipAddresses \"dot0\" names \"dot0\", which is not firstLast (each range's subnet's first and last address) or dot0And255 (every IPv4 address ending in .0 or .255); the value is a comma-separated list of those".into())
+        );
+        assert_eq!(
+            judge("", "app=", &spec),
+            Ok(()),
+            "the empty value is a value"
+        );
+        assert_eq!(
+            judge("", "app=web,", &spec),
+            Err("can't create IP pool input because annotation loadbalancer.harvesterhci.io/serviceSelector \"app=web,\" is not a label selector: a ',' must be followed by another requirement".into())
+        );
+        // A range whose only addresses the pool skips.
+        let mut dot = mk_spec("10.0.1.0/24", "", 0, &[mk_tuple(ALL, "a", ALL)]);
+        dot.ranges.push(RangeSpec {
+            subnet: "10.0.2.0/23".into(),
+            range_start: "10.0.2.255".into(),
+            range_end: "10.0.3.0".into(),
+            ..RangeSpec::default()
+        });
+        assert_eq!(judge("firstLast", "", &dot), Ok(()));
+        assert_eq!(
+            judge("dot0And255", "", &dot),
+            Err("can't create IP pool input because range 10.0.2.255-10.0.3.0 has no address left to hand out once annotation loadbalancer.harvesterhci.io/skipAddresses (dot0And255) skips its addresses".into())
+        );
+        let v6 = mk_spec("fd00::/127", "", 0, &[mk_tuple(ALL, "a", ALL)]);
+        assert!(judge("", "", &v6).is_err(), "nothing to hand out anyway");
+        let v6 = PoolSpec {
+            ranges: vec![RangeSpec {
+                subnet: "fd00::/126".into(),
+                range_start: "fd00::2".into(),
+                ..RangeSpec::default()
+            }],
+            ..v6
+        };
+        // fd00::2 and fd00::3 (the subnet's last), with fd00::1 the gateway outside the range.
+        assert_eq!(judge("firstLast", "", &v6), Ok(()));
+        // An update that skips an allocated address is fine: it stays held.
+        let allocated: BTreeMap<String, String> =
+            [("10.0.1.0".to_string(), "default/lb".to_string())].into();
+        let entry = PoolEntry {
+            options: crate::PoolOptions {
+                skip_addresses: "dot0And255",
+                service_selector: "",
+            },
+            ..mk_entry("input", &spec)
+        };
+        assert_eq!(validate_update(&entry, &allocated, &[]), Ok(()));
     }
 
     #[test]

@@ -12,14 +12,19 @@
 //! - [`select`]: which pool a load balancer uses.
 //! - [`admission`]: the IPPool webhook checks.
 //! - [`release`]: the `manuallyReleaseIP` annotation.
+//! - [`skip`] and [`labels`]: ours, not upstream's: the pool annotations that skip addresses of its
+//!   ranges (`skipAddresses`) and that serve only load balancers whose Service labels match
+//!   (`serviceSelector`).
 #![forbid(unsafe_code)]
 
 pub mod addr;
 pub mod admission;
 pub mod allocator;
+pub mod labels;
 pub mod range;
 pub mod release;
 pub mod select;
+pub mod skip;
 pub mod spec;
 pub mod status;
 
@@ -31,11 +36,13 @@ mod proptests;
 pub use addr::{Cidr, Family};
 pub use admission::{AdmissionError, Rejection, validate_create, validate_delete, validate_update};
 pub use allocator::{AllocateError, Allocation, Origin, PoolAllocator, PoolError};
+pub use labels::{SERVICE_SELECTOR, SelectorError, ServiceSelector};
 pub use range::{BoundError, IpRange, RangeError, RangeSet};
 pub use release::{MANUALLY_RELEASE_IP, ManualRelease, ManualReleaseError, ManualReleaseOutcome};
 pub use select::{
-    LbRequest, PoolEntry, PoolIndex, PoolPlan, Requirement, SelectError, Selected, SelectedBy,
-    WorkloadType, plan_pool, select_pool,
+    LbRequest, PoolEntry, PoolIndex, PoolOptions, PoolPlan, Requirement, SelectError, Selected,
+    SelectedBy, WorkloadType, plan_pool, select_pool,
 };
+pub use skip::{SKIP_ADDRESSES, Skip, SkipError};
 pub use spec::{ALL, Families, PoolSpec, RangeSpec, Selector, Tuple};
 pub use status::{Condition, PoolStatus};

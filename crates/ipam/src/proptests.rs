@@ -302,6 +302,7 @@ fn outcome(family: Family, result: Result<super::allocator::Allocation, PoolErro
             AllocateError::Gateway { .. } => Outcome::Gateway,
             AllocateError::Taken { .. } => Outcome::Taken,
             AllocateError::Duplicate { .. } => Outcome::Duplicate,
+            AllocateError::Skipped { .. } => panic!("the model's pools skip nothing"),
         },
         Err(other) => panic!("unexpected error {other}"),
     }
@@ -430,5 +431,170 @@ proptest! {
     #[test]
     fn ipv6_pools_at_the_top_of_the_space_behave_like_the_model((ranges, ops) in mk_case(Family::V6)) {
         run(Family::V6, ranges, ops);
+    }
+}
+
+// --- Pools that skip addresses --------------------------------------------------------------------
+
+/// What a skipping pool may do, on one range across /24 boundaries (`10.0.0.250` to `10.0.2.5` of
+/// a /16, or the IPv6 range up to the last address of its /120, whose last address `firstLast`
+/// skips), with the skip changing between steps.
+#[derive(Debug, Clone)]
+enum SkipOp {
+    Allocate(u8),
+    Request(u8, u16),
+    Release(u8),
+    Skip(u8),
+    Restart,
+}
+
+fn mk_skip_ops(span: u16) -> impl Strategy<Value = Vec<SkipOp>> {
+    let op = prop_oneof![
+        6 => (0..IDS).prop_map(SkipOp::Allocate),
+        2 => (0..IDS, 0..span).prop_map(|(id, at)| SkipOp::Request(id, at)),
+        3 => (0..IDS).prop_map(SkipOp::Release),
+        1 => (0u8..4).prop_map(SkipOp::Skip),
+        1 => Just(SkipOp::Restart),
+    ];
+    proptest::collection::vec(op, 1..80)
+}
+
+fn skip_of(n: u8) -> super::skip::Skip {
+    let value = ["", "firstLast", "dot0And255", "firstLast,dot0And255"][usize::from(n % 4)];
+    super::skip::Skip::parse(value).expect("valid")
+}
+
+/// The invariants, address by address: a fresh, remembered or requested address is never one the
+/// pool skips; one is found whenever one is free; the status is upstream's (skipped addresses
+/// counted); `capacity` and `free` are the walked counts; and a pool rebuilt from its status with
+/// the same skip equals the live one.
+fn run_skipping(family: Family, ops: Vec<SkipOp>) {
+    let (spec, first, span) = match family {
+        Family::V4 => (
+            RangeSpec {
+                subnet: "10.0.0.0/16".into(),
+                range_start: "10.0.0.250".into(),
+                range_end: "10.0.2.5".into(),
+                gateway: String::new(),
+            },
+            key("10.0.0.250".parse().expect("ip")),
+            268u16,
+        ),
+        Family::V6 => (
+            RangeSpec {
+                subnet: subnet_text(Family::V6),
+                range_start: from_key(base(Family::V6) + 240).to_string(),
+                ..RangeSpec::default()
+            },
+            base(Family::V6) + 240,
+            16u16,
+        ),
+    };
+    let specs = [spec];
+    let at = |offset: u16| first + u128::from(offset);
+    let mut skip = super::skip::Skip::NONE;
+    let mut live = PoolAllocator::new("skip", &specs).expect("valid");
+    let subnet = live.ranges().ranges()[0].subnet();
+    let skipped = |skip: super::skip::Skip, value: u128| skip.skips(&subnet, value);
+    for op in ops {
+        let before: BTreeMap<String, String> = live.status().allocated;
+        let held_by = |id: &str, value: u128| {
+            before.get(&from_key(value).to_string()).map(String::as_str) == Some(id)
+        };
+        match op {
+            SkipOp::Allocate(n) => match live.allocate(&id(n)) {
+                Ok(a) => assert!(
+                    held_by(&id(n), key(a.ip)) || !skipped(skip, key(a.ip)),
+                    "{} handed out {} although the pool skips it ({skip})",
+                    id(n),
+                    a.ip
+                ),
+                Err(_) => {
+                    let free = (0..span).map(at).any(|v| {
+                        !skipped(skip, v) && !before.contains_key(&from_key(v).to_string())
+                    });
+                    assert!(!free, "exhausted with a free address ({skip})");
+                }
+            },
+            SkipOp::Request(n, offset) => {
+                let value = at(offset);
+                let got = live.request_ip(&id(n), from_key(value));
+                if skipped(skip, value) && !held_by(&id(n), value) {
+                    assert!(
+                        matches!(
+                            got,
+                            Err(PoolError::Allocate {
+                                source: AllocateError::Skipped { .. },
+                                ..
+                            })
+                        ),
+                        "{} got skipped {} ({skip}): {got:?}",
+                        id(n),
+                        from_key(value)
+                    );
+                }
+            }
+            SkipOp::Release(n) => {
+                live.release(&id(n));
+            }
+            SkipOp::Skip(n) => {
+                skip = skip_of(n);
+                live.set_skip(skip);
+                assert_eq!(
+                    live.status().allocated,
+                    before,
+                    "a skip change moved nothing"
+                );
+            }
+            SkipOp::Restart => {
+                live =
+                    PoolAllocator::from_status("skip", &specs, &live.status()).expect("rebuilds");
+                live.set_skip(skip);
+            }
+        }
+        let status = live.status();
+        let held: BTreeSet<u128> = status
+            .allocated
+            .keys()
+            .map(|ip| key(ip.parse().expect("an address")))
+            .collect();
+        let usable: Vec<u128> = (0..span)
+            .map(at)
+            .filter(|v| live.ranges().usable_value(*v))
+            .collect();
+        assert_eq!(
+            status.total,
+            usable.len() as i64,
+            "the status counts as upstream"
+        );
+        assert_eq!(status.available, (usable.len() - held.len()) as i64);
+        let hands_out: Vec<u128> = usable.into_iter().filter(|v| !skipped(skip, *v)).collect();
+        assert_eq!(
+            live.capacity(),
+            hands_out.len() as u128,
+            "capacity ({skip})"
+        );
+        assert_eq!(
+            live.free(),
+            hands_out.iter().filter(|v| !held.contains(v)).count() as u128,
+            "free ({skip})"
+        );
+        let mut rebuilt = PoolAllocator::from_status("skip", &specs, &status).expect("rebuilds");
+        rebuilt.set_skip(skip);
+        assert_eq!(rebuilt, live, "rebuilt from the status with the same skip");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn ipv4_pools_never_hand_out_what_they_skip(ops in mk_skip_ops(268)) {
+        run_skipping(Family::V4, ops);
+    }
+
+    #[test]
+    fn ipv6_pools_never_hand_out_what_they_skip(ops in mk_skip_ops(16)) {
+        run_skipping(Family::V6, ops);
     }
 }

@@ -9,6 +9,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use super::addr::{Cidr, Family, IPV4_KEYS, from_key, key, parse_ip};
+use super::skip::Skip;
 use super::spec::RangeSpec;
 
 /// Why a pool's ranges are not acceptable. The texts are the upstream ones.
@@ -178,6 +179,15 @@ impl IpRange {
     pub(crate) fn gateway_inside(&self) -> Option<u128> {
         self.gateway.filter(|gw| self.contains_value(*gw))
     }
+
+    /// How many of the addresses this range can hand out `skip` leaves out (the gateway is not
+    /// one of them: it is never handed out anyway).
+    pub fn skipped(&self, skip: Skip) -> u128 {
+        let gateway = self
+            .gateway_inside()
+            .filter(|gw| skip.skips(&self.subnet, *gw));
+        skip.count(&self.subnet, self.start, self.end) - u128::from(gateway.is_some())
+    }
 }
 
 impl fmt::Display for IpRange {
@@ -211,13 +221,17 @@ fn bound(text: &str, subnet: &Cidr) -> Result<Option<u128>, BoundError> {
     Ok(Some(value))
 }
 
-/// A pool's ranges in spec order (the round-robin order), non-overlapping.
+/// A pool's ranges in spec order (the round-robin order), non-overlapping, and the addresses of
+/// them the pool skips ([`Skip`]; none unless [`RangeSet::with_skip`] says so).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RangeSet {
     ranges: Vec<IpRange>,
     /// `(start, index into ranges)`, ascending, to find an address's range in O(log R).
     by_start: Vec<(u128, usize)>,
     total: u128,
+    skip: Skip,
+    /// How many of the `total` addresses `skip` leaves out.
+    skipped: u128,
 }
 
 impl RangeSet {
@@ -252,16 +266,58 @@ impl RangeSet {
             ranges,
             by_start,
             total,
+            skip: Skip::NONE,
+            skipped: 0,
         })
+    }
+
+    /// The same ranges, skipping what `skip` says.
+    pub fn with_skip(mut self, skip: Skip) -> Self {
+        self.set_skip(skip);
+        self
+    }
+
+    /// Skips what `skip` says (instead of what it skipped).
+    pub fn set_skip(&mut self, skip: Skip) {
+        self.skip = skip;
+        self.skipped = self
+            .ranges
+            .iter()
+            .map(|r| r.skipped(skip))
+            .fold(0u128, u128::saturating_add);
+    }
+
+    pub fn skip(&self) -> Skip {
+        self.skip
     }
 
     pub fn ranges(&self) -> &[IpRange] {
         &self.ranges
     }
 
-    /// The number of addresses the pool can hand out (the status `total`).
+    /// The number of addresses in the ranges that are not a gateway (the status `total`, as
+    /// upstream counts it: skipped addresses included).
     pub fn total(&self) -> u128 {
         self.total
+    }
+
+    /// The number of addresses the pool hands out: [`total`](Self::total) less the skipped ones.
+    pub fn capacity(&self) -> u128 {
+        self.total - self.skipped
+    }
+
+    /// Whether `ip` lies in a range and is skipped.
+    pub fn is_skipped(&self, ip: IpAddr) -> bool {
+        let value = key(ip);
+        self.range_of(value)
+            .is_some_and(|r| self.skip.skips(&r.subnet, value))
+    }
+
+    /// The first range that has nothing left to hand out once the skipped addresses are left out.
+    pub fn starved(&self) -> Option<&IpRange> {
+        self.ranges
+            .iter()
+            .find(|r| r.size() == r.skipped(self.skip))
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
@@ -301,6 +357,19 @@ impl RangeSet {
     pub(crate) fn usable_value(&self, value: u128) -> bool {
         self.find(value)
             .is_some_and(|i| self.ranges[i].gateway_inside() != Some(value))
+    }
+
+    /// Usable, and not skipped: an address the pool may hand out now.
+    pub(crate) fn allocatable_value(&self, value: u128) -> bool {
+        self.find(value).is_some_and(|i| {
+            let range = &self.ranges[i];
+            range.gateway_inside() != Some(value) && !self.skip.skips(&range.subnet, value)
+        })
+    }
+
+    /// Whether `value`, an address of range `index`, is skipped.
+    pub(crate) fn skips_in(&self, index: usize, value: u128) -> bool {
+        self.skip.skips(&self.ranges[index].subnet, value)
     }
 
     /// The range and gateway an address is handed out with.

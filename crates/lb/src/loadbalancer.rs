@@ -36,7 +36,7 @@ use crate::{
     },
     crd::{
         AllocatedAddress, LB_FINALIZER, LoadBalancer, LoadBalancerStatus,
-        keys::{CONDITION_ADDRESS_ALLOCATED, DHCP_ADDRESS},
+        keys::{CONDITION_ADDRESS_ALLOCATED, DHCP_ADDRESS, SKIP_ADDRESSES},
     },
     ipam::{PoolEntry, PoolIndex, PoolPlan, RangeSet, SelectError, WorkloadType, plan_pool},
     store::StoreError,
@@ -357,9 +357,22 @@ pub(crate) async fn pool(
                 recheck: Some(EXHAUSTED_RECHECK),
             }))
         }
-        Err(e @ (PoolOpError::Missing { .. } | PoolOpError::Deleting { .. })) => Ok(Err(
-            ctx.unmatched(waiter, reason::ALLOCATION_FAILED, e.to_string())
-        )),
+        // Woken by the pool's next change.
+        Err(
+            e @ (PoolOpError::Missing { .. }
+            | PoolOpError::Deleting { .. }
+            | PoolOpError::InvalidSkip { .. }),
+        ) => Ok(Err(ctx.unmatched(
+            waiter,
+            reason::ALLOCATION_FAILED,
+            e.to_string(),
+        ))),
+        // The pool began skipping it after the check above read the cache.
+        Err(e) if e.is_skipped() => Ok(Err(ctx.unmatched(
+            waiter,
+            reason::REQUESTED_ADDRESS_UNAVAILABLE,
+            e.to_string(),
+        ))),
         Err(e @ PoolOpError::Pool(_)) => Ok(Err(Refusal {
             reason: reason::ALLOCATION_FAILED,
             message: e.to_string(),
@@ -400,13 +413,35 @@ fn pool_holding(lb: &LoadBalancer, ip: IpAddr, ctx: &LbCtx) -> Result<String, Re
             ));
         }
     };
-    let holds = |name: &str| {
-        entries.iter().any(|p| {
-            p.name == name && RangeSet::parse(&p.spec.ranges).is_ok_and(|r| r.contains(ip))
-        })
+    let ranges_of = |name: &str| {
+        let entry = entries.iter().find(|p| p.name == name)?;
+        let ranges = RangeSet::parse(&entry.spec.ranges).ok()?;
+        Some((entry, ranges))
     };
-    if let Some(pool) = eligible.iter().find(|name| holds(name)) {
-        return Ok(pool.to_string());
+    let holding = eligible
+        .iter()
+        .find_map(|name| ranges_of(name).filter(|(_, r)| r.contains(ip)));
+    if let Some((entry, ranges)) = holding {
+        // An address the pool skips is refused here, before the pool task, like any address the
+        // load balancer may not have; unless the pool holds it for this very load balancer (held
+        // from before the pool skipped it): the pool task keeps that.
+        let skip = entry.options.skip().unwrap_or_default();
+        let own = pools
+            .iter()
+            .find(|p| p.name() == entry.name)
+            .and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.allocated.get(&ip.to_string()) == Some(&lb.applicant()));
+        if ranges.with_skip(skip).is_skipped(ip) && !own {
+            return Err(ctx.unmatched(
+                waiter,
+                reason::REQUESTED_ADDRESS_UNAVAILABLE,
+                format!(
+                    "requested address {ip} is skipped by IP pool {} (annotation {SKIP_ADDRESSES}: {skip})",
+                    entry.name
+                ),
+            ));
+        }
+        return Ok(entry.name.to_string());
     }
     Err(ctx.unmatched(
         waiter,

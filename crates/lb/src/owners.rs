@@ -5,6 +5,10 @@
 //! Pure: the caller reads the pool and one list of LoadBalancers; nothing here does I/O. The pool
 //! status is the truth: an entry whose LoadBalancer is gone is listed with `exists: false` (a leak,
 //! which the `manuallyReleaseIP` annotation releases), never dropped.
+//!
+//! The figures are what the pool hands out: for a pool that skips addresses (annotation
+//! `loadbalancer.harvesterhci.io/skipAddresses`), the skipped ones are counted neither in `total`
+//! nor in `available`, where the status keeps upstream's counts.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -19,7 +23,7 @@ use crate::{
         IPPool, LoadBalancer,
         keys::{LABEL_GUEST_CLUSTER, LABEL_SERVICE_NAME, LABEL_SERVICE_NAMESPACE},
     },
-    ipam::{PoolStatus, WorkloadType},
+    ipam::{PoolAllocator, PoolStatus, WorkloadType},
 };
 
 /// steve's type name of the answer.
@@ -36,7 +40,9 @@ pub struct PoolAddresses {
     #[serde(rename = "type")]
     pub type_: &'static str,
     pub pool: String,
-    /// `status.total` and `status.available`, as the reconciler counted them (0 without a status).
+    /// The addresses the pool hands out, and those of them nobody holds: `status.total` and
+    /// `status.available` as the reconciler counted them (0 without a status), less the addresses
+    /// the pool skips.
     pub total: i64,
     pub available: i64,
     /// `status.allocated`, by address (IPv4 before IPv6), then the keys that are no address.
@@ -97,13 +103,33 @@ pub fn addresses(pool: &IPPool, lbs: &[LoadBalancer]) -> PoolAddresses {
             load_balancer: holder.clone(),
         })
         .collect();
+    let (total, available) = counts(pool, status);
     PoolAddresses {
         type_: ADDRESSES_TYPE,
         pool: pool.name().to_string(),
-        total: status.total,
-        available: status.available,
+        total,
+        available,
         addresses,
         history,
+    }
+}
+
+/// The status's counters, or for a pool that skips addresses, the addresses it hands out and
+/// those of them nobody holds (recounted from the ranges and the status; an address held from
+/// before the pool skipped it counts in neither).
+fn counts(pool: &IPPool, status: &PoolStatus) -> (i64, i64) {
+    let skip = match pool.skip() {
+        Ok(skip) if !skip.is_none() => skip,
+        // Nothing skipped, or an annotation the reconciler refuses too (the pool is not Ready).
+        _ => return (status.total, status.available),
+    };
+    match PoolAllocator::from_status(pool.name(), &pool.spec.ranges, status) {
+        Ok(mut allocator) => {
+            allocator.set_skip(skip);
+            let count = |n: u128| i64::try_from(n).unwrap_or(i64::MAX);
+            (count(allocator.capacity()), count(allocator.free()))
+        }
+        Err(_) => (status.total, status.available),
     }
 }
 
@@ -425,6 +451,50 @@ mod tests {
                 "{conditions:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_pool_that_skips_addresses_counts_only_what_it_hands_out() {
+        // 10.0.0.254 to 10.0.1.1: four addresses, of which dot0And255 skips .255 and 1.0; one
+        // of those is held from before the pool skipped it.
+        let mut pool = mk_pool(
+            "p",
+            &[("10.0.0.254", "default/a"), ("10.0.0.255", "default/b")],
+            &[("10.0.1.0", "default/old")],
+        );
+        pool.spec.pool.ranges = vec![crate::ipam::RangeSpec {
+            subnet: "10.0.0.0/16".into(),
+            range_start: "10.0.0.254".into(),
+            range_end: "10.0.1.1".into(),
+            ..Default::default()
+        }];
+        let status = pool.status.as_mut().expect("status");
+        (status.total, status.available) = (4, 2);
+        let got = addresses(&pool, &[]);
+        assert_eq!((got.total, got.available), (4, 2), "nothing skipped yet");
+        pool.metadata.annotations = Some(
+            [(
+                crate::crd::keys::SKIP_ADDRESSES.to_string(),
+                "dot0And255".to_string(),
+            )]
+            .into(),
+        );
+        let got = addresses(&pool, &[]);
+        assert_eq!((got.total, got.available), (2, 1));
+        // Every held address is listed, skipped or not.
+        assert_eq!(got.addresses.len(), 2);
+        // An annotation that does not read: the status's counters (the pool is not Ready).
+        pool.metadata.annotations = Some(
+            [(
+                crate::crd::keys::SKIP_ADDRESSES.to_string(),
+                "dot0".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            (addresses(&pool, &[]).total, addresses(&pool, &[]).available),
+            (4, 2)
+        );
     }
 
     #[test]

@@ -73,9 +73,7 @@ pub enum PoolOp {
     },
     /// Release whatever `id` holds into the history.
     Release { id: String },
-    /// `ip`, held by `from`, goes to `to` in the same round (nobody else can take it in between):
-    /// a sharing group's address handed to another sharer when its holder goes
-    /// ([`crate::sharing`]). Nothing happens when `from` does not hold `ip`.
+    /// `ip`, held by `from`, goes to `to` in the same round ([`crate::sharing::hand_over_in`]).
     Handover {
         from: String,
         to: String,
@@ -123,6 +121,14 @@ pub enum PoolOpError {
     Deleting { pool: String },
     #[error(transparent)]
     Pool(#[from] PoolError),
+    /// Ours: the pool's `skipAddresses` annotation does not read (admission refuses it; this one
+    /// was written past admission, e.g. while upstream's webhook ran): no new address until it
+    /// is fixed.
+    #[error("invalid annotation of IP pool {pool}: {source}")]
+    InvalidSkip {
+        pool: String,
+        source: crate::ipam::SkipError,
+    },
     #[error("fail to update IP pool {pool}: {source}")]
     Write {
         pool: String,
@@ -145,6 +151,17 @@ impl PoolOpError {
             self,
             PoolOpError::Pool(PoolError::Allocate {
                 source: AllocateError::Exhausted { .. },
+                ..
+            })
+        )
+    }
+
+    /// Whether the pool skips the requested address.
+    pub fn is_skipped(&self) -> bool {
+        matches!(
+            self,
+            PoolOpError::Pool(PoolError::Allocate {
+                source: AllocateError::Skipped { .. },
                 ..
             })
         )
@@ -261,6 +278,9 @@ struct Loaded {
     pool: IPPool,
     /// `Err` when the ranges do not parse: nothing can be allocated, the status says why.
     allocator: Result<PoolAllocator, PoolError>,
+    /// The pool's `skipAddresses` annotation does not read (written past admission): no new
+    /// address is handed out, the status says why; releases and the addresses held go on.
+    blocked: Option<PoolOpError>,
     /// The stored status is exactly what a sync would write (this task wrote it, or a sync found
     /// nothing to change), so a sync of the same version has nothing to do.
     synced: bool,
@@ -363,10 +383,25 @@ impl PoolTask {
         }
         let none = PoolStatus::default();
         let status = pool.status.as_ref().unwrap_or(&none);
-        let allocator = PoolAllocator::from_status(&self.name, &pool.spec.ranges, status);
+        let mut allocator = PoolAllocator::from_status(&self.name, &pool.spec.ranges, status);
+        // What the pool skips comes with the pool object, so a change of the annotation (a new
+        // resourceVersion) rebuilds the allocator too.
+        let blocked = match pool.skip() {
+            Ok(skip) => {
+                if let Ok(a) = allocator.as_mut() {
+                    a.set_skip(skip);
+                }
+                None
+            }
+            Err(source) => Some(PoolOpError::InvalidSkip {
+                pool: self.name.clone(),
+                source,
+            }),
+        };
         self.loaded = Some(Loaded {
             pool,
             allocator,
+            blocked,
             synced: false,
         });
         Ok(())
@@ -545,6 +580,7 @@ impl PoolTask {
             };
         };
         let deleting = loaded.pool.is_deleting();
+        let blocked = loaded.blocked.clone();
         for r in batch {
             let reply = match (&r.op, &mut loaded.allocator) {
                 (PoolOp::Sync { .. }, Err(e)) => {
@@ -572,6 +608,8 @@ impl PoolTask {
                     };
                     if deleting && !keeps {
                         Err(PoolOpError::Deleting { pool: name.clone() })
+                    } else if let Some(e) = blocked.clone().filter(|_| !keeps) {
+                        Err(e)
                     } else {
                         let result = match want {
                             Want::Any(family) => allocator.allocate_family(id, *family),
@@ -594,19 +632,12 @@ impl PoolTask {
                     }
                 }
                 (PoolOp::Handover { from, to, ip }, Ok(allocator)) => {
-                    if allocator.holder(*ip) == Some(from.as_str()) {
-                        allocator.release(from);
-                        changed = true;
-                        match allocator.request_ip(to, *ip) {
-                            Ok(a) => Ok(PoolReply::Allocated(a)),
-                            Err(e) => {
-                                // Not to be: the address is free now, and woken waiters may take it.
-                                freed = true;
-                                Err(PoolOpError::Pool(e))
-                            }
+                    match crate::sharing::hand_over_in(allocator, from, to, *ip) {
+                        None => Ok(PoolReply::Released(Vec::new())),
+                        Some(moved) => {
+                            (changed, freed) = (true, freed | moved.is_err());
+                            moved.map(PoolReply::Allocated).map_err(PoolOpError::Pool)
                         }
-                    } else {
-                        Ok(PoolReply::Released(Vec::new()))
                     }
                 }
                 (PoolOp::Release { id }, Ok(allocator)) => {
@@ -620,10 +651,11 @@ impl PoolTask {
                         .as_ref()
                         .map(|m| allocator.manual_release(&m.request, m.load_balancer_exists));
                     freed |= matches!(manual, Some(ManualReleaseOutcome::Released));
-                    // A grown pool may serve waiters; waking them costs little.
-                    freed |= allocator.available() > 0;
+                    // A grown pool (or one that skips less) may serve waiters; waking them
+                    // costs little.
+                    freed |= allocator.free() > 0;
                     if !loaded.synced || manual.is_some() {
-                        ready = Some(Ok(()));
+                        ready = Some(blocked.as_ref().map_or(Ok(()), |e| Err(e.to_string())));
                     }
                     Ok(PoolReply::Synced {
                         total: i64::try_from(allocator.total()).unwrap_or(i64::MAX),

@@ -25,6 +25,7 @@ use std::{
 
 use crate::{
     crd::{AllocatedAddress, LoadBalancer, keys},
+    ipam::{Allocation, PoolAllocator, PoolError},
     store::validation::go_quote,
     sync::lock,
 };
@@ -249,6 +250,22 @@ pub fn decide(
         }
     }
     decision
+}
+
+/// A sharing group's address `ip`, held by `from`, goes to `to` in one pool round (nobody else can
+/// take it in between): `None` when `from` does not hold it (nothing happens); the error when `to`
+/// cannot take it (it is then free).
+pub(crate) fn hand_over_in(
+    allocator: &mut PoolAllocator,
+    from: &str,
+    to: &str,
+    ip: std::net::IpAddr,
+) -> Option<Result<Allocation, PoolError>> {
+    if allocator.holder(ip) != Some(from) {
+        return None;
+    }
+    allocator.release(from);
+    Some(allocator.request_ip(to, ip))
 }
 
 /// What this process remembers of the groups: their addresses as allocated or handed over here

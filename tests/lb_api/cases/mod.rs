@@ -6,6 +6,7 @@ mod admission;
 mod allocation;
 mod api;
 mod guest_clusters;
+mod pool_options;
 mod pools;
 mod sharing;
 
@@ -13,5 +14,6 @@ pub use admission::*;
 pub use allocation::*;
 pub use api::*;
 pub use guest_clusters::*;
+pub use pool_options::*;
 pub use pools::*;
 pub use sharing::*;

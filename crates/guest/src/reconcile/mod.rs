@@ -24,6 +24,10 @@
 //!   it): nothing is deleted on a timeout, so there is no delete/recreate churn.
 //! - A LoadBalancer whose Service is gone, or was recreated with a new UID, is garbage-collected
 //!   (the LoadBalancer carries the Service's UID in `cloudprovider.harvesterhci.io/serviceUID`).
+//! - A DHCP Service's lease (the MAC address and address kube-vip reports, a host name) is recorded
+//!   on its LoadBalancer and written back onto the Service where it lacks them
+//!   ([`super::dhcp`]); the LoadBalancer of a deleted DHCP Service is kept a while for a Service
+//!   recreated under the same name to take that record.
 //! - A primary whose secondaries still use it keeps its finalizer: its deletion waits, and an Event
 //!   says why.
 //! - Writing `status.address` of a LoadBalancer (the DHCP lease kube-vip reports) goes through the
@@ -33,6 +37,7 @@
 
 mod group;
 mod primary;
+mod retain;
 mod run;
 
 use group::{leave, recorded_group};
@@ -43,7 +48,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -92,6 +97,10 @@ pub mod reason {
     pub const CROSS_NAMESPACE_IGNORED: &str = "CrossNamespaceSharingIgnored";
 }
 
+/// How long the LoadBalancer of a deleted DHCP Service is kept for a Service recreated under the
+/// same name to take its lease record, unless the settings say otherwise.
+pub const DHCP_RECORD_RETENTION: Duration = Duration::from_secs(600);
+
 /// Fallback re-checks; the events that end each wait (a LoadBalancer changing, a primary getting its
 /// address, a secondary going away) normally come first.
 const WAIT_RECHECK: Duration = Duration::from_secs(30);
@@ -115,6 +124,8 @@ pub struct Settings {
     /// Whether old Events are deleted by the reconciler (the embedded store); a Kubernetes API
     /// server expires them itself.
     pub prune_events: bool,
+    /// How long the LoadBalancer of a deleted DHCP Service is kept for its lease record.
+    pub dhcp_record_retention: Duration,
 }
 
 impl Default for Settings {
@@ -123,6 +134,7 @@ impl Default for Settings {
             concurrency: 256,
             identity: crate::controller::default_identity(),
             prune_events: true,
+            dhcp_record_retention: DHCP_RECORD_RETENTION,
         }
     }
 }
@@ -200,6 +212,8 @@ pub struct Ctx {
     share_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     status_forbidden: AtomicBool,
     backoff: Backoff,
+    /// [`Settings::dhcp_record_retention`], in milliseconds.
+    record_retention_ms: AtomicU64,
 }
 
 impl Ctx {
@@ -230,8 +244,20 @@ impl Ctx {
             share_locks: Mutex::new(HashMap::new()),
             status_forbidden: AtomicBool::new(false),
             backoff: Backoff::default(),
+            record_retention_ms: AtomicU64::new(DHCP_RECORD_RETENTION.as_millis() as u64),
             cluster,
         })
+    }
+
+    /// Sets how long the LoadBalancer of a deleted DHCP Service is kept for its lease record
+    /// ([`DHCP_RECORD_RETENTION`] until set).
+    pub fn set_record_retention(&self, retention: Duration) {
+        let ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
+        self.record_retention_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn record_retention(&self) -> Duration {
+        Duration::from_millis(self.record_retention_ms.load(Ordering::Relaxed))
     }
 
     fn lb_namespace(&self) -> &str {
@@ -606,6 +632,7 @@ async fn cleanup(
         }
     }
     let mut deleted_lb = None;
+    let mut retained_lb = None;
     // The group it shared an address with loses a member; the last one's going releases it.
     for group in group::groups_of(ctx, svc) {
         if group::release_if_empty(key, &group, ctx).await? {
@@ -621,6 +648,21 @@ async fn cleanup(
         // only when the cache shows it.
         if i > 0 {
             delete_own_lb(ctx, key, &lb_name).await?;
+            continue;
+        }
+        // A deleted DHCP Service's LoadBalancer is kept a while for its lease record, for a
+        // Service recreated under the same name.
+        let cached = ctx
+            .lb_cache
+            .get(&ObjectRef::new(&lb_name).within(ctx.lb_namespace()));
+        if deleting
+            && let Some(lb) = cached.filter(|lb| {
+                lb.metadata.deletion_timestamp.is_none() && retain::worth_keeping(ctx, lb)
+            })
+        {
+            if retain::retire(ctx, &lb).await? {
+                retained_lb = Some(ctx.lb_ref(&lb_name));
+            }
             continue;
         }
         match ctx
@@ -670,6 +712,18 @@ async fn cleanup(
             EventType::Normal,
             reason::DELETED,
             format!("Deleted load balancer {lb}"),
+        );
+    }
+    if let Some(lb) = retained_lb.filter(|_| finalized) {
+        ctx.report(
+            svc,
+            key,
+            EventType::Normal,
+            reason::DELETED,
+            format!(
+                "Released load balancer {lb}; its DHCP lease record is kept for {} for a service recreated as {key}",
+                retain::shown(ctx.record_retention())
+            ),
         );
     }
     if deleting {

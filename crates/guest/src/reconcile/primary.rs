@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::runtime::{controller::Action, reflector::ObjectRef};
 use tracing::info;
 
-use super::{Ctx, SyncError, WAIT_RECHECK, missing, reason, report_address, write_back};
+use super::{Ctx, SyncError, WAIT_RECHECK, missing, reason, report_address, retain, write_back};
 use crate::{
     controller::{Target, events::EventType, modify},
     crd::{LoadBalancer, keys},
@@ -15,6 +15,7 @@ use crate::{
             empty_label, judge_slot, lb_name_of, lb_names_of, new_lb, not_ready_message,
             set_annotation, slot_names, update_lb,
         },
+        dhcp,
         mapping::{self, LbPlan},
     },
 };
@@ -94,6 +95,7 @@ pub(super) async fn primary(
         return Ok(Action::requeue(WAIT_RECHECK));
     }
     let joined = ips.join(",");
+    let lease = lbs.first().and_then(|(_, plan, _)| plan.dhcp.clone());
     let ingress: Vec<&str> = ips
         .iter()
         .map(String::as_str)
@@ -103,6 +105,10 @@ pub(super) async fn primary(
         let mut changed = set_annotation(s, keys::KUBE_VIP_IPS, &joined);
         if let Some(i) = &interface {
             changed |= set_annotation(s, keys::KUBE_VIP_INTERFACE, i);
+        }
+        // In the same write as the DHCP mark, so kube-vip starts its lease with them.
+        if let Some(record) = &lease {
+            changed |= dhcp::write_back(s, record);
         }
         // As upstream: a primary-service label left from a time as a secondary is emptied (not
         // removed); none is added.
@@ -150,14 +156,50 @@ async fn ensure_slot(
         // first; the LoadBalancer's Delete event brings this Service back.
         return Ok(Err(Action::requeue(WAIT_RECHECK)));
     }
-    let plan = match judge_slot(svc, &ctx.cluster, cached.as_deref(), index, slot) {
+    // A DHCP Service about to get its LoadBalancer takes the lease record a deleted Service of its
+    // name left.
+    let donors = if cached.is_none() && index == 0 && mapping::service_ipam(svc) == "dhcp" {
+        retain::donors(ctx, svc)
+    } else {
+        Vec::new()
+    };
+    let carried = donors.first().and_then(|d| retain::record_of(d));
+    let plan = match judge_slot(
+        svc,
+        &ctx.cluster,
+        cached.as_deref(),
+        index,
+        slot,
+        carried.as_ref(),
+    ) {
         Ok(plan) => plan,
         Err(e) => return Ok(Err(ctx.refuse(svc, key, e.to_string()))),
     };
-    match write_lb(svc, key, ctx, cached.as_deref(), &plan).await? {
-        Ok(lb) => Ok(Ok((lb, plan, lb_key))),
-        Err(action) => Ok(Err(action)),
+    let lb = match write_lb(svc, key, ctx, cached.as_deref(), &plan).await? {
+        Ok(lb) => lb,
+        Err(action) => return Ok(Err(action)),
+    };
+    if let (Some(record), Some(donor)) = (&carried, donors.first()) {
+        let from = ctx.lb_ref(donor.metadata.name.as_deref().unwrap_or_default());
+        info!(service = %key, lb = %lb_key, %from, "took the DHCP lease record of a deleted service of this name");
+        ctx.report(
+            svc,
+            key,
+            EventType::Normal,
+            reason::ENSURED,
+            format!(
+                "Took the DHCP lease record of load balancer {from} (MAC address {}{}) for load balancer {lb_key}",
+                record.mac.as_deref().unwrap_or_default(),
+                record
+                    .leased
+                    .as_deref()
+                    .map(|a| format!(", leased address {a}"))
+                    .unwrap_or_default()
+            ),
+        );
+        retain::release(ctx, key, &donors).await?;
     }
+    Ok(Ok((lb, plan, lb_key)))
 }
 
 /// Creates the LoadBalancer of `plan` (or brings `cached` to it) for Service `svc`:

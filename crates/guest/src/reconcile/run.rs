@@ -9,7 +9,7 @@
 //! filled too (decisions read it), and a declared watch is polled only by a running controller;
 //! the share index must tell a Service's deletion from a change, which a watch's mapper cannot.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
@@ -24,7 +24,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::{COMPONENT, Ctx, Ports, Settings, SyncError, group, reconcile};
+use super::{COMPONENT, Ctx, Ports, Settings, SyncError, group, reconcile, retain};
 use crate::{
     controller::events::Recorder,
     crd::{LoadBalancer, keys, lb_kind},
@@ -42,30 +42,32 @@ use crate::{
 /// Deletes a LoadBalancer this cluster made whose Service is gone or was recreated, after confirming
 /// with fresh reads (the caches may lag). Only a LoadBalancer that records this cluster as its maker
 /// is ever collected ([`is_leftover`]): another guest cluster's of the same name, in the same
-/// namespace, is not this one's to judge, nor is one upstream's cloud provider made.
-async fn collect(ctx: &Ctx, lb_name: &str) -> Result<(), SyncError> {
+/// namespace, is not this one's to judge, nor is one upstream's cloud provider made. A DHCP one with
+/// a lease record worth keeping is kept a while instead ([`retain`]): the answer is when to look at
+/// it again.
+async fn collect(ctx: &Ctx, lb_name: &str) -> Result<Option<Duration>, SyncError> {
     let Some(lb) = ctx
         .lb_cache
         .get(&ObjectRef::new(lb_name).within(ctx.lb_namespace()))
     else {
-        return Ok(());
+        return Ok(None);
     };
     if lb.metadata.deletion_timestamp.is_some() || lb.spec.workload_type != "cluster" {
-        return Ok(());
+        return Ok(None);
     }
     if let Some((namespace, key)) = sharing::group_of(&ctx.cluster, &lb) {
         // A sharing group's: left over once no Service gives its key.
         if group::group_is_leftover(ctx, &namespace, &key).await? {
             group::release_if_empty("", lb_name, ctx).await?;
         }
-        return Ok(());
+        return Ok(None);
     }
     let Some(svc_ref) = service_of(&ctx.cluster, &lb) else {
-        return Ok(());
+        return Ok(None);
     };
     let svc_ns = svc_ref.namespace.clone().unwrap_or_default();
     if !is_leftover(&ctx.cluster, &lb, ctx.svc_cache.get(&svc_ref).as_deref()) {
-        return Ok(());
+        return Ok(None);
     }
     let lb_key = ctx.lb_ref(lb_name);
     let fresh_svc = ctx
@@ -85,10 +87,18 @@ async fn collect(ctx: &Ctx, lb_name: &str) -> Result<(), SyncError> {
             source,
         })?;
     let Some(fresh_lb) = fresh_lb else {
-        return Ok(());
+        return Ok(None);
     };
     if !is_leftover(&ctx.cluster, &fresh_lb, fresh_svc.as_ref()) {
-        return Ok(());
+        return Ok(None);
+    }
+    match retain::verdict(ctx, &fresh_lb, k8s_openapi::jiff::Timestamp::now()) {
+        retain::Verdict::Keep(after) => return Ok(Some(after)),
+        retain::Verdict::Retire => {
+            retain::retire(ctx, &fresh_lb).await?;
+            return Ok(Some(ctx.record_retention()));
+        }
+        retain::Verdict::Delete => {}
     }
     let preconditions = Preconditions {
         uid: fresh_lb.metadata.uid.clone(),
@@ -101,9 +111,9 @@ async fn collect(ctx: &Ctx, lb_name: &str) -> Result<(), SyncError> {
     {
         Ok(_) => {
             info!(lb = %lb_key, service = %format!("{svc_ns}/{}", svc_ref.name), "deleted a load balancer whose service is gone or was recreated");
-            Ok(())
+            Ok(None)
         }
-        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) if e.is_not_found() => Ok(None),
         Err(source) => Err(SyncError::DeleteLoadBalancer { lb: lb_key, source }),
     }
 }
@@ -141,6 +151,9 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
         events,
         wake_tx.clone(),
     );
+    ctx.set_record_retention(settings.dhcp_record_retention);
+    // The collector's own later looks (a LoadBalancer kept for its DHCP lease record).
+    let gc_later = gc_tx.clone();
 
     // Services: the cache, the controller's trigger, and the LoadBalancer of one deleted behind the
     // reconciler's back (no finalizer) to garbage-collect.
@@ -313,7 +326,7 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
     };
 
     let gc = {
-        let (ctx, stop) = (ctx.clone(), stop.clone());
+        let (ctx, stop, later) = (ctx.clone(), stop.clone(), stop.clone());
         async move {
             if !caches_ready(&ctx, &stop).await {
                 return;
@@ -322,8 +335,26 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
                 UnboundedReceiverStream::new(gc_rx).take_until(stop.cancelled_owned())
             );
             while let Some(name) = requests.next().await {
-                if let Err(e) = collect(&ctx, &name).await {
-                    warn!(lb = %ctx.lb_ref(&name), error = %e, "garbage collection failed");
+                match collect(&ctx, &name).await {
+                    Ok(None) => {}
+                    Ok(Some(after)) => {
+                        let (again, stop) = (gc_later.clone(), later.clone());
+                        let span = info_span!("collect_later", lb = %ctx.lb_ref(&name));
+                        tokio::spawn(
+                            async move {
+                                tokio::select! {
+                                    _ = tokio::time::sleep(after) => {
+                                        let _ = again.send(name);
+                                    }
+                                    _ = stop.cancelled() => {}
+                                }
+                            }
+                            .instrument(span),
+                        );
+                    }
+                    Err(e) => {
+                        warn!(lb = %ctx.lb_ref(&name), error = %e, "garbage collection failed")
+                    }
                 }
             }
         }

@@ -335,6 +335,31 @@ fn members_must_agree_on_network_address_and_family() {
 }
 
 #[test]
+fn members_under_local_traffic_policy_must_select_the_same_pods() {
+    let local = |name: &str, created: i64, app: &str| {
+        let mut s = mk_member(name, created, &[("TCP", 80 + created as i32)]);
+        let spec = s.spec.as_mut().expect("spec");
+        spec.external_traffic_policy = Some("Local".into());
+        spec.selector = Some([("app".to_string(), app.to_string())].into());
+        s
+    };
+    let a = local("a", 0, "dns");
+    let b = local("b", 1, "dns");
+    let c = local("c", 2, "web");
+    let d = mk_member("d", 3, &[("TCP", 90)]);
+    let d = decide(&mk_key(), &mk_candidates(&[&a, &b, &c, &d]), None);
+    assert_eq!(d.member_keys(), ["default/a", "default/b"]);
+    assert_eq!(
+        refusal(&d, "c"),
+        "service default/c cannot share the address of sharing key \"k\": its externalTrafficPolicy is Local, selector {app=web}, and service default/a's is Local, selector {app=dns}"
+    );
+    assert_eq!(
+        refusal(&d, "d"),
+        "service default/d cannot share the address of sharing key \"k\": its externalTrafficPolicy is Cluster, and service default/a's is Local, selector {app=dns}"
+    );
+}
+
+#[test]
 fn kube_vips_annotation_is_a_request_only_before_admission() {
     let mut a = mk_member("a", 0, &[("TCP", 80)]);
     a.metadata

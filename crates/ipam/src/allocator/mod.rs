@@ -4,9 +4,17 @@
 //! round-robin after `lastAllocated`, gateway skipped), with the listed defects fixed: an id that
 //! already holds an address gets it back, and an unusable history address falls back to a fresh one.
 //!
+//! Ours: the addresses a pool skips ([`Skip`], set with [`PoolAllocator::set_skip`]) are never
+//! handed out, fresh, from the history or on request; an id that holds one keeps it (a live
+//! allocation is not churned). The status counters stay upstream's ([`PoolAllocator::total`],
+//! [`PoolAllocator::available`]: skipped addresses counted, as upstream's controller counts them);
+//! [`PoolAllocator::capacity`] and [`PoolAllocator::free`] count only what the pool hands out.
+//!
 //! Cost does not depend on the pool size. Held addresses are kept as coalesced runs in a `BTreeMap`,
 //! so "the next free address after the cursor" jumps over a whole run in one O(log n) lookup instead of
-//! walking it address by address; memory grows with allocations, history and ranges only.
+//! walking it address by address; memory grows with allocations, history and ranges only. (With
+//! `dot0And255`, a walk over held addresses steps once per /24 it crosses: the skipped `.255` and
+//! `.0` break the runs.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -14,6 +22,7 @@ use std::sync::Arc;
 
 use super::addr::{Family, family_of, from_key, key};
 use super::range::{RangeError, RangeSet};
+use super::skip::{SKIP_ADDRESSES, Skip};
 use super::spec::RangeSpec;
 
 /// Why an address could not be reserved; the texts are those of the upstream allocator, which the
@@ -32,6 +41,11 @@ pub enum AllocateError {
         holder: String,
         ranges: String,
     },
+    /// Ours: the pool skips the address ([`Skip`]).
+    #[error(
+        "requested IP address {ip} is skipped by the pool's annotation {SKIP_ADDRESSES}: {skip}"
+    )]
+    Skipped { ip: IpAddr, skip: Skip },
     /// Only for a request of a specific address by an id that already holds another one: upstream
     /// would hand out a second address.
     #[error("{held} has been allocated to {id}, duplicate allocation is not allowed")]
@@ -151,6 +165,8 @@ pub struct PoolAllocator {
     pub(super) last_allocated: Option<u128>,
     /// How many held addresses are usable (inside a range, not a gateway).
     pub(super) in_use: u128,
+    /// How many of those the pool skips (held since before the pool skipped them).
+    pub(super) held_skipped: u128,
 }
 
 impl PoolAllocator {
@@ -175,7 +191,23 @@ impl PoolAllocator {
             foreign: BTreeMap::new(),
             last_allocated: None,
             in_use: 0,
+            held_skipped: 0,
         }
+    }
+
+    /// Skips what `skip` says from now on. Held addresses stay held; history addresses it skips
+    /// stay in the history (as upstream keeps them) but are never handed out again.
+    pub fn set_skip(&mut self, skip: Skip) {
+        self.ranges.set_skip(skip);
+        self.recount_skipped();
+    }
+
+    fn recount_skipped(&mut self) {
+        self.held_skipped = self
+            .by_ip
+            .keys()
+            .filter(|v| self.ranges.usable_value(**v) && !self.ranges.allocatable_value(**v))
+            .count() as u128;
     }
 
     pub fn name(&self) -> &str {
@@ -199,6 +231,23 @@ impl PoolAllocator {
     /// Usable addresses somebody holds.
     pub fn in_use(&self) -> u128 {
         self.in_use
+    }
+
+    /// What the pool skips.
+    pub fn skip(&self) -> Skip {
+        self.ranges.skip()
+    }
+
+    /// Addresses the pool hands out: [`total`](Self::total) less the skipped ones.
+    pub fn capacity(&self) -> u128 {
+        self.ranges.capacity()
+    }
+
+    /// Addresses the pool hands out that nobody holds: [`available`](Self::available) less the
+    /// skipped ones.
+    pub fn free(&self) -> u128 {
+        self.capacity()
+            .saturating_sub(self.in_use - self.held_skipped)
     }
 
     pub fn last_allocated(&self) -> Option<IpAddr> {
@@ -301,10 +350,16 @@ impl PoolAllocator {
         if range.gateway_inside() == Some(value) {
             return Err(self.fail(id, AllocateError::Gateway { ip }));
         }
-        if let Some(holder) = self.by_ip.get(&value) {
-            if &**holder == id {
-                return Ok(self.allocation(value, Origin::Held));
-            }
+        let holder = self.by_ip.get(&value);
+        if holder.is_some_and(|h| &**h == id) {
+            // Held from before the pool skipped it: kept, not churned.
+            return Ok(self.allocation(value, Origin::Held));
+        }
+        if !self.ranges.allocatable_value(value) {
+            let skip = self.ranges.skip();
+            return Err(self.fail(id, AllocateError::Skipped { ip, skip }));
+        }
+        if let Some(holder) = holder {
             let holder = holder.to_string();
             return Err(self.fail(
                 id,
@@ -404,8 +459,9 @@ impl PoolAllocator {
             });
         }
         self.ranges_text = ranges.to_string();
-        self.ranges = ranges;
+        self.ranges = ranges.with_skip(self.ranges.skip());
         self.in_use = self.by_ip.len() as u128;
+        self.recount_skipped();
         let dropped: Vec<u128> = self
             .history
             .keys()
@@ -450,8 +506,9 @@ impl PoolAllocator {
             .find(|v| self.ranges.usable_value(*v))
     }
 
+    /// Not held, and the pool may hand it out.
     fn is_free(&self, value: u128) -> bool {
-        self.ranges.usable_value(value) && !self.by_ip.contains_key(&value)
+        self.ranges.allocatable_value(value) && !self.by_ip.contains_key(&value)
     }
 
     /// Shares one allocation of the id string between the maps.
@@ -476,6 +533,9 @@ impl PoolAllocator {
         self.hold_run(value);
         if self.ranges.usable_value(value) {
             self.in_use += 1;
+            if !self.ranges.allocatable_value(value) {
+                self.held_skipped += 1;
+            }
         }
         self.last_allocated = Some(value);
     }
@@ -485,6 +545,9 @@ impl PoolAllocator {
         self.free_run(value);
         if self.ranges.usable_value(value) {
             self.in_use -= 1;
+            if !self.ranges.allocatable_value(value) {
+                self.held_skipped -= 1;
+            }
             self.remember(value, holder);
         }
     }
@@ -548,7 +611,7 @@ impl PoolAllocator {
         }
     }
 
-    /// The first free, non-gateway address of range `index` within `[lo, hi]`.
+    /// The first free, non-gateway, not skipped address of range `index` within `[lo, hi]`.
     fn free_in(&self, index: usize, lo: u128, hi: u128) -> Option<u128> {
         let gateway = self.ranges.ranges()[index].gateway_inside();
         let mut at = lo;
@@ -557,10 +620,10 @@ impl PoolAllocator {
             if candidate > hi {
                 return None;
             }
-            if Some(candidate) != gateway {
+            if Some(candidate) != gateway && !self.ranges.skips_in(index, candidate) {
                 return Some(candidate);
             }
-            // The gateway is skipped once; the next candidate cannot be it again.
+            // Passed over: the gateway once, skipped addresses at most a few in a row.
             at = candidate.checked_add(1)?;
         }
     }

@@ -414,3 +414,121 @@ fn a_family_takes_only_ranges_of_that_family() {
         mk_ip("192.168.0.11")
     );
 }
+
+// --- Pools that skip addresses (ours) -------------------------------------------------------------
+
+fn mk_skipping(ranges: &[RangeSpec], skip: &str) -> PoolAllocator {
+    let mut pool = mk_pool(ranges);
+    pool.set_skip(Skip::parse(skip).expect("valid skip"));
+    pool
+}
+
+#[test]
+fn dot0_and_255_are_never_handed_out() {
+    let mut pool = mk_skipping(
+        &[mk_range("10.0.0.0/23", "10.0.0.253", "10.0.1.2", "")],
+        "dot0And255",
+    );
+    // Upstream's counts: six addresses, none a gateway (10.0.0.1 lies outside the range).
+    assert_eq!((pool.total(), pool.available()), (6, 6));
+    assert_eq!((pool.capacity(), pool.free()), (4, 4));
+    let got: Vec<String> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|id| alloc(&mut pool, id))
+        .collect();
+    assert_eq!(got, ["10.0.0.253", "10.0.0.254", "10.0.1.1", "10.0.1.2"]);
+    assert_eq!((pool.available(), pool.free()), (2, 0));
+    let err = pool.allocate("e").expect_err("nothing left to hand out");
+    assert_eq!(
+        err.to_string(),
+        "fail to get ip from pool pool1, error: no IP addresses available in range set: 10.0.0.253-10.0.1.2"
+    );
+    // The status is what upstream's controller writes for the same allocations.
+    let plain = {
+        let mut plain = mk_pool(&[mk_range("10.0.0.0/23", "10.0.0.253", "10.0.1.2", "")]);
+        for (id, ip) in ["a", "b", "c", "d"].iter().zip(&got) {
+            plain.request_ip(id, mk_ip(ip)).expect("free");
+        }
+        plain
+    };
+    assert_eq!(pool.status(), plain.status());
+}
+
+#[test]
+fn first_last_skips_the_last_address_of_an_ipv6_subnet() {
+    let mut pool = mk_skipping(&[mk_range("fd00::/126", "fd00::2", "", "")], "firstLast");
+    // fd00::2 and fd00::3 (the subnet's last address, the default end); the gateway fd00::1 is
+    // outside the range.
+    assert_eq!((pool.total(), pool.capacity()), (2, 1));
+    assert_eq!(alloc(&mut pool, "a"), "fd00::2");
+    assert!(pool.allocate("b").is_err());
+    let err = pool.request_ip("b", mk_ip("fd00::3")).expect_err("skipped");
+    assert_eq!(
+        err.to_string(),
+        "fail to get ip from pool pool1, error: requested IP address fd00::3 is skipped by the pool's annotation loadbalancer.harvesterhci.io/skipAddresses: firstLast"
+    );
+    // A /31 is point to point: both its addresses are hosts.
+    let mut p2p = mk_skipping(&[mk_range("10.0.0.4/31", "", "", "")], "firstLast");
+    assert_eq!(p2p.capacity(), p2p.total());
+    assert_eq!(alloc(&mut p2p, "a"), "10.0.0.4");
+}
+
+#[test]
+fn an_address_held_before_the_pool_skipped_it_stays_held_and_is_not_handed_out_again() {
+    let mut pool = mk_pool(&[mk_range("10.0.0.0/16", "10.0.0.254", "10.0.1.1", "")]);
+    assert_eq!(alloc(&mut pool, "ns/a"), "10.0.0.254");
+    assert_eq!(alloc(&mut pool, "ns/b"), "10.0.0.255");
+    assert_eq!(alloc(&mut pool, "ns/c"), "10.0.1.0");
+    let before = pool.status();
+    pool.set_skip(Skip::parse("dot0And255").expect("valid"));
+    // Nothing churns: each id keeps its address, asked for as any or exactly.
+    assert_eq!(alloc(&mut pool, "ns/b"), "10.0.0.255");
+    let held = pool.request_ip("ns/c", mk_ip("10.0.1.0")).expect("kept");
+    assert_eq!(held.origin, Origin::Held);
+    assert_eq!(pool.status(), before);
+    assert_eq!((pool.total(), pool.available()), (4, 1));
+    assert_eq!((pool.capacity(), pool.free()), (2, 1));
+    // Another id may not take a skipped address, held or not.
+    let err = pool
+        .request_ip("ns/d", mk_ip("10.0.0.255"))
+        .expect_err("skipped");
+    assert!(matches!(
+        err,
+        PoolError::Allocate {
+            source: AllocateError::Skipped { .. },
+            ..
+        }
+    ));
+    // Released, a skipped address goes to the history (as upstream keeps it) but its last holder
+    // gets a fresh address.
+    pool.release("ns/b");
+    assert_eq!(pool.history_of("ns/b"), vec![mk_ip("10.0.0.255")]);
+    assert_eq!((pool.available(), pool.free()), (2, 1));
+    assert_eq!(alloc(&mut pool, "ns/b"), "10.0.1.1");
+    assert_eq!((pool.capacity(), pool.free()), (2, 0));
+    pool.release("ns/c");
+    assert_eq!((pool.available(), pool.free()), (2, 0));
+    assert!(pool.allocate("ns/e").is_err());
+    // Rebuilt from its status with the same skip, the pool is the same.
+    let mut rebuilt = PoolAllocator::from_status(
+        "pool1",
+        &[mk_range("10.0.0.0/16", "10.0.0.254", "10.0.1.1", "")],
+        &pool.status(),
+    )
+    .expect("restores");
+    rebuilt.set_skip(pool.skip());
+    assert_eq!(rebuilt, pool);
+}
+
+#[test]
+fn resizing_keeps_what_the_pool_skips() {
+    let mut pool = mk_skipping(
+        &[mk_range("10.0.0.0/16", "10.0.0.250", "10.0.0.254", "")],
+        "dot0And255",
+    );
+    assert_eq!(pool.capacity(), 5);
+    pool.resize(&[mk_range("10.0.0.0/16", "10.0.0.250", "10.0.1.5", "")])
+        .expect("grows");
+    assert_eq!((pool.total(), pool.capacity()), (12, 10));
+    assert_eq!(pool.skip().to_string(), "dot0And255");
+}

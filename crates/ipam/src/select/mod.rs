@@ -5,11 +5,20 @@
 //! instead of the cache's iteration order, and the loose match runs before the global fallback so that
 //! namespace-only pools made in the UI are not shadowed by a global pool. Pools being deleted are
 //! never chosen.
+//!
+//! Ours: a pool with a service selector ([`crate::labels`], the annotation
+//! `loadbalancer.harvesterhci.io/serviceSelector`) serves only load balancers whose labels
+//! ([`LbRequest::labels`]) it selects. Upstream's rules run first: among the pools they allow, in
+//! their order, the first whose selector selects the labels is chosen; a pool named in
+//! `spec.ipPool` must select them too. A selector that does not parse (written past admission)
+//! selects nothing.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use super::Family;
+use super::labels::{SelectorError, ServiceSelector, labels_text};
+use super::skip::{Skip, SkipError};
 use super::spec::{ALL, Families, PoolSpec, Selector, Tuple};
 
 /// What the load balancer asks for, from its annotations (`loadbalancer.harvesterhci.io/network`,
@@ -71,6 +80,9 @@ pub struct LbRequest {
     /// family of the requested address): only pools with ranges of that family are considered.
     /// `None` considers every pool, as upstream does.
     pub family: Option<Family>,
+    /// Ours: the labels pools' service selectors are matched against: the guest Service's
+    /// (annotation `cloudprovider.harvesterhci.io/serviceLabels`), else the LoadBalancer's own.
+    pub labels: BTreeMap<String, String>,
 }
 
 impl LbRequest {
@@ -95,6 +107,55 @@ pub struct PoolEntry<'a> {
     pub spec: &'a PoolSpec,
     /// Has a deletion timestamp: not offered to new load balancers.
     pub deleting: bool,
+    pub options: PoolOptions<'a>,
+}
+
+/// Ours, not upstream's: the pool's annotations that IPAM reads, as written (empty when absent).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolOptions<'a> {
+    /// `loadbalancer.harvesterhci.io/skipAddresses` ([`Skip`]).
+    pub skip_addresses: &'a str,
+    /// `loadbalancer.harvesterhci.io/serviceSelector` ([`ServiceSelector`]).
+    pub service_selector: &'a str,
+}
+
+impl PoolOptions<'_> {
+    pub fn skip(&self) -> Result<Skip, SkipError> {
+        Skip::parse(self.skip_addresses)
+    }
+
+    /// The pool's service selector; `None` when it has none (it serves every load balancer).
+    pub fn service_selector(&self) -> Result<Option<ServiceSelector>, SelectorError> {
+        let selector = ServiceSelector::parse(self.service_selector)?;
+        Ok((!selector.is_empty()).then_some(selector))
+    }
+}
+
+/// Whether a pool serves load balancers with some labels: its parsed service selector.
+#[derive(Debug, Clone)]
+enum Gate {
+    All,
+    Selector(ServiceSelector),
+    /// The annotation does not parse: the pool serves nobody by labels.
+    Invalid,
+}
+
+impl Gate {
+    fn of(pool: &PoolEntry<'_>) -> Self {
+        match pool.options.service_selector() {
+            Ok(None) => Gate::All,
+            Ok(Some(selector)) => Gate::Selector(selector),
+            Err(_) => Gate::Invalid,
+        }
+    }
+
+    fn admits(&self, labels: &BTreeMap<String, String>) -> bool {
+        match self {
+            Gate::All => true,
+            Gate::Selector(selector) => selector.matches(labels),
+            Gate::Invalid => false,
+        }
+    }
 }
 
 /// How the pool was chosen, for events and logs.
@@ -121,6 +182,23 @@ pub enum SelectError {
     NoMatchOfFamily {
         requirement: Requirement,
         family: Family,
+    },
+    /// Ours: pools matched the requirement, but their service selectors do not select the load
+    /// balancer's labels; `turned_away` names them and the labels.
+    #[error("{}: {turned_away}", no_match(requirement.clone(), *family))]
+    NotSelected {
+        requirement: Requirement,
+        family: Option<Family>,
+        turned_away: String,
+    },
+    /// Ours: the pool named in `spec.ipPool` has a service selector that does not select them.
+    #[error(
+        "the service selector {selector:?} of IP pool {pool} does not select the load balancer's labels {labels}"
+    )]
+    ExplicitNotSelected {
+        pool: String,
+        selector: String,
+        labels: String,
     },
     #[error("IP pool {pool} has no {family} range")]
     WrongFamily { pool: String, family: Family },
@@ -215,17 +293,42 @@ fn no_match(requirement: Requirement, family: Option<Family>) -> SelectError {
     }
 }
 
+/// What selection found when no pool could serve: the pools its rules matched but whose
+/// selectors turned the load balancer away (`excluded`, by name), or none.
+fn refusal(requirement: Requirement, request: &LbRequest, mut excluded: Vec<&str>) -> SelectError {
+    if excluded.is_empty() {
+        return no_match(requirement, request.family);
+    }
+    excluded.sort_unstable();
+    excluded.dedup();
+    SelectError::NotSelected {
+        requirement,
+        family: request.family,
+        turned_away: format!(
+            "the service selector of IP pool {} does not select the load balancer's labels {}",
+            excluded.join(", "),
+            labels_text(&request.labels)
+        ),
+    }
+}
+
 fn explicit<'a>(
     found: Option<&PoolEntry<'a>>,
     name: &str,
-    family: Option<Family>,
+    request: &LbRequest,
 ) -> Result<Selected<'a>, SelectError> {
+    let family = request.family;
     match found {
         None => Err(SelectError::UnknownPool { pool: name.into() }),
         Some(p) if p.deleting => Err(SelectError::PoolDeleting { pool: name.into() }),
         Some(p) if !p.spec.families().serves(family) => Err(SelectError::WrongFamily {
             pool: name.into(),
             family: family.unwrap_or(Family::V4),
+        }),
+        Some(p) if !Gate::of(p).admits(&request.labels) => Err(SelectError::ExplicitNotSelected {
+            pool: name.into(),
+            selector: p.options.service_selector.into(),
+            labels: labels_text(&request.labels),
         }),
         Some(p) => Ok(Selected {
             pool: p.name,
@@ -244,23 +347,33 @@ pub fn select_pool<'a>(
         return explicit(
             pools.iter().find(|p| p.name == request.ip_pool),
             &request.ip_pool,
-            request.family,
+            request,
         );
     }
     let requirement = request.requirement();
     let guest = request.workload_type == WorkloadType::Cluster;
     let (mut strict, mut loose, mut global) = (None, None, None);
+    let mut excluded = Vec::new();
     for &pool in pools
         .iter()
         .filter(|p| !p.deleting && p.spec.families().serves(request.family))
     {
         let selector = &pool.spec.selector;
-        if selector.is_global() {
-            global = better_global(global, pool, &requirement.network);
+        let slot = if selector.is_global() {
+            &mut global
         } else if selector.matches(&requirement) {
-            strict = better(strict, pool);
+            &mut strict
         } else if guest && selector.matches_loosely(&requirement) {
-            loose = better(loose, pool);
+            &mut loose
+        } else {
+            continue;
+        };
+        if !Gate::of(&pool).admits(&request.labels) {
+            excluded.push(pool.name);
+        } else if selector.is_global() {
+            *slot = better_global(*slot, pool, &requirement.network);
+        } else {
+            *slot = better(*slot, pool);
         }
     }
     let chosen = [
@@ -270,7 +383,7 @@ pub fn select_pool<'a>(
     ]
     .into_iter()
     .find_map(|(pool, by)| pool.map(|p| Selected { pool: p.name, by }));
-    chosen.ok_or_else(|| no_match(requirement, request.family))
+    chosen.ok_or_else(|| refusal(requirement, request, excluded))
 }
 
 /// The pools indexed for repeated selection: by name, and per network in selection order, so a
@@ -278,6 +391,8 @@ pub fn select_pool<'a>(
 #[derive(Debug, Clone)]
 pub struct PoolIndex<'a> {
     by_name: HashMap<&'a str, PoolEntry<'a>>,
+    /// The service selector of each pool that has one (every other pool serves every label set).
+    gates: HashMap<&'a str, Gate>,
     /// Non-global, live pools per network, highest priority first, then by name, with the families
     /// of their ranges.
     by_network: HashMap<&'a str, Vec<(PoolEntry<'a>, Families)>>,
@@ -311,9 +426,19 @@ impl<'a> PoolIndex<'a> {
         }
         PoolIndex {
             by_name: pools.iter().map(|p| (p.name, *p)).collect(),
+            gates: pools
+                .iter()
+                .filter(|p| !p.options.service_selector.trim().is_empty())
+                .map(|p| (p.name, Gate::of(p)))
+                .collect(),
             by_network,
             globals,
         }
+    }
+
+    /// Whether `pool`'s service selector (if any) selects `labels`.
+    fn admits(&self, pool: &str, labels: &BTreeMap<String, String>) -> bool {
+        self.gates.get(pool).is_none_or(|gate| gate.admits(labels))
     }
 
     /// The live pools of the requirement's network that serve the family, in selection order.
@@ -348,19 +473,22 @@ impl<'a> PoolIndex<'a> {
             return explicit(
                 self.by_name.get(request.ip_pool.as_str()),
                 &request.ip_pool,
-                request.family,
+                request,
             );
         }
         let requirement = request.requirement();
+        let guest = request.workload_type == WorkloadType::Cluster;
+        let labels = &request.labels;
         let first = |loose: bool| {
             self.candidates(&requirement, request.family)
-                .find(|p| p.spec.selector.matches_with(&requirement, loose))
+                .filter(|p| p.spec.selector.matches_with(&requirement, loose))
+                .find(|p| self.admits(p.name, labels))
                 .map(|p| p.name)
         };
         let chosen = first(false)
             .map(|pool| (pool, SelectedBy::Strict))
             .or_else(|| {
-                (request.workload_type == WorkloadType::Cluster)
+                guest
                     .then(|| first(true))
                     .flatten()
                     .map(|pool| (pool, SelectedBy::Loose))
@@ -368,51 +496,69 @@ impl<'a> PoolIndex<'a> {
             .or_else(|| {
                 self.globals
                     .iter()
-                    .filter(|(_, f)| f.serves(request.family))
+                    .filter(|(p, f)| f.serves(request.family) && self.admits(p.name, labels))
                     .map(|(p, _)| p)
                     .max_by_key(|p| global_rank(p, &requirement.network))
                     .map(|p| (p.name, SelectedBy::Global))
             });
         match chosen {
             Some((pool, by)) => Ok(Selected { pool, by }),
-            None => Err(no_match(requirement, request.family)),
+            None => Err(self.refusal(requirement, request)),
         }
     }
 
+    /// Why no pool serves `request`: the pools upstream's rules match, all turned away by their
+    /// service selectors, or none.
+    fn refusal(&self, requirement: Requirement, request: &LbRequest) -> SelectError {
+        let excluded = self.matching(&requirement, request).collect();
+        refusal(requirement, request, excluded)
+    }
+
+    /// Every pool upstream's rules allow for `request`, selectors aside, in selection order: the
+    /// strict matches, the loose ones (guest clusters), then the global pools. A pool may come
+    /// twice (a strict match is a loose one too).
+    fn matching<'s>(
+        &'s self,
+        requirement: &'s Requirement,
+        request: &'s LbRequest,
+    ) -> impl Iterator<Item = &'a str> + 's {
+        let guest = request.workload_type == WorkloadType::Cluster;
+        let scoped = move |loose: bool| {
+            self.candidates(requirement, request.family)
+                .filter(move |p| p.spec.selector.matches_with(requirement, loose))
+                .map(|p| p.name)
+        };
+        scoped(false)
+            .chain(guest.then(|| scoped(true)).into_iter().flatten())
+            .chain(
+                self.globals(requirement, request.family)
+                    .into_iter()
+                    .map(|p| p.name),
+            )
+    }
+
     /// Every pool that could serve `request`, in the order selection prefers them: the explicit pool
-    /// alone; else the strict matches, the loose ones (guest clusters), then the global pools. A
-    /// requested address is taken from the first of these whose ranges hold it.
+    /// alone; else the strict matches, the loose ones (guest clusters), then the global pools, each
+    /// only if its service selector selects the load balancer's labels. A requested address is
+    /// taken from the first of these whose ranges hold it.
     pub fn eligible(&self, request: &LbRequest) -> Result<Vec<&'a str>, SelectError> {
         if !request.ip_pool.is_empty() {
             return explicit(
                 self.by_name.get(request.ip_pool.as_str()),
                 &request.ip_pool,
-                request.family,
+                request,
             )
             .map(|s| vec![s.pool]);
         }
         let requirement = request.requirement();
-        let mut out: Vec<&'a str> = self
-            .candidates(&requirement, request.family)
-            .filter(|p| p.spec.selector.matches_with(&requirement, false))
-            .map(|p| p.name)
-            .collect();
-        if request.workload_type == WorkloadType::Cluster {
-            let loose: Vec<&'a str> = self
-                .candidates(&requirement, request.family)
-                .filter(|p| p.spec.selector.matches_with(&requirement, true))
-                .map(|p| p.name)
-                .filter(|name| !out.contains(name))
-                .collect();
-            out.extend(loose);
+        let mut out: Vec<&'a str> = Vec::new();
+        for name in self.matching(&requirement, request) {
+            if !out.contains(&name) && self.admits(name, &request.labels) {
+                out.push(name);
+            }
         }
-        out.extend(
-            self.globals(&requirement, request.family)
-                .into_iter()
-                .map(|p| p.name),
-        );
         if out.is_empty() {
-            return Err(no_match(requirement, request.family));
+            return Err(self.refusal(requirement, request));
         }
         Ok(out)
     }

@@ -1,6 +1,7 @@
 //! Unit tests of pool selection.
 use super::*;
 use crate::spec::RangeSpec;
+use std::collections::BTreeMap;
 
 fn mk_tuple(project: &str, namespace: &str, cluster: &str) -> Tuple {
     Tuple {
@@ -68,6 +69,7 @@ fn mk_entry<'a>(name: &'a str, spec: &'a PoolSpec) -> PoolEntry<'a> {
         name,
         spec,
         deleting: false,
+        options: PoolOptions::default(),
     }
 }
 
@@ -390,4 +392,177 @@ fn global_pools_per_network_and_family() {
         PoolIndex::new(&pools).eligible(&mk_request(VLAN10, "", "x", "")),
         Ok(vec!["g4-vlan", "g4", "g6"])
     );
+}
+
+// --- Pools by Service labels (ours) ---------------------------------------------------------------
+
+fn mk_selective<'a>(name: &'a str, spec: &'a PoolSpec, selector: &'a str) -> PoolEntry<'a> {
+    PoolEntry {
+        options: PoolOptions {
+            service_selector: selector,
+            ..PoolOptions::default()
+        },
+        ..mk_entry(name, spec)
+    }
+}
+
+fn mk_labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn labelled(request: LbRequest, pairs: &[(&str, &str)]) -> LbRequest {
+    LbRequest {
+        labels: mk_labels(pairs),
+        ..request
+    }
+}
+
+#[test]
+fn a_selective_pool_serves_only_the_labels_it_selects_and_the_others_fall_through() {
+    let f = mk_fixture();
+    // The same scope: the selective pool needs the higher priority (admission refuses two
+    // priority-0 pools of one scope), and the catch-all pool serves the rest.
+    let pools = [
+        mk_selective(
+            "premium",
+            &f.default_priority,
+            "tier in (premium,gold),!canary",
+        ),
+        mk_entry("default", &f.default),
+    ];
+    let request = mk_request(VLAN10, "", "default", "");
+    for (labels, want) in [
+        (&[("tier", "premium")][..], "premium"),
+        (&[("tier", "gold"), ("app", "web")][..], "premium"),
+        (&[("tier", "premium"), ("canary", "")][..], "default"),
+        (&[("tier", "basic")][..], "default"),
+        (&[][..], "default"),
+    ] {
+        assert_eq!(
+            pick(&pools, &labelled(request.clone(), labels)).as_deref(),
+            Ok(want),
+            "{labels:?}"
+        );
+    }
+    let index = PoolIndex::new(&pools);
+    assert_eq!(
+        index.eligible(&labelled(request.clone(), &[("tier", "gold")])),
+        Ok(vec!["premium", "default"])
+    );
+    assert_eq!(index.eligible(&request), Ok(vec!["default"]));
+}
+
+#[test]
+fn scope_rules_come_before_the_selector() {
+    let f = mk_fixture();
+    // The global pool selects the labels, the strict one does not: the global pool serves, as it
+    // would with no strict pool at all; with labels both select, the strict pool wins as upstream.
+    let pools = [
+        mk_selective("default", &f.default, "app=web"),
+        mk_selective("global", &f.global, "app"),
+    ];
+    let request = mk_request(VLAN10, "", "default", "");
+    assert_eq!(
+        pick(&pools, &labelled(request.clone(), &[("app", "web")])).as_deref(),
+        Ok("default")
+    );
+    assert_eq!(
+        pick(&pools, &labelled(request.clone(), &[("app", "db")])).as_deref(),
+        Ok("global")
+    );
+    // A guest load balancer: the loose match before the global pool, each only if it selects.
+    let loose = [
+        mk_selective("vlan-100-no-scope", &f.no_scope, "team=a"),
+        mk_entry("global", &f.global),
+    ];
+    let guest = mk_guest(VLAN10, "p-abc", "default", "c1");
+    assert_eq!(
+        pick(&loose, &labelled(guest.clone(), &[("team", "a")])).as_deref(),
+        Ok("vlan-100-no-scope")
+    );
+    assert_eq!(
+        pick(&loose, &labelled(guest, &[("team", "b")])).as_deref(),
+        Ok("global")
+    );
+}
+
+#[test]
+fn a_load_balancer_no_pool_selects_is_told_which_pools_turned_it_away() {
+    let f = mk_fixture();
+    let pools = [
+        mk_selective("default", &f.default, "app=web"),
+        mk_selective("global", &f.global, "app=web"),
+        // Not matched by the scope rules: not named.
+        mk_selective("other", &f.with_scope, "app=db"),
+    ];
+    let request = labelled(mk_request(VLAN10, "", "default", ""), &[("app", "db")]);
+    let message = "no matched IPPool with requirement &{Network:default/vlan10 Project: Namespace:default Cluster:}: the service selector of IP pool default, global does not select the load balancer's labels app=db";
+    assert_eq!(pick(&pools, &request), Err(message.into()));
+    assert_eq!(
+        PoolIndex::new(&pools)
+            .eligible(&request)
+            .map_err(|e| e.to_string()),
+        Err(message.into())
+    );
+    let v4 = LbRequest {
+        family: Some(Family::V4),
+        labels: BTreeMap::new(),
+        ..request
+    };
+    assert_eq!(
+        pick(&pools, &v4),
+        Err("no matched IPPool with IPv4 ranges with requirement &{Network:default/vlan10 Project: Namespace:default Cluster:}: the service selector of IP pool default, global does not select the load balancer's labels (none)".into())
+    );
+    // Nothing matched the scope rules: upstream's message alone.
+    assert_eq!(
+        pick(&pools, &mk_request(VLAN10, "", "elsewhere", "")),
+        Err("no matched IPPool with requirement &{Network:default/vlan10 Project: Namespace:elsewhere Cluster:}: the service selector of IP pool global does not select the load balancer's labels (none)".into())
+    );
+    assert_eq!(
+        pick(&pools[..1], &mk_request(VLAN10, "", "elsewhere", "")),
+        Err("no matched IPPool with requirement &{Network:default/vlan10 Project: Namespace:elsewhere Cluster:}".into())
+    );
+}
+
+#[test]
+fn a_pool_named_in_spec_ip_pool_must_select_the_labels_too() {
+    let f = mk_fixture();
+    let pools = [mk_selective("default", &f.default, "app=web")];
+    let explicit = |labels: &[(&str, &str)]| LbRequest {
+        ip_pool: "default".into(),
+        ..labelled(mk_request("nowhere", "", "nobody", ""), labels)
+    };
+    assert_eq!(
+        pick(&pools, &explicit(&[("app", "web")])).as_deref(),
+        Ok("default")
+    );
+    assert_eq!(
+        pick(&pools, &explicit(&[("app", "db"), ("tier", "x")])),
+        Err("the service selector \"app=web\" of IP pool default does not select the load balancer's labels app=db,tier=x".into())
+    );
+    assert!(PoolIndex::new(&pools).eligible(&explicit(&[])).is_err());
+}
+
+#[test]
+fn an_empty_selector_serves_everybody_and_a_broken_one_nobody() {
+    let f = mk_fixture();
+    let request = labelled(mk_request(VLAN10, "", "default", ""), &[("app", "web")]);
+    let pools = [mk_selective("default", &f.default, "  ")];
+    assert_eq!(pick(&pools, &request).as_deref(), Ok("default"));
+    assert_eq!(
+        pick(&pools, &mk_request(VLAN10, "", "default", "")).as_deref(),
+        Ok("default")
+    );
+    // Written past admission (e.g. while upstream's webhook ran): it selects nothing.
+    let pools = [
+        mk_selective("broken", &f.default_priority, "app in (web"),
+        mk_entry("default", &f.default),
+    ];
+    assert_eq!(pick(&pools, &request).as_deref(), Ok("default"));
+    assert!(pick(&pools[..1], &request).expect_err("nobody").ends_with(
+        "the service selector of IP pool broken does not select the load balancer's labels app=web"
+    ));
 }

@@ -11,9 +11,10 @@ use crate::{
     crd::{
         LoadBalancer,
         keys::{
-            ANNOTATION_CLUSTER, ANNOTATION_MANAGEMENT_NETWORK, ANNOTATION_NAMESPACE,
-            ANNOTATION_NETWORK, ANNOTATION_PROJECT, LABEL_CREATOR, LABEL_GUEST_CLUSTER,
-            LABEL_GUEST_CLUSTER_NAME, NODE_DRIVER,
+            ANNOTATION_CLUSTER, ANNOTATION_DHCP_HOSTNAME, ANNOTATION_DHCP_LEASED_IP,
+            ANNOTATION_DHCP_MAC, ANNOTATION_DHCP_RETAINED_UNTIL, ANNOTATION_MANAGEMENT_NETWORK,
+            ANNOTATION_NAMESPACE, ANNOTATION_NETWORK, ANNOTATION_PROJECT, LABEL_CREATOR,
+            LABEL_GUEST_CLUSTER, LABEL_GUEST_CLUSTER_NAME, NODE_DRIVER,
         },
         kinds::{VirtualMachine, VirtualMachineInstance},
     },
@@ -77,6 +78,13 @@ pub enum LbRejection {
     /// Ours: the requested address or family annotations are not usable.
     #[error("{reason}")]
     AddressRequest { reason: String },
+    /// Ours: the carried Service labels (`cloudprovider.harvesterhci.io/serviceLabels`) do not read.
+    #[error("{reason}")]
+    ServiceLabels { reason: String },
+    /// Ours: the DHCP lease record of a guest Service's LoadBalancer is not one kube-vip could
+    /// lease with, or is on a load balancer that is not DHCP.
+    #[error("{reason}")]
+    DhcpRecord { reason: String },
     #[error("can't change the IPAM from {old} to {new}")]
     IpamChange { old: String, new: String },
     #[error("can't change the WorkloadType from {old} to {new}")]
@@ -321,6 +329,37 @@ pub(crate) fn check_address_request(lb: &LoadBalancer) -> Result<(), LbRejection
     Ok(())
 }
 
+/// Ours: the Service labels the cloud provider carries for pools' service selectors must read as a
+/// JSON object of strings.
+pub(crate) fn check_service_labels(lb: &LoadBalancer) -> Result<(), LbRejection> {
+    lb.selector_labels()
+        .map(|_| ())
+        .map_err(|reason| LbRejection::ServiceLabels { reason })
+}
+
+/// Ours: the DHCP lease record the guest cloud provider keeps on a LoadBalancer
+/// (`cloudprovider.harvesterhci.io/dhcp…`, [`crate::crd::dhcp`]) must be what kube-vip can lease
+/// with, since the guest writes it back for kube-vip, and only a DHCP load balancer has one.
+pub(crate) fn check_dhcp_record(lb: &LoadBalancer) -> Result<(), LbRejection> {
+    let annotations = lb.metadata.annotations.clone().unwrap_or_default();
+    crate::crd::dhcp::record_of(&annotations)
+        .map_err(|reason| LbRejection::DhcpRecord { reason })?;
+    let recorded = [
+        ANNOTATION_DHCP_MAC,
+        ANNOTATION_DHCP_LEASED_IP,
+        ANNOTATION_DHCP_HOSTNAME,
+        ANNOTATION_DHCP_RETAINED_UNTIL,
+    ]
+    .into_iter()
+    .find(|k| annotations.get(*k).is_some_and(|v| !v.is_empty()));
+    match recorded {
+        Some(key) if !lb.is_dhcp() => Err(LbRejection::DhcpRecord {
+            reason: format!("annotation {key} is a DHCP lease record, and spec.ipam is not dhcp"),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The validating webhook on create.
 pub fn validate_lb_create(
     lb: &LoadBalancer,
@@ -329,6 +368,8 @@ pub fn validate_lb_create(
     let (namespace, name) = ids(lb);
     check_listeners(lb)
         .and_then(|()| check_address_request(lb))
+        .and_then(|()| check_service_labels(lb))
+        .and_then(|()| check_dhcp_record(lb))
         .map_err(|source| LbAdmissionError::Create {
             namespace: namespace.clone(),
             name: name.clone(),
@@ -361,6 +402,8 @@ pub fn validate_lb_update(old: &LoadBalancer, new: &LoadBalancer) -> Result<(), 
     };
     check_listeners(new)
         .and_then(|()| check_address_request(new))
+        .and_then(|()| check_service_labels(new))
+        .and_then(|()| check_dhcp_record(new))
         .map_err(update)?;
     let changed = old.spec.health_check != new.spec.health_check;
     check_health_check(new)

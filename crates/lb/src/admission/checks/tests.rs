@@ -347,6 +347,98 @@ fn ipam_and_workload_type_changes() {
     assert!(validate_lb_update(&old, &new).is_ok());
 }
 
+#[test]
+fn carried_service_labels_must_read_as_a_json_object_of_strings() {
+    use crate::crd::keys::ANNOTATION_SERVICE_LABELS;
+    let mut lb = mk_lb("cluster", vec![]);
+    for ok in [r#"{}"#, r#"{"app":"web","example.com/tier":""}"#] {
+        lb.metadata.annotations =
+            Some([(ANNOTATION_SERVICE_LABELS.to_string(), ok.to_string())].into());
+        assert!(validate_lb_create(&lb, &[]).is_ok(), "{ok}");
+        assert!(validate_lb_update(&lb, &lb).is_ok(), "{ok}");
+    }
+    lb.metadata.annotations = Some(
+        [(
+            ANNOTATION_SERVICE_LABELS.to_string(),
+            r#"{"replicas":3}"#.to_string(),
+        )]
+        .into(),
+    );
+    assert_eq!(
+        create(&lb),
+        "create loadbalancer default/lb1 failed: annotation cloudprovider.harvesterhci.io/serviceLabels is not a JSON object of label values: invalid type: integer `3`, expected a string at line 1 column 13"
+    );
+    let old = mk_lb("cluster", vec![]);
+    assert!(
+        validate_lb_update(&old, &lb)
+            .expect_err("refused")
+            .to_string()
+            .starts_with("update loadbalancer default/lb1 failed: annotation cloudprovider.harvesterhci.io/serviceLabels is not a JSON object")
+    );
+}
+
+#[test]
+fn dhcp_lease_records_are_what_kube_vip_can_lease_with() {
+    let with = |ipam: &str, record: &[(&str, &str)]| {
+        let mut lb = mk_lb("cluster", vec![]);
+        lb.spec.ipam = ipam.into();
+        lb.metadata.annotations = Some(
+            record
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        lb
+    };
+    let good = with(
+        "dhcp",
+        &[
+            (ANNOTATION_DHCP_MAC, "00:00:6c:12:34:56"),
+            (ANNOTATION_DHCP_LEASED_IP, "192.168.1.20,fd00::20"),
+            (ANNOTATION_DHCP_HOSTNAME, "web-lb"),
+            (ANNOTATION_DHCP_RETAINED_UNTIL, "2026-01-02T15:04:05Z"),
+        ],
+    );
+    assert!(validate_lb_create(&good, &[]).is_ok());
+    assert!(validate_lb_update(&good, &good).is_ok());
+    for (record, message) in [
+        (
+            (ANNOTATION_DHCP_MAC, "ff:ff:ff:ff:ff:ff"),
+            "annotation cloudprovider.harvesterhci.io/dhcpMACAddress is \"ff:ff:ff:ff:ff:ff\": the broadcast MAC address; the lease needs a unicast address",
+        ),
+        (
+            (ANNOTATION_DHCP_MAC, "33:33:00:00:00:01"),
+            "annotation cloudprovider.harvesterhci.io/dhcpMACAddress is \"33:33:00:00:00:01\": a multicast MAC address (the low bit of the first octet, 33, is set); the lease needs a unicast address",
+        ),
+        (
+            (ANNOTATION_DHCP_LEASED_IP, "0.0.0.0"),
+            "annotation cloudprovider.harvesterhci.io/dhcpLeasedIP is \"0.0.0.0\": 0.0.0.0 is not an address a DHCP server leases",
+        ),
+        (
+            (ANNOTATION_DHCP_RETAINED_UNTIL, "tomorrow"),
+            "annotation cloudprovider.harvesterhci.io/dhcpRetainedUntil is \"tomorrow\": not an RFC 3339 time, as in 2026-01-02T15:04:05Z",
+        ),
+    ] {
+        let lb = with("dhcp", &[record]);
+        assert_eq!(
+            create(&lb),
+            format!("create loadbalancer default/lb1 failed: {message}")
+        );
+        assert_eq!(
+            validate_lb_update(&good, &lb)
+                .expect_err("refused")
+                .to_string(),
+            format!("update loadbalancer default/lb1 failed: {message}")
+        );
+    }
+    assert_eq!(
+        create(&with("pool", &[(ANNOTATION_DHCP_MAC, "00:00:6c:12:34:56")])),
+        "create loadbalancer default/lb1 failed: annotation cloudprovider.harvesterhci.io/dhcpMACAddress is a DHCP lease record, and spec.ipam is not dhcp"
+    );
+    // Empty values are no record.
+    assert!(validate_lb_create(&with("pool", &[(ANNOTATION_DHCP_MAC, "")]), &[]).is_ok());
+}
+
 fn mk_vm(name: &str, cluster: &str, removing: bool) -> VirtualMachine {
     let mut vm = VirtualMachine::default();
     vm.metadata.name = Some(name.into());
