@@ -917,6 +917,8 @@ suite!(
         share_ip,
         secondaries_are_checked_like_primaries,
         secondary_made_with_its_primary,
+        share_by_key,
+        sharing_key_changes,
         network_and_ipam_changes_are_refused,
         service_deletion_releases,
         uid_change_does_not_leak,

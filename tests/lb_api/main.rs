@@ -241,6 +241,7 @@ suite!(
         load_balancer_events_are_listed,
         requested_address_and_family,
         nearly_full_pools_warn,
+        sharing_by_key,
         pools_that_skip_addresses,
         pools_by_service_labels,
     ]

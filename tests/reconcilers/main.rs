@@ -16,7 +16,9 @@ mod support;
 
 mod guest_dhcp;
 mod guest_service;
+mod guest_sharing;
 mod ip_pool;
+mod lb_sharing;
 mod load_balancer;
 mod pool_options;
 mod pool_round;

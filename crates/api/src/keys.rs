@@ -41,6 +41,15 @@ pub const ANNOTATION_SERVICE_LABELS: &str = "cloudprovider.harvesterhci.io/servi
 /// namespace never collect each other's.
 pub const ANNOTATION_GUEST_CLUSTER_ID: &str = "cloudprovider.harvesterhci.io/clusterID";
 
+/// Ours, not upstream's: on the LoadBalancer a guest cluster's sharing group holds its address with
+/// (made by the cloud provider, one per guest cluster, namespace and key), the sharing key of its
+/// members. Such a LoadBalancer belongs to no one Service: its `serviceName` label is absent and its
+/// listeners are its members' ports (named `<service>-<protocol>-<port>`, the port's holder).
+pub const ANNOTATION_SHARING_GROUP: &str = "cloudprovider.harvesterhci.io/sharing-group";
+/// Ours, not upstream's: a LoadBalancer's sharing key on Harvester. LoadBalancers of one namespace
+/// with the same key share one pool address when their listeners' (protocol, port)s do not clash;
+/// MetalLB's and Cilium's key annotations are accepted as aliases. Upstream's controller ignores it.
+pub const ANNOTATION_SHARING_KEY: &str = "loadbalancer.harvesterhci.io/sharing-key";
 /// Ours, not upstream's: the DHCP lease record of a guest Service's LoadBalancer (`spec.ipam:
 /// dhcp`), kept by the guest cloud provider from what the guest's kube-vip wrote on the Service
 /// ([`KUBE_VIP_HWADDR`], [`KUBE_VIP_REQUESTED_IP`]) and what the Service asks for
@@ -116,6 +125,26 @@ pub const SVC_NAMESPACE: &str = "cloudprovider.harvesterhci.io/namespace";
 /// On a secondary Service (annotation): the primary it shares an address with. As a label, its
 /// value is `<ns>.<name>` of the primary (empty on a primary).
 pub const SVC_PRIMARY: &str = "cloudprovider.harvesterhci.io/primary-service";
+
+/// Ours, not upstream's: a guest Service's sharing key. Services of type LoadBalancer of one
+/// namespace with the same key share one address when their (protocol, port)s do not clash, with
+/// no primary: the address belongs to a LoadBalancer of the group ([`ANNOTATION_SHARING_GROUP`]) and
+/// stays while one of them remains. Upstream's cloud provider ignores it.
+pub const SVC_SHARING_KEY: &str = "cloudprovider.harvesterhci.io/sharing-key";
+/// MetalLB's sharing key, accepted as an alias of [`SVC_SHARING_KEY`] (on guest Services) and of
+/// [`ANNOTATION_SHARING_KEY`] (on LoadBalancers).
+pub const METALLB_SHARING_KEY: &str = "metallb.io/allow-shared-ip";
+/// MetalLB's sharing key before its API group moved, accepted as the same alias.
+pub const METALLB_LEGACY_SHARING_KEY: &str = "metallb.universe.tf/allow-shared-ip";
+/// Cilium LB-IPAM's sharing key, accepted as the same alias.
+pub const CILIUM_SHARING_KEY: &str = "lbipam.cilium.io/sharing-key";
+/// Cilium LB-IPAM's opt-in to sharing across namespaces. Not honoured: a sharing group is the
+/// Services (or LoadBalancers) of one namespace; one that sets it is told so in a Warning Event.
+pub const CILIUM_SHARING_CROSS_NAMESPACE: &str = "lbipam.cilium.io/sharing-cross-namespace";
+/// Ours, not upstream's: written by the cloud provider on a guest Service admitted to a sharing
+/// group, the name of the group's LoadBalancer (so that a Service changing or dropping its key
+/// leaves its old group, and admitted members keep their ports over newcomers).
+pub const SVC_SHARED_LOAD_BALANCER: &str = "cloudprovider.harvesterhci.io/shared-load-balancer";
 
 /// Written for the guest's kube-vip: the address(es) to announce, and the interface.
 pub const KUBE_VIP_IPS: &str = "kube-vip.io/loadbalancerIPs";

@@ -113,7 +113,7 @@ pub struct LoadBalancerSpec {
 }
 
 /// A port of a VM load balancer and the backend port it forwards to.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Listener {
     #[serde(default, deserialize_with = "null_as_default")]

@@ -14,8 +14,9 @@ use super::{
     decide::{
         is_load_balancer, judge_network, judge_primary, judge_secondary, lb_name_of, primary_of,
     },
-    mapping::service_key,
-    share,
+    mapping::{annotation, service_key},
+    naming, share,
+    sharing::{self, Candidate, GroupLb},
 };
 use crate::{
     crd::{LoadBalancer, keys, lb_api},
@@ -84,6 +85,69 @@ pub async fn check_write(
             None => Ok(None),
         }
     };
+    if let Some(key) = sharing::sharing_key(svc)? {
+        let namespace = svc.metadata.namespace.clone().unwrap_or_default();
+        let group = naming::shared_load_balancer_name(&ctx.cluster, &namespace, &key.value);
+        let services = Api::<Service>::new(guest.clone());
+        let listed = services
+            .list(Some(&namespace), &LabelSelector::everything())
+            .await
+            .map_err(read("list"))?;
+        let stored = listed.iter().find(|s| service_key(s) == svc_key);
+        let recorded =
+            |s: &Service| annotation(s, keys::SVC_SHARED_LOAD_BALANCER) == Some(group.as_str());
+        // Who names whom as primary (a member may not be one).
+        let secondaries = |s: &Service| -> Vec<String> {
+            let name = s.metadata.name.as_deref().unwrap_or_default();
+            listed
+                .iter()
+                .filter(|o| {
+                    o.metadata.deletion_timestamp.is_none()
+                        && primary_of(o).ok().flatten()
+                            == Some((namespace.clone(), name.to_string()))
+                })
+                .map(service_key)
+                .collect()
+        };
+        let mut candidates: Vec<Candidate<'_>> = listed
+            .iter()
+            .filter(|s| {
+                service_key(s) != svc_key
+                    && is_load_balancer(s)
+                    && s.metadata.deletion_timestamp.is_none()
+                    && sharing::sharing_key(s)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|k| k.value == key.value)
+            })
+            .map(|s| Candidate {
+                svc: s,
+                admitted: recorded(s),
+                secondaries: secondaries(s),
+            })
+            .collect();
+        // The Service as it is to be written, admitted as far as the stored one was.
+        let mut incoming = svc.clone();
+        if incoming.metadata.creation_timestamp.is_none() {
+            incoming.metadata.creation_timestamp =
+                stored.and_then(|s| s.metadata.creation_timestamp.clone());
+        }
+        candidates.push(Candidate {
+            svc: &incoming,
+            admitted: stored.is_some_and(recorded),
+            secondaries: secondaries(svc),
+        });
+        let lb = lbs
+            .get(&ctx.lb_namespace, &group)
+            .await
+            .map_err(read("get"))?;
+        let view = lb.as_ref().map(GroupLb::of);
+        let decision = sharing::decide(&key, &candidates, view.as_ref());
+        if let Some(refusal) = decision.refused.get(&svc_key) {
+            return Err(refusal.clone().into());
+        }
+        return Ok(());
+    }
     match primary_of(svc)? {
         Some((pns, pname)) => {
             let services = Api::<Service>::new(guest.clone());

@@ -12,7 +12,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::{
     GuestError,
     mapping::{self, Addressing, ExistingLb, GuestContext, LbPlan, annotation, service_key},
-    naming, network, share,
+    naming, network, share, sharing,
 };
 use crate::{
     crd::{LoadBalancer, LoadBalancerSpec, dhcp::DhcpRecord, keys},
@@ -149,6 +149,17 @@ pub(crate) fn judge_secondary(
         namespace: primary_ref.0.into(),
         name: primary_ref.1.into(),
     })?;
+    // A primary admitted to a sharing group shares the group's address: a secondary's ports would
+    // escape the group's clash check.
+    if let Ok(Some(k)) = sharing::sharing_key(primary)
+        && annotation(primary, keys::SVC_SHARED_LOAD_BALANCER).is_some_and(|v| !v.is_empty())
+    {
+        return Err(GuestError::PrimarySharesByKey {
+            primary: service_key(primary),
+            secondary: service_key(svc),
+            key: crate::validation::go_quote(&k.value),
+        });
+    }
     let ip = share::check(primary, svc, others)?;
     share::check_network(svc, primary_lb)?;
     Ok(ip)
@@ -167,9 +178,10 @@ pub(crate) fn maker_of(lb: &LoadBalancer) -> Option<&str> {
 
 /// Whether guest cluster `ctx` looks at a LoadBalancer at all: labelled with its cluster name and a
 /// Service, and made by it or by no one it can tell (a LoadBalancer of upstream's cloud provider,
-/// which records no maker). Another guest cluster's, sharing the name and the namespace, is not.
+/// which records no maker); or one of its sharing groups' ([`sharing::group_of`]). Another guest
+/// cluster's, sharing the name and the namespace, is not.
 pub fn in_scope(ctx: &GuestContext, lb: &LoadBalancer) -> bool {
-    service_of(ctx, lb).is_some()
+    service_of(ctx, lb).is_some() || sharing::group_of(ctx, lb).is_some()
 }
 
 /// The Service a LoadBalancer was made for, when it is in `ctx`'s scope ([`in_scope`]).
@@ -231,6 +243,7 @@ pub fn new_lb(plan: &LbPlan) -> LoadBalancer {
         LoadBalancerSpec {
             workload_type: "cluster".into(),
             ipam: plan.ipam.clone(),
+            listeners: plan.listeners.clone().unwrap_or_default(),
             ..Default::default()
         },
     );
@@ -266,6 +279,12 @@ pub(crate) fn update_lb(lb: &mut LoadBalancer, plan: &LbPlan) -> bool {
     }
     if lb.spec.workload_type != "cluster" {
         lb.spec.workload_type = "cluster".into();
+        changed = true;
+    }
+    if let Some(listeners) = &plan.listeners
+        && &lb.spec.listeners != listeners
+    {
+        lb.spec.listeners = listeners.clone();
         changed = true;
     }
     changed

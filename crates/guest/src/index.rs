@@ -6,6 +6,9 @@
 //!   whose deletion waits for it).
 //! - [`Accepted`], kept by the reconciler: the secondaries it accepted whose label the cache may not
 //!   show yet, so that two secondaries checked one right after the other see each other's ports.
+//! - [`GroupIndex`], kept from the Service watch like [`ShareIndex`]: which Services give which
+//!   sharing key, so that a change of one member (its ports, its requests, its going) wakes the
+//!   others (a Service refused for a clash is admitted once the holder goes).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -16,6 +19,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::runtime::reflector::ObjectRef;
 
 use super::{decide::primary_of, mapping::service_key};
+use crate::sharing::sharing_key;
 
 /// Which Services name which primary (by their annotation).
 #[derive(Debug, Default)]
@@ -85,6 +89,105 @@ impl ShareIndex {
             self.names.insert(me, now);
         }
         wake
+    }
+}
+
+/// Which Services give which sharing key (`<namespace>/<key>`), with what each asks of the group.
+#[derive(Debug, Default)]
+pub struct GroupIndex {
+    /// Group → its Services.
+    members: HashMap<String, HashSet<ObjectRef<Service>>>,
+    /// Service → its group and the fingerprint of what it asks.
+    of: HashMap<ObjectRef<Service>, (String, u64)>,
+}
+
+/// What a Service's membership of a group depends on: its metadata but the resourceVersion and
+/// status, and its spec.
+fn membership_fingerprint(svc: &Service) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let m = &svc.metadata;
+    let relevant = (
+        &m.uid,
+        &m.labels,
+        &m.annotations,
+        m.deletion_timestamp.is_some(),
+        serde_json::to_string(&svc.spec).ok(),
+    );
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    relevant.hash(&mut h);
+    h.finish()
+}
+
+impl GroupIndex {
+    /// `svc` was created or changed: returns the other Services of its group, and of the group it
+    /// left, when what it asks changed; and the group it left (`<namespace>/<key>`), whose
+    /// LoadBalancer may have no Service left.
+    pub fn apply(&mut self, svc: &Service) -> (Vec<ObjectRef<Service>>, Option<String>) {
+        let group = sharing_key(svc).ok().flatten().map(|k| {
+            format!(
+                "{}/{}",
+                svc.metadata.namespace.as_deref().unwrap_or_default(),
+                k.value
+            )
+        });
+        let now = group.map(|g| (g, membership_fingerprint(svc)));
+        self.record(svc, now)
+    }
+
+    /// `svc` was deleted: returns the other Services of its group, and the group.
+    pub fn delete(&mut self, svc: &Service) -> (Vec<ObjectRef<Service>>, Option<String>) {
+        self.record(svc, None)
+    }
+
+    /// The watch lists again: what it applies next is all there is.
+    pub fn reset(&mut self) {
+        *self = GroupIndex::default();
+    }
+
+    /// The Services of group `<namespace>/<key>`.
+    pub fn members(&self, group: &str) -> Vec<ObjectRef<Service>> {
+        self.members
+            .get(group)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn record(
+        &mut self,
+        svc: &Service,
+        now: Option<(String, u64)>,
+    ) -> (Vec<ObjectRef<Service>>, Option<String>) {
+        let me = ObjectRef::from_obj(svc);
+        let before = self.of.remove(&me);
+        if before == now {
+            if let Some(now) = now {
+                self.of.insert(me, now);
+            }
+            return (Vec::new(), None);
+        }
+        let left = before
+            .as_ref()
+            .map(|(group, _)| group.clone())
+            .filter(|group| now.as_ref().map(|(g, _)| g) != Some(group));
+        let mut wake = HashSet::new();
+        if let Some((group, _)) = &before
+            && let Some(set) = self.members.get_mut(group)
+        {
+            set.remove(&me);
+            wake.extend(set.iter().cloned());
+            if set.is_empty() {
+                self.members.remove(group);
+            }
+        }
+        if let Some((group, fingerprint)) = now {
+            let set = self.members.entry(group.clone()).or_default();
+            wake.extend(set.iter().cloned());
+            set.insert(me.clone());
+            self.of.insert(me, (group, fingerprint));
+        }
+        let mut wake: Vec<_> = wake.into_iter().collect();
+        wake.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        (wake, left)
     }
 }
 
@@ -197,6 +300,64 @@ mod tests {
         assert_eq!(index.len(), 1);
         index.reset();
         assert!(index.apply(&mk_svc("default", "p", None)).is_empty());
+    }
+
+    fn mk_member(name: &str, key: Option<&str>, port: i32) -> Service {
+        let mut svc = mk_svc("default", name, None);
+        svc.spec = Some(k8s_openapi::api::core::v1::ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            ports: Some(vec![k8s_openapi::api::core::v1::ServicePort {
+                port,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        if let Some(k) = key {
+            svc.metadata.annotations =
+                Some([(keys::METALLB_SHARING_KEY.to_string(), k.to_string())].into());
+        }
+        svc
+    }
+
+    #[test]
+    fn a_member_s_change_wakes_the_others_of_its_groups() {
+        let mut index = GroupIndex::default();
+        let none = |v: Vec<ObjectRef<Service>>| (v, None::<String>);
+        assert_eq!(index.apply(&mk_member("a", Some("k"), 80)), none(vec![]));
+        assert_eq!(
+            index.apply(&mk_member("b", Some("k"), 80)),
+            none(vec![mk_ref("default", "a")])
+        );
+        // The same again (a status write): nobody wakes.
+        assert_eq!(index.apply(&mk_member("b", Some("k"), 80)), none(vec![]));
+        // Its ports change: the others look again.
+        assert_eq!(
+            index.apply(&mk_member("a", Some("k"), 81)),
+            none(vec![mk_ref("default", "b")])
+        );
+        assert_eq!(index.members("default/k").len(), 2);
+        // Moving to another key wakes the group it left (and the new one, empty here), and says
+        // which it left.
+        assert_eq!(
+            index.apply(&mk_member("a", Some("other"), 81)),
+            (vec![mk_ref("default", "b")], Some("default/k".into()))
+        );
+        // A Service without a key is in no group; its going wakes nobody.
+        assert_eq!(index.apply(&mk_member("c", None, 80)), none(vec![]));
+        assert_eq!(index.delete(&mk_member("c", None, 80)), none(vec![]));
+        // Dropping its key, b leaves its group (of which it was the last).
+        assert_eq!(
+            index.apply(&mk_member("b", None, 80)),
+            (vec![], Some("default/k".into()))
+        );
+        // The holder goes: the one refused for clashing with it wakes.
+        index.apply(&mk_member("d", Some("other"), 81));
+        assert_eq!(
+            index.delete(&mk_member("a", Some("other"), 81)),
+            (vec![mk_ref("default", "d")], Some("default/other".into()))
+        );
+        index.reset();
+        assert!(index.members("default/k").is_empty());
     }
 
     #[test]

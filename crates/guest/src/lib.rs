@@ -34,6 +34,7 @@ pub mod naming;
 pub mod network;
 pub mod reconcile;
 pub mod share;
+pub mod sharing;
 
 /// Why a guest Service cannot be served. Messages keep the upstream cloud provider's wording.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -94,6 +95,66 @@ pub enum GuestError {
     /// Ours: the addresses or families a Service asks for cannot be served as asked.
     #[error("service {service}: {reason}")]
     AddressRequest { service: String, reason: String },
+    /// Ours: a Service's sharing key annotations (ours and the aliases) name different keys.
+    #[error("service {service}: the sharing key annotations disagree: {values}")]
+    SharingKeysDisagree { service: String, values: String },
+    /// Ours: a Service names a primary and a sharing key.
+    #[error(
+        "service {service}: annotations cloudprovider.harvesterhci.io/primary-service and {key_annotation} are both set: a service shares an address either with a primary service or by a sharing key, not both"
+    )]
+    PrimaryAndSharingKey {
+        service: String,
+        key_annotation: String,
+    },
+    /// Ours: a Service that cannot be a member of a sharing group at all (`reason` says why).
+    #[error("service {service} cannot share an address by sharing key {key}: {reason}")]
+    NotShareable {
+        service: String,
+        /// Quoted (Go's `%q`).
+        key: String,
+        reason: String,
+    },
+    /// Ours: a Service's (protocol, port)s clash with those the group's members hold.
+    #[error("service {service} cannot share the address of sharing key {key}: {clashes}")]
+    SharingPortsClash {
+        service: String,
+        key: String,
+        /// `TCP/80 is held by service <ns>/<name>`, joined by `; `.
+        clashes: String,
+        /// The holders, `<ns>/<name>`, sorted.
+        holders: Vec<String>,
+    },
+    /// Ours: a Service asks for something of the group's address (its IPAM mode, network, the
+    /// address itself or its family) that a member admitted before it asks otherwise.
+    #[error("service {service} cannot share the address of sharing key {key}: {disagreement}")]
+    SharingTermsDisagree {
+        service: String,
+        key: String,
+        /// `its <what> is <mine>, and service <holder>'s is <theirs>`.
+        disagreement: String,
+        /// The member whose terms it disagrees with, `<ns>/<name>`.
+        holder: String,
+    },
+    /// Ours: a Service asks for an address other than the one its group holds.
+    #[error(
+        "service {service} cannot share the address of sharing key {key}: it asks for {requested}, and the group's load balancer {lb} holds {address}"
+    )]
+    SharingAddressDisagrees {
+        service: String,
+        key: String,
+        requested: String,
+        address: String,
+        lb: String,
+    },
+    /// Ours: a secondary names a primary that shares its address by a sharing key.
+    #[error(
+        "service {primary} shares an address by sharing key {key} and cannot be a primary service: give service {secondary} the sharing key instead"
+    )]
+    PrimarySharesByKey {
+        primary: String,
+        secondary: String,
+        key: String,
+    },
     /// Ours: a DHCP Service's lease annotation (kube-vip's) that kube-vip could not lease with.
     #[error("service {service}: {detail}")]
     DhcpAnnotation { service: String, detail: String },

@@ -215,6 +215,9 @@ pub struct LbPlan {
     pub ipam: String,
     /// `status.address` reported by the guest, if any.
     pub address: Option<String>,
+    /// `spec.listeners`, when the plan has them (a sharing group's: its members' ports); `None`
+    /// leaves them as they are (a Service's own LoadBalancer has none, as upstream makes it).
+    pub listeners: Option<Vec<crate::crd::Listener>>,
     /// A DHCP Service's lease record (its first LoadBalancer only): recorded on the LoadBalancer,
     /// and written back onto the Service where it lacks a part ([`super::dhcp`]).
     pub dhcp: Option<DhcpRecord>,
@@ -461,6 +464,7 @@ pub(crate) fn plan_slot(
         labels,
         ipam,
         address: ingress_ip(svc),
+        listeners: None,
         dhcp,
     })
 }

@@ -30,6 +30,41 @@ pub fn load_balancer_name(cluster: &str, namespace: &str, service: &str, uid: &s
     format!("{base}{suffix}")
 }
 
+/// The name of the LoadBalancer that holds the address of a sharing group: the Services of
+/// `namespace` in guest cluster `cluster` with sharing key `key`. Made the way upstream makes a
+/// Service's (`<cluster>-<namespace>-shared-<key>-` cut to 55 characters, then 8 hex digits of a
+/// CRC-32), with the key reduced to lowercase letters, digits and `-` for the readable part; the
+/// CRC-32 is of the cluster, namespace and key as given, so keys that read alike stay apart.
+pub fn shared_load_balancer_name(cluster: &str, namespace: &str, key: &str) -> String {
+    let cluster = if is_dns1035_label(cluster) {
+        cluster.to_string()
+    } else {
+        format!("a{cluster}")
+    };
+    let mut slug = String::with_capacity(key.len());
+    for c in key.chars() {
+        let c = c.to_ascii_lowercase();
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            slug.push(c);
+        } else if !slug.is_empty() && !slug.ends_with('-') {
+            slug.push('-');
+        }
+    }
+    let slug = slug.trim_end_matches('-');
+    let base = if slug.is_empty() {
+        format!("{cluster}-{namespace}-shared-")
+    } else {
+        format!("{cluster}-{namespace}-shared-{slug}-")
+    };
+    let suffix = format!(
+        "{:08x}",
+        crc32fast::hash(format!("{cluster}/{namespace}/sharing-key/{key}").as_bytes())
+    );
+    let cut = base.len().min(MAX_BASE);
+    let base = base.get(..cut).unwrap_or(&base);
+    format!("{base}{suffix}")
+}
+
 /// The LoadBalancer namespace: the cloud-config's current-context namespace, else `default`.
 pub fn load_balancer_namespace(context_namespace: Option<&str>) -> String {
     context_namespace
@@ -67,6 +102,37 @@ mod tests {
                 UID
             ),
             "test-default-default-kube-system-rke2-ingress-nginx-con5cd57013"
+        );
+    }
+
+    #[test]
+    fn shared_names_fit_and_depend_on_the_key_as_given() {
+        let name = shared_load_balancer_name("gc1", "default", "dns");
+        assert!(name.starts_with("gc1-default-shared-dns-"), "{name}");
+        assert_eq!(name.len(), "gc1-default-shared-dns-".len() + 8);
+        // Keys that read alike in a name are still apart.
+        let upper = shared_load_balancer_name("gc1", "default", "DNS");
+        assert!(upper.starts_with("gc1-default-shared-dns-"));
+        assert_ne!(upper, name);
+        assert_ne!(
+            shared_load_balancer_name("gc1", "other", "dns"),
+            shared_load_balancer_name("gc2", "other", "dns")
+        );
+        // Anything a MetalLB key may hold still makes a name: letters, digits and dashes, at
+        // most 63 characters, starting with a letter.
+        for key in ["a b/c:d", "!!!", "x".repeat(300).as_str(), "ü-key"] {
+            let n = shared_load_balancer_name("1test", "default", key);
+            assert!(n.len() <= 63, "{n}");
+            assert!(is_dns1035_label(&n), "{n}");
+        }
+        assert!(
+            shared_load_balancer_name("gc1", "default", "!!!").starts_with("gc1-default-shared-")
+        );
+        assert_eq!(
+            shared_load_balancer_name("gc1", "default", "a b/c:d")
+                .rsplit_once('-')
+                .map(|(base, _)| base),
+            Some("gc1-default-shared-a-b-c-d")
         );
     }
 

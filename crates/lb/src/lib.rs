@@ -25,6 +25,7 @@ pub mod loadbalancer;
 pub mod owners;
 pub mod pools;
 pub mod refusal;
+pub mod sharing;
 pub mod vm;
 pub mod webhook;
 
@@ -155,6 +156,8 @@ pub struct LbCtx {
     backoff: Backoff,
     /// The resourceVersion each LoadBalancer was last applied at (`namespace/name`).
     applied: Mutex<std::collections::HashMap<String, String>>,
+    /// What this process knows of the sharing groups ([`sharing`]).
+    sharing: sharing::Groups,
 }
 
 /// The guest-cluster cleanup controller's context.
@@ -221,6 +224,7 @@ impl Contexts {
                 unmatched,
                 backoff: Backoff::default(),
                 applied: Mutex::default(),
+                sharing: sharing::Groups::default(),
             }),
             cleanup: Arc::new(CleanupCtx {
                 lbs: lb_api(store.clone()),

@@ -24,8 +24,10 @@ use tracing::{debug, info, trace, warn};
 use super::{
     LbCtx,
     pools::{PoolOp, PoolOpError, PoolReply, Want, set_condition, set_ready},
-    vm,
+    sharing, vm,
 };
+
+mod shared;
 use crate::{
     controller::{
         Event, FinalizerError,
@@ -134,10 +136,16 @@ async fn apply(lb: LoadBalancer, key: &str, ctx: &LbCtx) -> Result<Action, LbErr
     ctx.applied_at(key, &lb);
     let current = lb.status.clone().unwrap_or_default();
     let mut status = current.clone();
-    let outcome = if lb.is_dhcp() {
-        dhcp(&lb, key, &mut status, ctx).await.map(|()| Ok(None))
-    } else {
-        pool(&lb, key, &mut status, ctx).await
+    let mut shared_with = None;
+    let outcome = match shared::apply(&lb, key, &mut status, ctx).await? {
+        shared::Shared::Served { outcome, holder } => {
+            shared_with = holder;
+            Ok(outcome)
+        }
+        shared::Shared::NotShared if lb.is_dhcp() => {
+            dhcp(&lb, key, &mut status, ctx).await.map(|()| Ok(None))
+        }
+        shared::Shared::NotShared => pool(&lb, key, &mut status, ctx).await,
     };
     let mut outcome = outcome?;
     let mut deferred = None;
@@ -189,7 +197,18 @@ async fn apply(lb: LoadBalancer, key: &str, ctx: &LbCtx) -> Result<Action, LbErr
         });
     }
     let (was, now) = (&current.allocated_address, &status.allocated_address);
-    if was != now && !now.ip.is_empty() {
+    if let Some(holder) = shared_with.filter(|_| was != now && !now.ip.is_empty()) {
+        info!(lb = %key, ip = %now.ip, %holder, "shares its group's address");
+        ctx.events.record(
+            &lb,
+            EventType::Normal,
+            sharing::SHARED,
+            format!(
+                "shares {} (IP pool {}) with load balancer {holder}",
+                now.ip, now.ip_pool
+            ),
+        );
+    } else if was != now && !now.ip.is_empty() {
         let message = if now.ip_pool.is_empty() {
             format!("{} marks the address for DHCP in the guest", now.ip)
         } else {
@@ -239,7 +258,7 @@ async fn dhcp(
 /// no other: held by another load balancer or outside every such pool, the load balancer is refused
 /// and gets nothing else. A load balancer that holds an address and asks for another moves only once
 /// the new one is its own (in another pool, the old one is released after).
-async fn pool(
+pub(crate) async fn pool(
     lb: &LoadBalancer,
     key: &str,
     status: &mut LoadBalancerStatus,
@@ -368,7 +387,7 @@ async fn pool(
 
 /// The `AddressAllocated` condition: when the current address was allocated (`None`: there is none).
 /// A new address starts the condition afresh, so its transition time is the allocation's.
-fn mark_allocated(conditions: &mut Vec<crate::ipam::Condition>, message: Option<&str>) {
+pub(crate) fn mark_allocated(conditions: &mut Vec<crate::ipam::Condition>, message: Option<&str>) {
     let kind = CONDITION_ADDRESS_ALLOCATED;
     match message {
         None => conditions.retain(|c| c.r#type != kind),
@@ -445,7 +464,7 @@ async fn select(lb: &LoadBalancer, ctx: &LbCtx) -> Result<Result<String, SelectE
 }
 
 /// Releases `lb`'s address in `pool`; a pool that no longer exists holds nothing.
-async fn release_from(
+pub(crate) async fn release_from(
     lb: &LoadBalancer,
     key: &str,
     pool: &str,
@@ -485,6 +504,8 @@ async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &LbCtx) -> Result<(), LbErro
     if lb.workload_type() == WorkloadType::Vm {
         vm::cleanup(lb, key, ctx).await?;
     }
+    // A sharing group's address it holds stays with the group's next member.
+    shared::hand_over_on_deletion(lb, key, ctx).await?;
     let recorded = lb
         .status
         .as_ref()
@@ -507,5 +528,5 @@ async fn cleanup(lb: &LoadBalancer, key: &str, ctx: &LbCtx) -> Result<(), LbErro
     for pool in &pools {
         release_from(lb, key, pool, ctx).await?;
     }
-    Ok(())
+    shared::gone(lb, ctx).await
 }

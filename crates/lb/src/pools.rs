@@ -73,6 +73,12 @@ pub enum PoolOp {
     },
     /// Release whatever `id` holds into the history.
     Release { id: String },
+    /// `ip`, held by `from`, goes to `to` in the same round ([`crate::sharing::hand_over_in`]).
+    Handover {
+        from: String,
+        to: String,
+        ip: IpAddr,
+    },
     /// The pool object changed: rebuild from the stored pool, apply a manual release, and set the
     /// counters and the Ready condition.
     Sync {
@@ -622,6 +628,15 @@ impl PoolTask {
                                 }
                                 Err(e)
                             }
+                        }
+                    }
+                }
+                (PoolOp::Handover { from, to, ip }, Ok(allocator)) => {
+                    match crate::sharing::hand_over_in(allocator, from, to, *ip) {
+                        None => Ok(PoolReply::Released(Vec::new())),
+                        Some(moved) => {
+                            (changed, freed) = (true, freed | moved.is_err());
+                            moved.map(PoolReply::Allocated).map_err(PoolOpError::Pool)
                         }
                     }
                 }

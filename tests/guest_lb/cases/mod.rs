@@ -6,6 +6,7 @@ mod lifecycle;
 mod networks;
 mod pool_options;
 mod share_ip;
+mod sharing;
 
 pub use addresses::*;
 pub use dhcp::*;
@@ -13,3 +14,4 @@ pub use lifecycle::*;
 pub use networks::*;
 pub use pool_options::*;
 pub use share_ip::*;
+pub use sharing::*;

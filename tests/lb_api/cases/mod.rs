@@ -8,6 +8,7 @@ mod api;
 mod guest_clusters;
 mod pool_options;
 mod pools;
+mod sharing;
 
 pub use admission::*;
 pub use allocation::*;
@@ -15,3 +16,4 @@ pub use api::*;
 pub use guest_clusters::*;
 pub use pool_options::*;
 pub use pools::*;
+pub use sharing::*;

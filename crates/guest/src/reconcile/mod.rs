@@ -10,6 +10,9 @@
 //! cluster against two Kubernetes APIs; the embedded backend runs one per guest cluster it keeps
 //! ([`super::clusters`]).
 //!
+//! A Service giving a sharing key shares its group's address instead ([`group`], [`crate::sharing`]):
+//! the group's LoadBalancer belongs to no one Service and goes with the group's last Service.
+//!
 //! Finalizer first (`service.kubernetes.io/load-balancer-cleanup`, as Kubernetes' own service
 //! controller names it), then an idempotent apply; deletion removes the LoadBalancer (its Harvester
 //! finalizer releases the address) and may run without apply ever having run. Refusals (a network
@@ -32,10 +35,12 @@
 //!   `loadbalancers/status` where the CRD has the subresource, which Harvester's
 //!   `harvesterhci.io:cloudprovider` role lacks; refused, it is logged once and skipped.
 
+mod group;
 mod primary;
 mod retain;
 mod run;
 
+use group::{leave, recorded_group};
 use primary::{delete_own_lb, primary};
 pub use run::run;
 
@@ -61,9 +66,9 @@ use super::{
         is_load_balancer, judge_network, judge_secondary, lb_name_of, lb_names_of, primary_of,
         remove_annotation, set_annotation, set_ingress, set_label,
     },
-    index::{Accepted, ShareIndex},
+    index::{Accepted, GroupIndex, ShareIndex},
     mapping::{GuestContext, LbPlan, annotation, label, service_key},
-    share,
+    share, sharing,
 };
 use crate::{
     controller::{
@@ -88,6 +93,8 @@ pub mod reason {
     pub const SYNC_FAILED: &str = "SyncLoadBalancerFailed";
     pub const DELETED: &str = "DeletedLoadBalancer";
     pub const DELETE_FAILED: &str = "DeleteLoadBalancerFailed";
+    /// Ours: a Service asks to share across namespaces (Cilium's opt-in), which is not honoured.
+    pub const CROSS_NAMESPACE_IGNORED: &str = "CrossNamespaceSharingIgnored";
 }
 
 /// How long the LoadBalancer of a deleted DHCP Service is kept for a Service recreated under the
@@ -196,6 +203,11 @@ pub struct Ctx {
     wake: mpsc::UnboundedSender<ObjectRef<Service>>,
     share_index: Mutex<ShareIndex>,
     accepted: Mutex<Accepted>,
+    /// Which Services give which sharing key (kept from the Service watch).
+    group_index: Mutex<GroupIndex>,
+    /// The Services this process admitted to a sharing group (key → the group's LoadBalancer and
+    /// the Service's UID), whose record the cache may not show yet.
+    members: Mutex<HashMap<String, (String, Option<String>)>>,
     /// Share-IP checks of one primary's secondaries run one at a time.
     share_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     status_forbidden: AtomicBool,
@@ -227,6 +239,8 @@ impl Ctx {
             wake,
             share_index: Mutex::new(ShareIndex::default()),
             accepted: Mutex::new(Accepted::default()),
+            group_index: Mutex::new(GroupIndex::default()),
+            members: Mutex::new(HashMap::new()),
             share_locks: Mutex::new(HashMap::new()),
             status_forbidden: AtomicBool::new(false),
             backoff: Backoff::default(),
@@ -366,8 +380,9 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, SyncE
     svc.metadata.name.as_ref().ok_or(missing("metadata.name"))?;
     let key = service_key(&svc);
     if svc.metadata.deletion_timestamp.is_some() || !is_load_balancer(&svc) {
-        // Going, or no longer a load balancer: no longer anyone's secondary either.
+        // Going, or no longer a load balancer: no longer anyone's secondary or group member.
         ctx.forget_secondary(&key);
+        ctx.forget_member(&key);
     }
     // A Service that is no longer of type LoadBalancer releases what it had, as a deleted one does.
     let result = finalizer_when(
@@ -395,7 +410,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, SyncE
 }
 
 /// A Service of type LoadBalancer with the finalizer: a primary gets its own LoadBalancer, a
-/// secondary its primary's address.
+/// secondary its primary's address, a Service giving a sharing key its group's.
 async fn ensure(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncError> {
     // The NAD mapping first, for a secondary too, as upstream checks every Service.
     let network = annotation(svc, keys::SVC_NETWORK).unwrap_or_default();
@@ -410,6 +425,29 @@ async fn ensure(svc: &Service, key: &str, ctx: &Ctx) -> Result<Action, SyncError
             ctx.forget_secondary(key);
             return Ok(ctx.refuse(svc, key, e.to_string()));
         }
+    };
+    let sharing = match sharing::sharing_key(svc) {
+        Ok(sharing) => sharing,
+        Err(e) => {
+            ctx.forget_secondary(key);
+            if let Some(old) = recorded_group(svc) {
+                leave(svc, key, &old, ctx).await?;
+            }
+            return Ok(ctx.refuse(svc, key, e.to_string()));
+        }
+    };
+    if let Some(sharing) = sharing {
+        ctx.forget_secondary(key);
+        return group::member(svc, key, sharing, interface, ctx).await;
+    }
+    // No key (any more): a group it was admitted to is left.
+    let left;
+    let svc = match recorded_group(svc) {
+        Some(old) => {
+            left = leave(svc, key, &old, ctx).await?;
+            &left
+        }
+        None => svc,
     };
     match primary_of(svc) {
         Err(e) => Ok(ctx.refuse(svc, key, e.to_string())),
@@ -595,6 +633,12 @@ async fn cleanup(
     }
     let mut deleted_lb = None;
     let mut retained_lb = None;
+    // The group it shared an address with loses a member; the last one's going releases it.
+    for group in group::groups_of(ctx, svc) {
+        if group::release_if_empty(key, &group, ctx).await? {
+            deleted_lb = Some(ctx.lb_ref(&group));
+        }
+    }
     for (i, lb_name) in lb_names_of(&ctx.cluster.cluster, svc)
         .unwrap_or_default()
         .into_iter()
@@ -626,7 +670,7 @@ async fn cleanup(
             .delete(ctx.lb_namespace(), &lb_name, &Preconditions::default())
             .await
         {
-            Ok(_) => deleted_lb = Some(ctx.lb_ref(&lb_name)),
+            Ok(_) => deleted_lb = deleted_lb.or(Some(ctx.lb_ref(&lb_name))),
             Err(e) if e.is_not_found() => {}
             Err(source) => {
                 return Err(SyncError::DeleteLoadBalancer {
@@ -653,7 +697,8 @@ async fn cleanup(
         .release_with(&current, |s| {
             !deleting
                 && (remove_annotation(s, keys::KUBE_VIP_IPS)
-                    | remove_annotation(s, keys::KUBE_VIP_INTERFACE))
+                    | remove_annotation(s, keys::KUBE_VIP_INTERFACE)
+                    | remove_annotation(s, keys::SVC_SHARED_LOAD_BALANCER))
         })
         .await?;
     // Only the pass that took the finalizer off reports: a later pass on a stale copy (the
@@ -682,7 +727,10 @@ async fn cleanup(
         );
     }
     if deleting {
-        lock(&ctx.reported).remove(key);
+        let mut reported = lock(&ctx.reported);
+        reported.remove(key);
+        reported.remove(&format!("{key}#cross-namespace"));
+        drop(reported);
         lock(&ctx.share_locks).remove(key);
     }
     if let Some((pns, pname)) = primary {

@@ -175,47 +175,11 @@ async fn ensure_slot(
         Ok(plan) => plan,
         Err(e) => return Ok(Err(ctx.refuse(svc, key, e.to_string()))),
     };
-    let write_failed = |source| SyncError::WriteLoadBalancer {
-        lb: lb_key.clone(),
-        source,
+    let lb = match write_lb(svc, key, ctx, cached.as_deref(), &plan).await? {
+        Ok(lb) => lb,
+        Err(action) => return Ok(Err(action)),
     };
-    let lb = match cached {
-        None => match ctx.lbs.create(&new_lb(&plan)).await {
-            Ok(lb) => {
-                info!(service = %key, lb = %lb_key, ipam = %plan.ipam, "created load balancer");
-                Some(lb)
-            }
-            Err(e) if e.is_already_exists() => {
-                // Made by an earlier pass the cache does not show yet: update it instead.
-                let fresh = ctx
-                    .lbs
-                    .get(ctx.lb_namespace(), &lb_name)
-                    .await
-                    .map_err(write_failed)?;
-                match fresh {
-                    Some(fresh) => {
-                        modify(&ctx.lbs, &fresh, Target::Object, |l| update_lb(l, &plan))
-                            .await
-                            .map_err(write_failed)?
-                            .map(|m| m.object)
-                    }
-                    None => None,
-                }
-            }
-            Err(source @ (StoreError::Invalid { .. } | StoreError::Refused { .. })) => {
-                return Ok(Err(ctx.refuse(svc, key, write_failed(source).to_string())));
-            }
-            Err(e) => return Err(write_failed(e)),
-        },
-        Some(lb) => match modify(&ctx.lbs, &lb, Target::Object, |l| update_lb(l, &plan)).await {
-            Ok(lb) => lb.map(|m| m.object),
-            Err(source @ (StoreError::Invalid { .. } | StoreError::Refused { .. })) => {
-                return Ok(Err(ctx.refuse(svc, key, write_failed(source).to_string())));
-            }
-            Err(e) => return Err(write_failed(e)),
-        },
-    };
-    if let (Some(_), Some(record), Some(donor)) = (&lb, &carried, donors.first()) {
+    if let (Some(record), Some(donor)) = (&carried, donors.first()) {
         let from = ctx.lb_ref(donor.metadata.name.as_deref().unwrap_or_default());
         info!(service = %key, lb = %lb_key, %from, "took the DHCP lease record of a deleted service of this name");
         ctx.report(
@@ -235,8 +199,61 @@ async fn ensure_slot(
         );
         retain::release(ctx, key, &donors).await?;
     }
+    Ok(Ok((lb, plan, lb_key)))
+}
+
+/// Creates the LoadBalancer of `plan` (or brings `cached` to it) for Service `svc`:
+/// `Ok(Err(action))` when the Service cannot go on now (admission refused it, or it was deleted
+/// meanwhile).
+pub(super) async fn write_lb(
+    svc: &Service,
+    key: &str,
+    ctx: &Ctx,
+    cached: Option<&LoadBalancer>,
+    plan: &LbPlan,
+) -> Result<Result<LoadBalancer, Action>, SyncError> {
+    let lb_name = &plan.name;
+    let lb_key = ctx.lb_ref(lb_name);
+    let write_failed = |source| SyncError::WriteLoadBalancer {
+        lb: lb_key.clone(),
+        source,
+    };
+    let lb = match cached {
+        None => match ctx.lbs.create(&new_lb(plan)).await {
+            Ok(lb) => {
+                info!(service = %key, lb = %lb_key, ipam = %plan.ipam, "created load balancer");
+                Some(lb)
+            }
+            Err(e) if e.is_already_exists() => {
+                // Made by an earlier pass the cache does not show yet: update it instead.
+                let fresh = ctx
+                    .lbs
+                    .get(ctx.lb_namespace(), lb_name)
+                    .await
+                    .map_err(write_failed)?;
+                match fresh {
+                    Some(fresh) => modify(&ctx.lbs, &fresh, Target::Object, |l| update_lb(l, plan))
+                        .await
+                        .map_err(write_failed)?
+                        .map(|m| m.object),
+                    None => None,
+                }
+            }
+            Err(source @ (StoreError::Invalid { .. } | StoreError::Refused { .. })) => {
+                return Ok(Err(ctx.refuse(svc, key, write_failed(source).to_string())));
+            }
+            Err(e) => return Err(write_failed(e)),
+        },
+        Some(lb) => match modify(&ctx.lbs, lb, Target::Object, |l| update_lb(l, plan)).await {
+            Ok(lb) => lb.map(|m| m.object),
+            Err(source @ (StoreError::Invalid { .. } | StoreError::Refused { .. })) => {
+                return Ok(Err(ctx.refuse(svc, key, write_failed(source).to_string())));
+            }
+            Err(e) => return Err(write_failed(e)),
+        },
+    };
     match lb {
-        Some(lb) => Ok(Ok((lb, plan, lb_key))),
+        Some(lb) => Ok(Ok(lb)),
         // Deleted meanwhile: its Delete event brings this Service back.
         None => Ok(Err(Action::requeue(WAIT_RECHECK))),
     }

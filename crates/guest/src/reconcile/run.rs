@@ -24,7 +24,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::{COMPONENT, Ctx, Ports, Settings, SyncError, reconcile, retain};
+use super::{COMPONENT, Ctx, Ports, Settings, SyncError, group, reconcile, retain};
 use crate::{
     controller::events::Recorder,
     crd::{LoadBalancer, keys, lb_kind},
@@ -34,6 +34,8 @@ use crate::{
         decide::{in_scope, is_leftover, lb_names_of, service_fingerprint, service_of},
         mapping::{GuestContext, annotation, service_key},
         nad,
+        naming::shared_load_balancer_name,
+        sharing,
     },
 };
 
@@ -51,6 +53,13 @@ async fn collect(ctx: &Ctx, lb_name: &str) -> Result<Option<Duration>, SyncError
         return Ok(None);
     };
     if lb.metadata.deletion_timestamp.is_some() || lb.spec.workload_type != "cluster" {
+        return Ok(None);
+    }
+    if let Some((namespace, key)) = sharing::group_of(&ctx.cluster, &lb) {
+        // A sharing group's: left over once no Service gives its key.
+        if group::group_is_leftover(ctx, &namespace, &key).await? {
+            group::release_if_empty("", lb_name, ctx).await?;
+        }
         return Ok(None);
     }
     let Some(svc_ref) = service_of(&ctx.cluster, &lb) else {
@@ -159,19 +168,38 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
             let woken = match e {
                 Ok(WatchEvent::Init) => {
                     lock(&index.share_index).reset();
+                    lock(&index.group_index).reset();
                     Vec::new()
                 }
                 // The first list reconciles every Service anyway.
                 Ok(WatchEvent::InitApply(svc)) => {
                     lock(&index.share_index).apply(svc);
+                    lock(&index.group_index).apply(svc);
                     Vec::new()
                 }
-                Ok(WatchEvent::Apply(svc)) => lock(&index.share_index).apply(svc),
+                Ok(WatchEvent::Apply(svc)) => {
+                    let mut woken = lock(&index.share_index).apply(svc);
+                    let (members, left) = lock(&index.group_index).apply(svc);
+                    woken.extend(members);
+                    // A group it left (its key changed or went, whatever its record says) may
+                    // have no Service left.
+                    if let Some((namespace, key)) = left.as_ref().and_then(|g| g.split_once('/')) {
+                        let _ = gc.send(shared_load_balancer_name(&name, namespace, key));
+                    }
+                    woken
+                }
                 Ok(WatchEvent::Delete(svc)) => {
                     for lb in lb_names_of(&name, svc).unwrap_or_default() {
                         let _ = gc.send(lb);
                     }
-                    lock(&index.share_index).delete(svc)
+                    // Deleted behind the reconciler's back, the last of a sharing group leaves
+                    // its LoadBalancer to the garbage collector.
+                    for lb in group::groups_of(&index, svc) {
+                        let _ = gc.send(lb);
+                    }
+                    let mut woken = lock(&index.share_index).delete(svc);
+                    woken.extend(lock(&index.group_index).delete(svc).0);
+                    woken
                 }
                 _ => Vec::new(),
             };
@@ -193,7 +221,7 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
     // looked at by the garbage collector. Others stay out of the cache, and one that leaves the
     // scope (another guest cluster of the same name recorded itself on it) leaves the cache.
     let lbs = {
-        let (wake, gc, scope) = (wake_tx.clone(), gc_tx, cluster.clone());
+        let (wake, gc, scope, index) = (wake_tx.clone(), gc_tx, cluster.clone(), ctx.clone());
         let mine = cluster.clone();
         reflector::reflector(
             lb_writer,
@@ -219,6 +247,13 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
             if let Ok(lb) = r {
                 if let Some(svc) = service_of(&scope, &lb) {
                     let _ = wake.send(svc);
+                }
+                // A sharing group's wakes its Services.
+                if let Some((namespace, key)) = sharing::group_of(&scope, &lb) {
+                    let members = lock(&index.group_index).members(&format!("{namespace}/{key}"));
+                    for svc in members {
+                        let _ = wake.send(svc);
+                    }
                 }
                 if let Some(n) = lb.metadata.name.clone() {
                     let _ = gc.send(n);
