@@ -374,6 +374,11 @@ def guest_pair(env, tag, h, g, ccm):
             expect(a != b, f"upstream's cloud provider gave shared-a and shared-b one address {a}")
         allocated = pool().get("allocated") or {}
         expect(a in allocated and b in allocated, f"pool allocated {allocated} lacks {a} or {b}")
+        # Upstream's controller puts its finalizer on after writing the address; a LoadBalancer
+        # deleted in between leaks its address for good (seen in a0), so wait for it, as d does.
+        eventually("the LoadBalancers holding them carry their controller's finalizer", lambda: all(
+            lb["metadata"].get("finalizers") for lb in h.items(h.lb_path(gc_ns))
+            if ((lb.get("status") or {}).get("allocatedAddress") or {}).get("ip") in (a, b)), timeout=60)
         for n in ("shared-a", "shared-b"):
             g.delete(f"/api/v1/namespaces/default/services/{n}")
         eventually(f"{a} and {b} released", lambda: not ({a, b} & set(pool().get("allocated") or {})), timeout=60)
