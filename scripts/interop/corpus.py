@@ -349,7 +349,7 @@ def sequences():
     add(Seq("skip-addresses", [P("sk", "10.0.0.0/16", "10.0.0.254", "10.0.1.1",
                                  ann={"loadbalancer.harvesterhci.io/skipAddresses": "dot0And255"}),
                                L("ns1", "a"), L("ns1", "b")],
-            known={r"lb/ns1/b/(aa|address)$": "skip-addresses", r"svc/ns1/b$": "skip-addresses", r"pool/sk/(allocated|lastAllocated)$": "skip-addresses"},
+            known={r"lb/ns1/b/(aa|address)$": "skip-addresses", r"svc/ns1/b$": "skip-addresses", r"pool/sk/(allocated|lastAllocated|allocatedHistory)$": "skip-addresses"},
             what="a pool that skips .0 and .255: upstream hands out 10.0.0.255 next, ours 10.0.1.1"))
     add(Seq("skip-addresses-added-later", [P("g", "10.7.2.0/24", "10.7.2.10", "10.7.2.20"), L("ns1", "a"),
                                            ("pool-annotate", "g", {"loadbalancer.harvesterhci.io/skipAddresses": "dot0And255,firstLast"}),
@@ -360,7 +360,7 @@ def sequences():
                                  P("g", "10.7.4.0/24", "10.7.4.10", "10.7.4.20"),
                                  L("ns1", "a", ann={"cloudprovider.harvesterhci.io/serviceLabels": '{"tier":"silver"}'}),
                                  L("ns1", "b", ann={"cloudprovider.harvesterhci.io/serviceLabels": '{"tier":"gold"}'})],
-            known={r"lb/ns1/(a|b)/(aa|address)$": "service-selector", r"svc/ns1/(a|b)$": "service-selector", r"pool/(gold|g)/(available|lastAllocated|allocated)$": "service-selector"},
+            known={r"lb/ns1/(a|b)/(aa|address)$": "service-selector", r"svc/ns1/(a|b)$": "service-selector", r"pool/(gold|g)/(available|lastAllocated|allocated|allocatedHistory)$": "service-selector"},
             what="a pool for tier=gold beside the global pool: upstream gives both from the gold pool (priority 10)"))
     add(Seq("service-selector-own-labels", [P("gold", "10.7.5.0/24", "10.7.5.10", "10.7.5.20", scope=[("*", "ns1", "*")],
                                               ann={"loadbalancer.harvesterhci.io/serviceSelector": "tier in (gold,platinum),!canary"}),
@@ -372,7 +372,7 @@ def sequences():
                               listeners=[{"name": "dns", "port": 53, "protocol": "UDP", "backendPort": 5353}]),
                             L("ns1", "c")],
             known={r"lb/ns1/(b|c)/(aa|address|ready)$": "sharing-key", r"svc/ns1/(b|c)$": "sharing-key",
-                   r"pool/g/(available|lastAllocated|allocated)$": "sharing-key"},
+                   r"pool/g/(available|lastAllocated|allocated|allocatedHistory)$": "sharing-key"},
             what="two load balancers with one key (ours and MetalLB's alias) share 10.7.6.10; upstream gives b its own"))
     add(Seq("dhcp-record", [L("gc-ns", "a", wt="cluster", ipam="dhcp", cluster="gc1", ann={
                 "cloudprovider.harvesterhci.io/dhcpMACAddress": "02:00:5e:10:00:01",
