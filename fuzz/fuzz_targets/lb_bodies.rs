@@ -5,8 +5,12 @@
 #![no_main]
 
 use harvester_cloud::{
-    ipam::{self, PoolAllocator, PoolEntry},
-    lb::{admission, objects},
+    http::rest::{
+        Writable,
+        kinds::{IpPools, LoadBalancers},
+    },
+    ipam::{self, PoolAllocator},
+    lb::admission::{checks, network},
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -15,24 +19,23 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if which % 2 == 0 {
-        let Ok(mut pool) = objects::decode_pool(body) else {
+        let Ok(mut pool) = IpPools::decode(body) else {
             return;
         };
-        admission::mutate_pool(&mut pool, u32::from(which));
-        let name = pool.metadata.name.clone().unwrap_or_default();
-        let spec = pool.ipam_spec();
-        let entry = PoolEntry { name: &name, spec: &spec, deleting: false, options: Default::default() };
+        network::mutate_pool(&mut pool, i64::from(which));
+        // The pool as admission sees it, its annotations (skipAddresses, serviceSelector) included.
+        let entry = pool.entry();
         let accepted = ipam::validate_create(&entry, &[]).is_ok();
         // An accepted pool's ranges must build an allocator whose counts add up.
-        if accepted && let Ok(allocator) = PoolAllocator::new(&name, &pool.ranges()) {
+        if accepted && let Ok(allocator) = PoolAllocator::new(entry.name, &pool.spec.ranges) {
             assert_eq!(allocator.available() + allocator.in_use(), allocator.total());
         }
     } else {
-        let Ok(mut lb) = objects::decode_lb(body) else {
+        let Ok(mut lb) = LoadBalancers::decode(body) else {
             return;
         };
-        admission::mutate_lb(&mut lb, None, &[]);
-        let _ = admission::validate_lb_create(&lb, &[]);
-        let _ = admission::validate_lb_update(&lb, &lb);
+        checks::mutate_lb(&mut lb, None, &[]);
+        let _ = checks::validate_lb_create(&lb, &[]);
+        let _ = checks::validate_lb_update(&lb, &lb);
     }
 });
