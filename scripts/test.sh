@@ -26,6 +26,12 @@ cargo fmt --all --check
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
+# The fuzz targets are their own workspace (scripts/fuzz.sh runs them with nightly); checking that
+# they compile on stable keeps them from rotting unseen (lb_bodies had, twice). The service's target
+# directory is shared, so the dependencies are not built again.
+step "the fuzz targets compile (cargo check in fuzz/, its own workspace)"
+(cd fuzz && cargo check --locked --bins --target-dir ../target)
+
 step "the crate graph against the architecture's floors (scripts/check-crate-graph.py; docs/src/architecture.md)"
 scripts/check-crate-graph.py
 
