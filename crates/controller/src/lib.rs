@@ -21,6 +21,30 @@ pub use backoff::Backoff;
 pub use finalizer::{Event, FinalizerError, Release, finalizer, finalizer_when};
 pub use modify::{Modified, Target, modify};
 
+/// A fingerprint of what a reconcile of an object depends on, for the controller's predicate
+/// filter: its uid, labels, annotations, finalizers, the second it began to be deleted, its spec
+/// (as JSON) and what else the caller names (`extra`). Not the resourceVersion nor the status, so
+/// an object's own status writes do not reconcile it again.
+pub fn reconcile_fingerprint<S: serde::Serialize>(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    spec: &S,
+    extra: impl std::hash::Hash,
+) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let relevant = (
+        &meta.uid,
+        &meta.labels,
+        &meta.annotations,
+        &meta.finalizers,
+        meta.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
+        serde_json::to_string(spec).ok(),
+        extra,
+    );
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    relevant.hash(&mut h);
+    Some(h.finish())
+}
+
 /// `<hostname>_<random>`, as client-go names leader-election candidates; also the
 /// `reportingInstance` of Events.
 pub fn default_identity() -> String {

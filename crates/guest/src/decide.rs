@@ -366,20 +366,7 @@ pub(crate) fn not_ready_message(lb: &LoadBalancer) -> Option<String> {
 /// What a Service reconcile depends on: not its resourceVersion, nor its status but for the address
 /// kube-vip reports.
 pub(crate) fn service_fingerprint(svc: &Service) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    let m = &svc.metadata;
-    let relevant = (
-        &m.uid,
-        &m.labels,
-        &m.annotations,
-        &m.finalizers,
-        m.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
-        serde_json::to_string(&svc.spec).ok(),
-        mapping::ingress_ip(svc),
-    );
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    relevant.hash(&mut h);
-    Some(h.finish())
+    crate::controller::reconcile_fingerprint(&svc.metadata, &svc.spec, mapping::ingress_ip(svc))
 }
 
 #[cfg(test)]

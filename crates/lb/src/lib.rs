@@ -350,19 +350,7 @@ pub async fn run(
 /// subresource) every status write moves the generation, which would reconcile each LoadBalancer
 /// once more after each of its own status writes.
 fn lb_fingerprint(lb: &LoadBalancer) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    let m = &lb.metadata;
-    let relevant = (
-        &m.uid,
-        &m.labels,
-        &m.annotations,
-        &m.finalizers,
-        m.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
-        serde_json::to_string(&lb.spec).ok(),
-    );
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    relevant.hash(&mut h);
-    Some(h.finish())
+    crate::controller::reconcile_fingerprint(&lb.metadata, &lb.spec, ())
 }
 
 fn kind_of<K: crate::store::Object>() -> Kind {

@@ -314,21 +314,11 @@ pub(super) async fn release_if_empty(
         uid: lb.metadata.uid.clone(),
         resource_version: None,
     };
-    match ctx
-        .lbs
-        .delete(ctx.lb_namespace(), lb_name, &preconditions)
-        .await
-    {
-        Ok(_) => {
-            info!(service = %leaving, lb = %ctx.lb_ref(lb_name), "the last service of the sharing group went: deleted its load balancer");
-            Ok(true)
-        }
-        Err(e) if e.is_not_found() => Ok(false),
-        Err(source) => Err(SyncError::DeleteLoadBalancer {
-            lb: ctx.lb_ref(lb_name),
-            source,
-        }),
+    let deleted = ctx.delete_lb(lb_name, &preconditions).await?;
+    if deleted {
+        info!(service = %leaving, lb = %ctx.lb_ref(lb_name), "the last service of the sharing group went: deleted its load balancer");
     }
+    Ok(deleted)
 }
 
 /// The group LoadBalancers a Service going away (or no longer a load balancer) may leave without

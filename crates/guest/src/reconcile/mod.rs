@@ -268,6 +268,27 @@ impl Ctx {
         format!("{}/{name}", self.lb_namespace())
     }
 
+    /// Deletes the LoadBalancer `name` of the guest cluster's namespace: true when this call
+    /// deleted it, false when it was already gone.
+    async fn delete_lb(
+        &self,
+        name: &str,
+        preconditions: &crate::store::Preconditions,
+    ) -> Result<bool, SyncError> {
+        match self
+            .lbs
+            .delete(self.lb_namespace(), name, preconditions)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(source) => Err(SyncError::DeleteLoadBalancer {
+                lb: self.lb_ref(name),
+                source,
+            }),
+        }
+    }
+
     /// Records an Event unless it repeats the last one about this Service.
     fn report(&self, svc: &Service, key: &str, kind: EventType, reason: &str, message: String) {
         {

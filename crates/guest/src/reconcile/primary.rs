@@ -268,19 +268,9 @@ pub(super) async fn delete_own_lb(ctx: &Ctx, key: &str, name: &str) -> Result<bo
     {
         return Ok(false);
     }
-    match ctx
-        .lbs
-        .delete(ctx.lb_namespace(), name, &Preconditions::default())
-        .await
-    {
-        Ok(_) => {
-            info!(service = %key, lb = %ctx.lb_ref(name), "deleted a load balancer the service no longer needs");
-            Ok(true)
-        }
-        Err(e) if e.is_not_found() => Ok(false),
-        Err(source) => Err(SyncError::DeleteLoadBalancer {
-            lb: ctx.lb_ref(name),
-            source,
-        }),
+    let deleted = ctx.delete_lb(name, &Preconditions::default()).await?;
+    if deleted {
+        info!(service = %key, lb = %ctx.lb_ref(name), "deleted a load balancer the service no longer needs");
     }
+    Ok(deleted)
 }

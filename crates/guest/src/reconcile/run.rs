@@ -104,18 +104,10 @@ async fn collect(ctx: &Ctx, lb_name: &str) -> Result<Option<Duration>, SyncError
         uid: fresh_lb.metadata.uid.clone(),
         resource_version: None,
     };
-    match ctx
-        .lbs
-        .delete(ctx.lb_namespace(), lb_name, &preconditions)
-        .await
-    {
-        Ok(_) => {
-            info!(lb = %lb_key, service = %format!("{svc_ns}/{}", svc_ref.name), "deleted a load balancer whose service is gone or was recreated");
-            Ok(None)
-        }
-        Err(e) if e.is_not_found() => Ok(None),
-        Err(source) => Err(SyncError::DeleteLoadBalancer { lb: lb_key, source }),
+    if ctx.delete_lb(lb_name, &preconditions).await? {
+        info!(lb = %lb_key, service = %format!("{svc_ns}/{}", svc_ref.name), "deleted a load balancer whose service is gone or was recreated");
     }
+    Ok(None)
 }
 
 /// Waits until both caches have their first list (or `stop`); false when stopped first.
