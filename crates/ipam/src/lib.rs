@@ -21,6 +21,7 @@ pub mod addr;
 pub mod admission;
 pub mod allocator;
 pub mod labels;
+pub mod patch;
 pub mod range;
 pub mod release;
 pub mod select;

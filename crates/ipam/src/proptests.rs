@@ -361,11 +361,45 @@ fn check(family: Family, name: &str, specs: &[RangeSpec], live: &PoolAllocator, 
     );
 }
 
+/// A status kept by patches alone, as a store keeps it ([`crate::patch`]): after every step it must
+/// be the status written whole, typed and as stored.
+struct Patched {
+    status: PoolStatus,
+    stored: serde_json::Value,
+}
+
+impl Patched {
+    fn start(live: &mut PoolAllocator) -> Self {
+        live.start_journal();
+        let status = live.status();
+        Patched {
+            stored: serde_json::to_value(&status).expect("serialises"),
+            status,
+        }
+    }
+
+    fn follow(&mut self, live: &mut PoolAllocator) {
+        match live.patch_status(&mut self.status) {
+            Some(patch) => json_patch::merge(&mut self.stored, &patch),
+            // A rebuilt allocator (a restart) journals nothing yet: written whole again.
+            None => *self = Self::start(live),
+        }
+        let whole = live.status();
+        assert_eq!(self.status, whole, "the patched status");
+        assert_eq!(
+            self.stored,
+            serde_json::to_value(&whole).expect("serialises"),
+            "the stored status, patched"
+        );
+    }
+}
+
 fn run(family: Family, ranges: Vec<MkRange>, ops: Vec<Op>) {
     let name = "prop";
     let mut specs = to_specs(family, &ranges);
     let mut live = PoolAllocator::new(name, &specs).expect("valid ranges");
     let mut model = Model::new(&ranges);
+    let mut patched = Patched::start(&mut live);
     check(family, name, &specs, &live, &model);
     for op in ops {
         match op {
@@ -414,6 +448,7 @@ fn run(family: Family, ranges: Vec<MkRange>, ops: Vec<Op>) {
                 live = PoolAllocator::from_status(name, &specs, &live.status()).expect("rebuilds");
             }
         }
+        patched.follow(&mut live);
         check(family, name, &specs, &live, &model);
     }
 }
@@ -496,6 +531,7 @@ fn run_skipping(family: Family, ops: Vec<SkipOp>) {
     let mut live = PoolAllocator::new("skip", &specs).expect("valid");
     let subnet = live.ranges().ranges()[0].subnet();
     let skipped = |skip: super::skip::Skip, value: u128| skip.skips(&subnet, value);
+    let mut patched = Patched::start(&mut live);
     for op in ops {
         let before: BTreeMap<String, String> = live.status().allocated;
         let held_by = |id: &str, value: u128| {
@@ -552,6 +588,7 @@ fn run_skipping(family: Family, ops: Vec<SkipOp>) {
                 live.set_skip(skip);
             }
         }
+        patched.follow(&mut live);
         let status = live.status();
         let held: BTreeSet<u128> = status
             .allocated

@@ -202,9 +202,7 @@ impl PoolAllocator {
     /// Overwrites everything in `status` but the conditions.
     pub fn write_status(&self, status: &mut PoolStatus) {
         let text = |value: u128| from_key(value).to_string();
-        status.total = saturating_i64(self.total());
-        status.available = saturating_i64(self.available());
-        status.last_allocated = self.last_allocated.map(text).unwrap_or_default();
+        self.write_counters(status);
         status.allocated = self
             .by_ip
             .iter()
@@ -216,6 +214,16 @@ impl PoolAllocator {
             .iter()
             .map(|(v, id)| (text(*v), id.to_string()))
             .collect();
+    }
+
+    /// `total`, `available` and `lastAllocated`.
+    pub(crate) fn write_counters(&self, status: &mut PoolStatus) {
+        status.total = saturating_i64(self.total());
+        status.available = saturating_i64(self.available());
+        status.last_allocated = self
+            .last_allocated
+            .map(|value| from_key(value).to_string())
+            .unwrap_or_default();
     }
 }
 

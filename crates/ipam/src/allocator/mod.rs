@@ -24,6 +24,7 @@ use super::addr::{Family, family_of, from_key, key};
 use super::range::{RangeError, RangeSet};
 use super::skip::{SKIP_ADDRESSES, Skip};
 use super::spec::RangeSpec;
+use crate::patch::Journal;
 
 /// Why an address could not be reserved; the texts are those of the upstream allocator, which the
 /// load balancer controller wraps as `fail to get ip from pool <pool>, error: <cause>`.
@@ -167,6 +168,8 @@ pub struct PoolAllocator {
     pub(super) in_use: u128,
     /// How many of those the pool skips (held since before the pool skipped them).
     pub(super) held_skipped: u128,
+    /// The addresses changed since the status was last written whole ([`crate::patch`]).
+    pub(super) journal: Journal,
 }
 
 impl PoolAllocator {
@@ -192,6 +195,7 @@ impl PoolAllocator {
             last_allocated: None,
             in_use: 0,
             held_skipped: 0,
+            journal: Journal::default(),
         }
     }
 
@@ -413,7 +417,12 @@ impl PoolAllocator {
             }
         }
         if !self.foreign.is_empty() {
+            let before = self.foreign.len();
             self.foreign.retain(|_, holder| holder != id);
+            if self.foreign.len() != before {
+                // A verbatim entry has no address to journal: the next write is whole.
+                self.journal.lose();
+            }
         }
         released
     }
@@ -525,6 +534,7 @@ impl PoolAllocator {
     fn reserve(&mut self, id: &str, value: u128) {
         let key = self.intern(id);
         self.forget(value);
+        self.journal.touch(value);
         self.by_ip.insert(value, key.clone());
         self.by_id
             .entry(key)
@@ -542,6 +552,7 @@ impl PoolAllocator {
 
     /// Bookkeeping after `value` left `by_ip` (and `by_id`).
     fn unhold(&mut self, value: u128, holder: Arc<str>) {
+        self.journal.touch(value);
         self.free_run(value);
         if self.ranges.usable_value(value) {
             self.in_use -= 1;
@@ -562,8 +573,11 @@ impl PoolAllocator {
     }
 
     fn forget(&mut self, value: u128) {
-        if let Some(old) = self.history.remove(&value)
-            && let Some(values) = self.history_by_id.get_mut(&*old)
+        let Some(old) = self.history.remove(&value) else {
+            return;
+        };
+        self.journal.touch(value);
+        if let Some(values) = self.history_by_id.get_mut(&*old)
             && values.remove(value)
         {
             self.history_by_id.remove(&*old);
