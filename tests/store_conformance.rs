@@ -265,6 +265,86 @@ pub mod cases {
         );
     }
 
+    /// `merge_status`: a merge patch of the status, conditional on the resourceVersion, that
+    /// readers, watchers and a restart see as if the status had been written whole (the embedded
+    /// backend stores patches beside the object and stores it whole again every so often).
+    pub async fn status_merge_patches<H: Harness>(h: H) {
+        let s = h.store();
+        let k = widget_kind();
+        let obj = json!({"apiVersion": k.api_version, "kind": k.kind,
+            "metadata": {"name": "m", "namespace": "ns1"}, "spec": {"size": 1}});
+        let w = s.create(&k, obj).await.unwrap();
+        let v0 = w["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+        let missing = s
+            .merge_status(&k, "ns1", "nope", &v0, &json!({"n": 1}))
+            .await;
+        assert!(matches!(missing, Err(StoreError::NotFound { .. })), "{missing:?}");
+        let stale = s
+            .merge_status(&k, "ns1", "m", "999999999", &json!({"n": 1}))
+            .await;
+        assert!(matches!(stale, Err(StoreError::Conflict { .. })), "{stale:?}");
+
+        let mut watch = s.watch(&k, Some("ns1"), &v0).await.unwrap();
+        let v1 = s
+            .merge_status(&k, "ns1", "m", &v0, &json!({"n": 1, "held": {"a": "x", "b": "y"}}))
+            .await
+            .unwrap();
+        assert!(v1.parse::<u64>().unwrap() > v0.parse::<u64>().unwrap());
+        let ev = tokio::time::timeout(Duration::from_secs(5), watch.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(ev.object["status"], json!({"n": 1, "held": {"a": "x", "b": "y"}}));
+        assert_eq!(ev.object["spec"], json!({"size": 1}), "a status patch leaves spec");
+        assert_eq!(ev.object["metadata"]["resourceVersion"], v1.as_str());
+        let same = s
+            .merge_status(&k, "ns1", "m", &v1, &json!({"n": 1, "held": {"a": "x"}}))
+            .await
+            .unwrap();
+        assert_eq!(same, v1, "a patch that changes nothing writes nothing");
+
+        // Many rounds, removals as null, then a restart: what was patched is what is read.
+        let mut version = v1;
+        let mut want = json!({"n": 1, "held": {"a": "x", "b": "y"}});
+        for i in 0..150 {
+            let patch = json!({"n": i, "held": {format!("k{i}"): "v", format!("k{}", i.max(1) - 1): null}});
+            version = s.merge_status(&k, "ns1", "m", &version, &patch).await.unwrap();
+            json_patch::merge(&mut want, &patch);
+        }
+        let read = s.get(&k, "ns1", "m").await.unwrap().unwrap();
+        assert_eq!(read["status"], want);
+        assert_eq!(read["metadata"]["resourceVersion"], version.as_str());
+        let h = h.reopen().await;
+        let s = h.store();
+        let read = s.get(&k, "ns1", "m").await.unwrap().unwrap();
+        assert_eq!(read["status"], want, "patches survive a restart");
+        assert_eq!(read["metadata"]["resourceVersion"], version.as_str());
+
+        // A whole write after patches supersedes them, also across a restart; so does a deletion
+        // and a new object of the same name.
+        let mut whole = read.clone();
+        whole["status"] = json!({"n": -1});
+        let whole = s.replace_status(&k, whole).await.unwrap();
+        let version = whole["metadata"]["resourceVersion"].as_str().unwrap();
+        let version = s
+            .merge_status(&k, "ns1", "m", version, &json!({"extra": true}))
+            .await
+            .unwrap();
+        let h = h.reopen().await;
+        let s = h.store();
+        let read = s.get(&k, "ns1", "m").await.unwrap().unwrap();
+        assert_eq!(read["status"], json!({"n": -1, "extra": true}));
+        assert_eq!(read["metadata"]["resourceVersion"], version.as_str());
+        s.delete(&k, "ns1", "m", &Preconditions::default()).await.unwrap();
+        let obj = json!({"apiVersion": k.api_version, "kind": k.kind,
+            "metadata": {"name": "m", "namespace": "ns1"}, "spec": {"size": 2}});
+        let again = s.create(&k, obj).await.unwrap();
+        let h = h.reopen().await;
+        let read = h.store().get(&k, "ns1", "m").await.unwrap().unwrap();
+        assert_eq!(read, again, "nothing of the deleted object's patches");
+    }
+
     pub async fn finalizers_and_preconditions<H: Harness>(h: H) {
         let s = h.store();
         let k = cm_kind();
@@ -771,6 +851,7 @@ suite!(
         create_get_and_conflicts,
         noop_writes_change_nothing,
         status_subresource,
+        status_merge_patches,
         finalizers_and_preconditions,
         dependents_are_collected,
         label_selectors_and_namespaces,

@@ -247,6 +247,22 @@ impl<H: WriteHook> ObjectStore for Hooked<H> {
             .await
     }
 
+    async fn merge_status(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        patch: &Value,
+    ) -> Result<String, StoreError> {
+        self.hook
+            .write(
+                self.inner
+                    .merge_status(kind, namespace, name, resource_version, patch),
+            )
+            .await
+    }
+
     async fn delete(
         &self,
         kind: &Kind,

@@ -306,9 +306,19 @@ struct Applied {
     /// A sync ran: once its status is stored, the pool is synced.
     synced: bool,
     /// The status to write, if it changed.
-    status: Option<PoolStatus>,
+    status: Option<StatusWrite>,
     freed: bool,
     stop_after: bool,
+}
+
+/// How a round's status reaches the store.
+enum StatusWrite {
+    /// Written whole: after a (re)load, a sync, or an allocator that journals nothing.
+    Whole(PoolStatus),
+    /// Only what the round changed, as a merge patch of the status the task last wrote (which the
+    /// task's copy of the pool already holds patched): an allocation round costs what it changed,
+    /// not every address of the pool.
+    Patch(serde_json::Value),
 }
 
 impl PoolTask {
@@ -436,21 +446,15 @@ impl PoolTask {
                 self.finish(batch, applied.replies, applied.freed);
                 return applied.stop_after;
             };
-            let Some(loaded) = self.loaded.as_mut() else {
-                continue;
+            let written = match status {
+                StatusWrite::Whole(status) => self.write_whole(status).await,
+                StatusWrite::Patch(patch) => self.write_patch(&patch).await,
             };
-            // The pool without its old status: copying that only to replace it would cost as
-            // much as the write.
-            let old = loaded.pool.status.take();
-            let mut next = loaded.pool.clone();
-            loaded.pool.status = old;
-            next.status = Some(status);
-            match self.write(&next).await {
+            match written {
                 Ok(resource_version) => {
                     lock(&self.written).insert(self.name.clone(), resource_version.clone());
-                    next.metadata.resource_version = Some(resource_version);
                     if let Some(loaded) = self.loaded.as_mut() {
-                        loaded.pool = next;
+                        loaded.pool.metadata.resource_version = Some(resource_version);
                         loaded.synced |= applied.synced;
                     }
                     self.finish(batch, applied.replies, applied.freed);
@@ -496,20 +500,62 @@ impl PoolTask {
         false
     }
 
-    /// Writes the status; returns the new resourceVersion. The written object is not decoded back:
-    /// it is the one just sent, and a pool holds thousands of entries.
-    async fn write(&self, pool: &IPPool) -> Result<String, StoreError> {
-        let value = serde_json::to_value(pool).map_err(|e| StoreError::Invalid {
+    /// Writes `status` whole; returns the new resourceVersion. On success the task's pool holds
+    /// it and the allocator journals from it. The written object is not decoded back: it is the
+    /// one just sent, and a pool holds thousands of entries.
+    async fn write_whole(&mut self, status: PoolStatus) -> Result<String, StoreError> {
+        let Some(loaded) = self.loaded.as_mut() else {
+            return Err(self.not_loaded());
+        };
+        // The pool without its old status: copying that only to replace it would cost as much
+        // as the write.
+        let old = loaded.pool.status.take();
+        let mut next = loaded.pool.clone();
+        loaded.pool.status = old;
+        next.status = Some(status);
+        let value = serde_json::to_value(&next).map_err(|e| StoreError::Invalid {
             kind: "ippool".into(),
             name: self.name.clone(),
             reason: e.to_string(),
         })?;
         let written = self.store.replace_status(self.api.kind(), value).await?;
+        if let Some(loaded) = self.loaded.as_mut() {
+            loaded.pool = next;
+            if let Ok(allocator) = loaded.allocator.as_mut() {
+                allocator.start_journal();
+            }
+        }
         Ok(written
             .pointer("/metadata/resourceVersion")
             .and_then(serde_json::Value::as_str)
             .unwrap_or_default()
             .to_string())
+    }
+
+    /// Writes a round's merge patch of the status, conditional on the version the task last read
+    /// or wrote; returns the new resourceVersion.
+    async fn write_patch(&self, patch: &serde_json::Value) -> Result<String, StoreError> {
+        let Some(loaded) = self.loaded.as_ref() else {
+            return Err(self.not_loaded());
+        };
+        let version = loaded
+            .pool
+            .metadata
+            .resource_version
+            .clone()
+            .unwrap_or_default();
+        self.store
+            .merge_status(self.api.kind(), "", &self.name, &version, patch)
+            .await
+    }
+
+    /// The task lost its pool between applying a round and writing it: a conflict, so that the
+    /// round re-reads the pool and applies again.
+    fn not_loaded(&self) -> StoreError {
+        StoreError::Conflict {
+            kind: "ippool".into(),
+            name: self.name.clone(),
+        }
     }
 
     fn finish(
@@ -686,6 +732,20 @@ impl PoolTask {
                 stop_after,
             };
         }
+        // An allocation round on a status the task wrote: only what changed.
+        if ready.is_none()
+            && let (Ok(allocator), Some(status)) =
+                (loaded.allocator.as_mut(), loaded.pool.status.as_mut())
+            && let Some(patch) = allocator.patch_status(status)
+        {
+            return Applied {
+                replies,
+                synced,
+                status: Some(StatusWrite::Patch(patch)),
+                freed,
+                stop_after,
+            };
+        }
         // Built afresh rather than from a copy of the stored status: the allocator rewrites all
         // but the conditions, and a copy of thousands of entries per round would cost as much.
         let current = loaded.pool.status.as_ref();
@@ -714,7 +774,7 @@ impl PoolTask {
         Applied {
             replies,
             synced,
-            status: (!unchanged).then_some(status),
+            status: (!unchanged).then_some(StatusWrite::Whole(status)),
             freed,
             stop_after,
         }

@@ -179,6 +179,20 @@ impl<A: Admit> ObjectStore for Admitted<A> {
         self.inner.replace_status(kind, object).await
     }
 
+    /// Not admitted either: a status write.
+    async fn merge_status(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        patch: &Value,
+    ) -> Result<String, StoreError> {
+        self.inner
+            .merge_status(kind, namespace, name, resource_version, patch)
+            .await
+    }
+
     async fn delete(
         &self,
         kind: &Kind,

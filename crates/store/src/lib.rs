@@ -292,6 +292,48 @@ pub trait ObjectStore: Send + Sync + 'static {
     async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError>;
     /// Replaces only `status` (the status subresource).
     async fn replace_status(&self, kind: &Kind, object: Value) -> Result<Value, StoreError>;
+    /// Merges `patch`, a JSON merge patch (RFC 7386), into the `status` of the object if it is at
+    /// `resource_version` (the status subresource): `Conflict` when it is at another, `NotFound`
+    /// when it is gone. Returns the resourceVersion it is at afterwards (unchanged when the patch
+    /// changes nothing). For a writer that keeps a large status current by itself (an IP pool's
+    /// allocations): what it sends is what changed, and the embedded backend stores no more.
+    /// By default a read, the merge, and [`Self::replace_status`].
+    async fn merge_status(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        patch: &Value,
+    ) -> Result<String, StoreError> {
+        let not_found = || StoreError::NotFound {
+            kind: kind.singular(),
+            name: name.to_string(),
+        };
+        let mut object = self.get(kind, namespace, name).await?.ok_or_else(not_found)?;
+        if object.pointer("/metadata/resourceVersion").and_then(Value::as_str)
+            != Some(resource_version)
+        {
+            return Err(StoreError::Conflict {
+                kind: kind.singular(),
+                name: name.to_string(),
+            });
+        }
+        let Some(fields) = object.as_object_mut() else {
+            return Err(not_found());
+        };
+        let status = fields.entry("status").or_insert(Value::Null);
+        if !merge_changes(status, patch) {
+            return Ok(resource_version.to_string());
+        }
+        json_patch::merge(status, patch);
+        let written = self.replace_status(kind, object).await?;
+        Ok(written
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string())
+    }
     async fn delete(
         &self,
         kind: &Kind,
@@ -315,6 +357,23 @@ pub trait ObjectStore: Send + Sync + 'static {
     ) -> Result<Value, StoreError>;
     /// Cheap check that the backend answers (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
+}
+
+/// Whether merging `patch` (RFC 7386) into `target` changes it; looks only at what the patch names.
+pub fn merge_changes(target: &Value, patch: &Value) -> bool {
+    let Some(entries) = patch.as_object() else {
+        return target != patch;
+    };
+    let Some(fields) = target.as_object() else {
+        // A non-object becomes an object (an empty patch makes it `{}`).
+        return true;
+    };
+    entries.iter().any(|(key, value)| match (fields.get(key), value) {
+        (None, Value::Null) => false,
+        (None, _) => true,
+        (Some(_), Value::Null) => true,
+        (Some(current), value) => merge_changes(current, value),
+    })
 }
 
 /// Typed access to one kind, like `kube::Api`.

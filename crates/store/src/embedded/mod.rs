@@ -11,6 +11,7 @@
 //! many requests write at once, each pays one shared fsync rather than one each.
 
 mod objectmeta;
+mod patch;
 mod semantics;
 mod sql;
 mod state;
@@ -622,6 +623,18 @@ impl ObjectStore for EmbeddedStore {
 
     async fn replace_status(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
         self.replace_impl(kind, object, true).await
+    }
+
+    async fn merge_status(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        patch: &Value,
+    ) -> Result<String, StoreError> {
+        self.merge_status_impl(kind, namespace, name, resource_version, patch)
+            .await
     }
 
     async fn delete(

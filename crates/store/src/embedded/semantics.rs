@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::{
     EmbeddedStore,
-    state::{Row as StateRow, State},
+    state::{Row as StateRow, State, Stored},
 };
 use crate::{
     validation, {ChangeType, Kind, StoreError},
@@ -130,6 +130,7 @@ pub(super) fn row_of(
         rv,
         change,
         object: Arc::new(object),
+        stored: Stored::Whole,
     }
 }
 
@@ -264,6 +265,7 @@ impl EmbeddedStore {
                 rv,
                 change,
                 object: Arc::new(object),
+                stored: Stored::Whole,
             };
             if !finalizers(&obj).is_empty() {
                 if meta_str(&obj, "deletionTimestamp").is_none() {

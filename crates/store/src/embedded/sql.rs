@@ -14,7 +14,7 @@ use sqlx::{
 
 use super::{
     OpenError,
-    state::{Row as StateRow, State},
+    state::{Row as StateRow, State, Stored},
 };
 use crate::{ChangeType, StoreError};
 
@@ -161,8 +161,20 @@ const UPSERT_ROW: &str = "INSERT INTO objects (api_version, kind, namespace, nam
      ON CONFLICT (api_version, kind, namespace, name)
      DO UPDATE SET uid = excluded.uid, resource_version = excluded.resource_version, body = excluded.body;";
 
+const DROP_PATCHES: &str =
+    "DELETE FROM status_patches WHERE api_version = ? AND kind = ? AND namespace = ? AND name = ?;";
+const INSERT_PATCH: &str = "INSERT INTO status_patches (api_version, kind, namespace, name, resource_version, patch)
+     VALUES (?, ?, ?, ?, ?, ?);";
+
 /// What a deletion counts for in the history's size (its object is not serialised).
 const DELETED_BYTES: usize = 1024;
+
+/// A statement's values, bound in order.
+enum Binds {
+    Key,
+    Whole(String),
+    Patch(String),
+}
 
 /// Stores `rows` and the new resourceVersion in one transaction, sent to SQLite as one
 /// multi-statement query: one round trip to the connection's worker instead of one per statement,
@@ -173,37 +185,50 @@ pub(super) async fn commit(
     last_rv: u64,
 ) -> Result<Vec<usize>, StoreError> {
     let mut sql = String::from("BEGIN IMMEDIATE;");
-    let mut bodies = Vec::with_capacity(rows.len());
+    let mut statements = Vec::with_capacity(rows.len());
+    let mut sizes = Vec::with_capacity(rows.len());
     for row in rows {
-        match row.change {
-            ChangeType::Deleted => {
-                sql.push_str(DELETE_ROW);
-                bodies.push(None);
+        let (statement, size) = match (&row.stored, row.change) {
+            (Stored::Patch { patch, object_bytes }, _) => {
+                sql.push_str(INSERT_PATCH);
+                // As the history counts it: about the object's size, not the patch's.
+                (Binds::Patch(patch.clone()), object_bytes + patch.len())
             }
-            ChangeType::Added | ChangeType::Modified => {
-                sql.push_str(UPSERT_ROW);
-                bodies.push(Some(
-                    serde_json::to_string(&*row.object).map_err(StoreError::backend)?,
-                ));
+            (Stored::Whole, change) => {
+                // Whatever was patched of the object before is in this row (a new object has
+                // nothing patched: its name's last object, if any, was deleted).
+                if change != ChangeType::Added {
+                    sql.push_str(DROP_PATCHES);
+                    statements.push((row, Binds::Key));
+                }
+                if change == ChangeType::Deleted {
+                    sql.push_str(DELETE_ROW);
+                    (Binds::Key, DELETED_BYTES)
+                } else {
+                    sql.push_str(UPSERT_ROW);
+                    let body = serde_json::to_string(&*row.object).map_err(StoreError::backend)?;
+                    let size = body.len();
+                    (Binds::Whole(body), size)
+                }
             }
-        }
+        };
+        statements.push((row, statement));
+        sizes.push(size);
     }
     sql.push_str("UPDATE meta SET value = ? WHERE key = 'resource_version'; COMMIT;");
     // Built only from the constant statements above; every value is a bind, consumed in order
     // across the statements.
-    let sizes = bodies
-        .iter()
-        .map(|b| b.as_ref().map_or(DELETED_BYTES, String::len))
-        .collect();
     let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for (row, body) in rows.iter().zip(bodies) {
+    for (row, binds) in statements {
         q = q
             .bind(row.api_version.as_str())
             .bind(row.kind.as_str())
             .bind(row.namespace.as_str())
             .bind(row.name.as_str());
-        if let Some(body) = body {
-            q = q.bind(row.uid.as_str()).bind(row.rv as i64).bind(body);
+        match binds {
+            Binds::Key => {}
+            Binds::Whole(body) => q = q.bind(row.uid.as_str()).bind(row.rv as i64).bind(body),
+            Binds::Patch(patch) => q = q.bind(row.rv as i64).bind(patch),
         }
     }
     let result = q.bind(last_rv.to_string()).execute(&mut *conn).await;
@@ -249,7 +274,64 @@ pub(super) async fn load(pool: &SqlitePool) -> Result<State, StoreError> {
             rv: rv as u64,
             change: ChangeType::Added,
             object: Arc::new(object),
+            stored: Stored::Whole,
         });
     }
+    drop(rows);
+    load_patches(pool, &mut state).await?;
     Ok(state)
+}
+
+/// Applies the stored status patches to the objects just loaded, in resourceVersion order.
+async fn load_patches(pool: &SqlitePool, state: &mut State) -> Result<(), StoreError> {
+    let mut rows = sqlx::query(
+        "SELECT api_version, kind, namespace, name, resource_version, patch FROM status_patches
+         ORDER BY api_version, kind, namespace, name, resource_version",
+    )
+    .fetch(pool);
+    while let Some(row) = rows.next().await {
+        let row = row.map_err(StoreError::backend)?;
+        let (api_version, kind, namespace, name): (String, String, String, String) = (
+            row.get("api_version"),
+            row.get("kind"),
+            row.get("namespace"),
+            row.get("name"),
+        );
+        let rv: i64 = row.get("resource_version");
+        let text: String = row.get("patch");
+        let Some(current) = state.get(&api_version, &kind, &namespace, &name) else {
+            // Its object was left out (not JSON) or is gone: nothing to apply it to.
+            tracing::error!(%kind, %namespace, %name, "a status patch of an object not loaded; leaving it out");
+            continue;
+        };
+        let patch: Value = match serde_json::from_str(&text) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(%kind, %namespace, %name, error = %e, "a stored status patch is not JSON; leaving it out");
+                continue;
+            }
+        };
+        let mut object = (*current).clone();
+        super::patch::merge_into_status(&mut object, &patch);
+        super::semantics::set_rv(&mut object, rv as u64);
+        let uid = super::semantics::meta_str(&object, "uid").unwrap_or_default();
+        let bytes = if state.patches(&uid).count > 0 {
+            0
+        } else {
+            super::patch::stored_size(&current)
+        };
+        state.insert_loaded(StateRow {
+            api_version,
+            kind,
+            namespace,
+            name,
+            uid: uid.clone(),
+            rv: rv as u64,
+            change: ChangeType::Added,
+            object: Arc::new(object),
+            stored: Stored::Whole,
+        });
+        state.loaded_patch(&uid, bytes, text.len());
+    }
+    Ok(())
 }

@@ -21,6 +21,28 @@ pub struct Row {
     pub rv: u64,
     pub change: ChangeType,
     pub object: Arc<Value>,
+    /// How the write is stored.
+    pub stored: Stored,
+}
+
+/// How a write reaches the database.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// The whole object (or its deletion), which supersedes the status patches stored of it.
+    Whole,
+    /// A merge patch of the object's status ([`crate::ObjectStore::merge_status`]), stored beside
+    /// the last whole object, which was `object_bytes` long.
+    Patch { patch: String, object_bytes: usize },
+}
+
+/// The status patches stored of an object since it was last stored whole.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Patches {
+    pub count: usize,
+    /// The size of the object's last whole row.
+    pub object_bytes: usize,
+    /// The size of the patches since.
+    pub patch_bytes: usize,
 }
 
 type Names = BTreeMap<String, Arc<Value>>;
@@ -34,6 +56,8 @@ pub struct State {
     uids: HashMap<String, (String, String, String, String)>,
     /// owner uid → dependents' uids.
     dependents: HashMap<String, Vec<String>>,
+    /// uid → the status patches stored of it since it was stored whole.
+    patches: HashMap<String, Patches>,
     pub rv: u64,
     /// Committed changes not yet known to be on disk, in resourceVersion order.
     pub unpublished: VecDeque<Retained>,
@@ -108,6 +132,21 @@ impl State {
         }
     }
 
+    /// The status patches stored of the object `uid` since it was stored whole.
+    pub(crate) fn patches(&self, uid: &str) -> Patches {
+        self.patches.get(uid).copied().unwrap_or_default()
+    }
+
+    /// Counts a status patch of `uid` read from the database at open.
+    pub(crate) fn loaded_patch(&mut self, uid: &str, object_bytes: usize, patch_bytes: usize) {
+        let log = self.patches.entry(uid.to_string()).or_insert(Patches {
+            object_bytes,
+            ..Patches::default()
+        });
+        log.count += 1;
+        log.patch_bytes += patch_bytes;
+    }
+
     pub(crate) fn has_uid(&self, uid: &str) -> bool {
         self.uids.contains_key(uid)
     }
@@ -174,6 +213,20 @@ impl State {
     /// Applies a committed write (its object `bytes` long as stored) and queues its change for
     /// publication once durable.
     pub fn apply(&mut self, row: Row, bytes: usize) {
+        match &row.stored {
+            Stored::Patch {
+                patch,
+                object_bytes,
+            } => {
+                let log = self.patches.entry(row.uid.clone()).or_default();
+                log.count += 1;
+                log.object_bytes = *object_bytes;
+                log.patch_bytes += patch.len();
+            }
+            Stored::Whole => {
+                self.patches.remove(&row.uid);
+            }
+        }
         match row.change {
             ChangeType::Deleted => {
                 if let Some(names) = self

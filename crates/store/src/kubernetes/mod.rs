@@ -325,6 +325,43 @@ impl ObjectStore for KubeStore {
         }
     }
 
+    /// A merge patch conditional on the resourceVersion, of `/status` or, for a kind without the
+    /// subresource here, of the object.
+    async fn merge_status(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        patch: &Value,
+    ) -> Result<String, StoreError> {
+        let body = serde_json::json!({
+            "metadata": {"resourceVersion": resource_version},
+            "status": patch,
+        });
+        let api = self.api(kind, Some(namespace));
+        let params = PatchParams::default();
+        let merge = Patch::Merge(&body);
+        let subresource =
+            kind.status_subresource && self.shape(kind).await? == StatusShape::Subresource;
+        let written = if subresource {
+            match api.patch_status(name, &params, &merge).await {
+                // A missing `/status` answers as a missing object does (see `replace_status`).
+                Err(kube::Error::Api(s))
+                    if s.code == 404
+                        && self.rediscover(kind).await? == StatusShape::Field =>
+                {
+                    api.patch(name, &params, &merge).await
+                }
+                other => other,
+            }
+        } else {
+            api.patch(name, &params, &merge).await
+        };
+        let written = written.map_err(|e| map_err(kind, name, e))?;
+        Ok(written.metadata.resource_version.unwrap_or_default())
+    }
+
     async fn delete(
         &self,
         kind: &Kind,
