@@ -315,6 +315,8 @@ pub mod cases {
         let read = s.get(&k, "ns1", "m").await.unwrap().unwrap();
         assert_eq!(read["status"], want);
         assert_eq!(read["metadata"]["resourceVersion"], version.as_str());
+        // The store is opened again only once nothing holds it.
+        drop((watch, s));
         let h = h.reopen().await;
         let s = h.store();
         let read = s.get(&k, "ns1", "m").await.unwrap().unwrap();
@@ -331,6 +333,7 @@ pub mod cases {
             .merge_status(&k, "ns1", "m", version, &json!({"extra": true}))
             .await
             .unwrap();
+        drop(s);
         let h = h.reopen().await;
         let s = h.store();
         let read = s.get(&k, "ns1", "m").await.unwrap().unwrap();
@@ -340,6 +343,7 @@ pub mod cases {
         let obj = json!({"apiVersion": k.api_version, "kind": k.kind,
             "metadata": {"name": "m", "namespace": "ns1"}, "spec": {"size": 2}});
         let again = s.create(&k, obj).await.unwrap();
+        drop(s);
         let h = h.reopen().await;
         let read = h.store().get(&k, "ns1", "m").await.unwrap().unwrap();
         assert_eq!(read, again, "nothing of the deleted object's patches");
