@@ -274,19 +274,34 @@ pub mod cases {
         let obj = json!({"apiVersion": k.api_version, "kind": k.kind,
             "metadata": {"name": "m", "namespace": "ns1"}, "spec": {"size": 1}});
         let w = s.create(&k, obj).await.unwrap();
-        let v0 = w["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+        let v0 = w["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
         let missing = s
             .merge_status(&k, "ns1", "nope", &v0, &json!({"n": 1}))
             .await;
-        assert!(matches!(missing, Err(StoreError::NotFound { .. })), "{missing:?}");
+        assert!(
+            matches!(missing, Err(StoreError::NotFound { .. })),
+            "{missing:?}"
+        );
         let stale = s
             .merge_status(&k, "ns1", "m", "999999999", &json!({"n": 1}))
             .await;
-        assert!(matches!(stale, Err(StoreError::Conflict { .. })), "{stale:?}");
+        assert!(
+            matches!(stale, Err(StoreError::Conflict { .. })),
+            "{stale:?}"
+        );
 
         let mut watch = s.watch(&k, Some("ns1"), &v0).await.unwrap();
         let v1 = s
-            .merge_status(&k, "ns1", "m", &v0, &json!({"n": 1, "held": {"a": "x", "b": "y"}}))
+            .merge_status(
+                &k,
+                "ns1",
+                "m",
+                &v0,
+                &json!({"n": 1, "held": {"a": "x", "b": "y"}}),
+            )
             .await
             .unwrap();
         assert!(v1.parse::<u64>().unwrap() > v0.parse::<u64>().unwrap());
@@ -295,8 +310,15 @@ pub mod cases {
             .unwrap()
             .unwrap()
             .unwrap();
-        assert_eq!(ev.object["status"], json!({"n": 1, "held": {"a": "x", "b": "y"}}));
-        assert_eq!(ev.object["spec"], json!({"size": 1}), "a status patch leaves spec");
+        assert_eq!(
+            ev.object["status"],
+            json!({"n": 1, "held": {"a": "x", "b": "y"}})
+        );
+        assert_eq!(
+            ev.object["spec"],
+            json!({"size": 1}),
+            "a status patch leaves spec"
+        );
         assert_eq!(ev.object["metadata"]["resourceVersion"], v1.as_str());
         let same = s
             .merge_status(&k, "ns1", "m", &v1, &json!({"n": 1, "held": {"a": "x"}}))
@@ -308,8 +330,12 @@ pub mod cases {
         let mut version = v1;
         let mut want = json!({"n": 1, "held": {"a": "x", "b": "y"}});
         for i in 0..150 {
-            let patch = json!({"n": i, "held": {format!("k{i}"): "v", format!("k{}", i.max(1) - 1): null}});
-            version = s.merge_status(&k, "ns1", "m", &version, &patch).await.unwrap();
+            let patch =
+                json!({"n": i, "held": {format!("k{i}"): "v", format!("k{}", i.max(1) - 1): null}});
+            version = s
+                .merge_status(&k, "ns1", "m", &version, &patch)
+                .await
+                .unwrap();
             json_patch::merge(&mut want, &patch);
         }
         let read = s.get(&k, "ns1", "m").await.unwrap().unwrap();
@@ -339,7 +365,9 @@ pub mod cases {
         let read = s.get(&k, "ns1", "m").await.unwrap().unwrap();
         assert_eq!(read["status"], json!({"n": -1, "extra": true}));
         assert_eq!(read["metadata"]["resourceVersion"], version.as_str());
-        s.delete(&k, "ns1", "m", &Preconditions::default()).await.unwrap();
+        s.delete(&k, "ns1", "m", &Preconditions::default())
+            .await
+            .unwrap();
         let obj = json!({"apiVersion": k.api_version, "kind": k.kind,
             "metadata": {"name": "m", "namespace": "ns1"}, "spec": {"size": 2}});
         let again = s.create(&k, obj).await.unwrap();

@@ -78,17 +78,24 @@ impl PoolAllocator {
         );
         self.write_counters(status);
         let mut patch = Map::new();
-        if before != (status.total, status.available, status.last_allocated.clone()) {
+        if before
+            != (
+                status.total,
+                status.available,
+                status.last_allocated.clone(),
+            )
+        {
             patch.insert("total".into(), status.total.into());
             patch.insert("available".into(), status.available.into());
-            patch.insert(
-                "lastAllocated".into(),
-                status.last_allocated.clone().into(),
-            );
+            patch.insert("lastAllocated".into(), status.last_allocated.clone().into());
         }
         for (field, entries, now_empty) in [
             ("allocated", allocated, status.allocated.is_empty()),
-            ("allocatedHistory", history, status.allocated_history.is_empty()),
+            (
+                "allocatedHistory",
+                history,
+                status.allocated_history.is_empty(),
+            ),
         ] {
             if !entries.is_empty() {
                 let entries = if now_empty {
@@ -180,7 +187,8 @@ mod tests {
         let stored = serde_json::to_value(&status).expect("serialises");
         pool.start_journal();
         pool.release("ns/a");
-        pool.allocate("ns/a").expect("gets its address back from the history");
+        pool.allocate("ns/a")
+            .expect("gets its address back from the history");
         pool.release("ns/a");
         pool.allocate("ns/a").expect("again");
         let patch = pool.patch_status(&mut status).expect("journaled");

@@ -310,8 +310,13 @@ pub trait ObjectStore: Send + Sync + 'static {
             kind: kind.singular(),
             name: name.to_string(),
         };
-        let mut object = self.get(kind, namespace, name).await?.ok_or_else(not_found)?;
-        if object.pointer("/metadata/resourceVersion").and_then(Value::as_str)
+        let mut object = self
+            .get(kind, namespace, name)
+            .await?
+            .ok_or_else(not_found)?;
+        if object
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
             != Some(resource_version)
         {
             return Err(StoreError::Conflict {
@@ -368,12 +373,14 @@ pub fn merge_changes(target: &Value, patch: &Value) -> bool {
         // A non-object becomes an object (an empty patch makes it `{}`).
         return true;
     };
-    entries.iter().any(|(key, value)| match (fields.get(key), value) {
-        (None, Value::Null) => false,
-        (None, _) => true,
-        (Some(_), Value::Null) => true,
-        (Some(current), value) => merge_changes(current, value),
-    })
+    entries
+        .iter()
+        .any(|(key, value)| match (fields.get(key), value) {
+            (None, Value::Null) => false,
+            (None, _) => true,
+            (Some(_), Value::Null) => true,
+            (Some(current), value) => merge_changes(current, value),
+        })
 }
 
 /// Typed access to one kind, like `kube::Api`.

@@ -163,7 +163,8 @@ const UPSERT_ROW: &str = "INSERT INTO objects (api_version, kind, namespace, nam
 
 const DROP_PATCHES: &str =
     "DELETE FROM status_patches WHERE api_version = ? AND kind = ? AND namespace = ? AND name = ?;";
-const INSERT_PATCH: &str = "INSERT INTO status_patches (api_version, kind, namespace, name, resource_version, patch)
+const INSERT_PATCH: &str =
+    "INSERT INTO status_patches (api_version, kind, namespace, name, resource_version, patch)
      VALUES (?, ?, ?, ?, ?, ?);";
 
 /// What a deletion counts for in the history's size (its object is not serialised).
@@ -189,7 +190,13 @@ pub(super) async fn commit(
     let mut sizes = Vec::with_capacity(rows.len());
     for row in rows {
         let (statement, size) = match (&row.stored, row.change) {
-            (Stored::Patch { patch, object_bytes }, _) => {
+            (
+                Stored::Patch {
+                    patch,
+                    object_bytes,
+                },
+                _,
+            ) => {
                 sql.push_str(INSERT_PATCH);
                 // As the history counts it: about the object's size, not the patch's.
                 (Binds::Patch(patch.clone()), object_bytes + patch.len())

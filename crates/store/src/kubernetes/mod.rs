@@ -348,8 +348,7 @@ impl ObjectStore for KubeStore {
             match api.patch_status(name, &params, &merge).await {
                 // A missing `/status` answers as a missing object does (see `replace_status`).
                 Err(kube::Error::Api(s))
-                    if s.code == 404
-                        && self.rediscover(kind).await? == StatusShape::Field =>
+                    if s.code == 404 && self.rediscover(kind).await? == StatusShape::Field =>
                 {
                     api.patch(name, &params, &merge).await
                 }
