@@ -156,7 +156,7 @@ async fn a_load_balancer_gets_an_address_from_the_matching_pool_and_is_ready() {
 /// address. Either way it carries it once.
 #[tokio::test]
 async fn the_finalizer_is_there_once_whether_admission_put_it_there_or_not() {
-    let mut w = LbWorld::with_pools([default_pool()]).await;
+    let w = LbWorld::with_pools([default_pool()]).await;
     let mut admitted = mk_lb("admitted", &[]);
     admitted["metadata"]["finalizers"] = json!([LB_FINALIZER]);
     w.add_lb(admitted).await;

@@ -200,40 +200,37 @@ where
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
-    use tower::{ServiceExt, service_fn};
+    use tower::{ServiceExt, service_fn, util::BoxCloneService};
 
     fn mk_request(path: &str) -> Request<Body> {
         Request::get(path).body(Body::empty()).expect("request")
     }
 
-    /// A server that answers after `delay` and records the most requests it had at once.
+    /// What a test server saw.
+    #[derive(Default)]
+    struct Stats {
+        in_flight: AtomicUsize,
+        most_in_flight: AtomicUsize,
+        requests: AtomicUsize,
+    }
+
+    type Server = BoxCloneService<Request<Body>, Response<()>, BoxError>;
+
+    /// A server that answers after `delay` with the status `status` gives its `n`th request.
     fn mk_server(
         delay: Duration,
         status: impl Fn(usize) -> StatusCode + Clone + Send + 'static,
-    ) -> (
-        impl Service<
-            Request<Body>,
-            Response = Response<()>,
-            Error = BoxError,
-            Future = impl Send + 'static,
-        > + Clone,
-        Arc<(AtomicUsize, AtomicUsize, AtomicUsize)>,
-    ) {
-        // (in flight, most in flight, requests seen)
-        let stats = Arc::new((
-            AtomicUsize::new(0),
-            AtomicUsize::new(0),
-            AtomicUsize::new(0),
-        ));
+    ) -> (Server, Arc<Stats>) {
+        let stats = Arc::new(Stats::default());
         let s = stats.clone();
         let svc = service_fn(move |_req: Request<Body>| {
             let (s, status) = (s.clone(), status.clone());
             async move {
-                let n = s.2.fetch_add(1, Ordering::SeqCst);
-                let now = s.0.fetch_add(1, Ordering::SeqCst) + 1;
-                s.1.fetch_max(now, Ordering::SeqCst);
+                let n = s.requests.fetch_add(1, Ordering::SeqCst);
+                let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                s.most_in_flight.fetch_max(now, Ordering::SeqCst);
                 tokio::time::sleep(delay).await;
-                s.0.fetch_sub(1, Ordering::SeqCst);
+                s.in_flight.fetch_sub(1, Ordering::SeqCst);
                 let mut resp = Response::new(());
                 *resp.status_mut() = status(n);
                 if resp.status() == StatusCode::TOO_MANY_REQUESTS {
@@ -243,7 +240,7 @@ mod tests {
                 Ok::<_, BoxError>(resp)
             }
         });
-        (svc, stats)
+        (BoxCloneService::new(svc), stats)
     }
 
     #[tokio::test(start_paused = true)]
@@ -261,8 +258,16 @@ mod tests {
         });
         let answers = futures::future::join_all(calls).await;
         assert!(answers.iter().all(|a| a.is_ok()));
-        assert_eq!(stats.2.load(Ordering::SeqCst), 20, "every request is sent");
-        assert_eq!(stats.1.load(Ordering::SeqCst), 3, "at most 3 at once");
+        assert_eq!(
+            stats.requests.load(Ordering::SeqCst),
+            20,
+            "every request is sent"
+        );
+        assert_eq!(
+            stats.most_in_flight.load(Ordering::SeqCst),
+            3,
+            "at most 3 at once"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -308,7 +313,7 @@ mod tests {
             "the next request waited for the Retry-After: {:?}",
             start.elapsed()
         );
-        assert_eq!(stats.2.load(Ordering::SeqCst), 3);
+        assert_eq!(stats.requests.load(Ordering::SeqCst), 3);
     }
 
     #[test]
