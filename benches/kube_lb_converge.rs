@@ -4,12 +4,13 @@
 //! audit log), our process's memory, and what the API server reports about its own latency.
 //!
 //! Setup (not timed): 7 IPPools, each scoped to one seeded namespace, and 2,000 LoadBalancers spread over
-//! those namespaces, created by the admin as `kubectl apply` would (no finalizer, no status). Timed:
+//! those namespaces, created by the admin as `kubectl apply` would (no status), as the chart's
+//! mutating webhook leaves them (the reconciler's finalizer on; `--unadmitted`: without it). Timed:
 //! the reconcilers start (list, watch, empty caches) until every LoadBalancer is Ready with an
 //! address.
 //!
 //! `scripts/control-plane.sh with 1 cargo bench --bench kube_lb_converge` (optionally
-//! `-- --lbs N --pools P --concurrency C`).
+//! `-- --lbs N --pools P --concurrency C --unadmitted`).
 
 #[path = "../tests/support/mod.rs"]
 #[allow(unused_imports, unused_macros)]
@@ -120,7 +121,42 @@ async fn apiserver_latency(client: &kube::Client) -> BTreeMap<(String, String), 
     out
 }
 
-async fn seed(b: &KubeBackend, lbs: usize, pools: usize) {
+/// The API server's answers to the service's requests by status code: a 429 is a request that API
+/// Priority and Fairness refused (the client then sent it again, so it is counted among the requests
+/// too), a 409 a write on a stale copy.
+fn by_status(requests: &[support::control_plane::Audited]) -> BTreeMap<u16, usize> {
+    let mut out = BTreeMap::new();
+    for r in requests {
+        *out.entry(r.code).or_default() += 1;
+    }
+    out
+}
+
+fn print_statuses(requests: &[support::control_plane::Audited]) {
+    let statuses = by_status(requests);
+    let list: Vec<String> = statuses
+        .iter()
+        .map(|(code, n)| format!("{code}: {n}"))
+        .collect();
+    println!(
+        "  answers by status: {}; 429 (too many requests): {}",
+        list.join(", "),
+        statuses.get(&429).copied().unwrap_or(0)
+    );
+}
+
+/// A seeded LoadBalancer's metadata: `admitted`, as the chart's mutating webhook stores it (with
+/// the reconciler's finalizer; `tests/kube_webhooks.rs` checks that it does), else as a cluster
+/// without the webhook, or from before it, has it (`--unadmitted`).
+fn lb_metadata(name: &str, namespace: &str, admitted: bool) -> serde_json::Value {
+    let mut meta = json!({"name": name, "namespace": namespace});
+    if admitted {
+        meta["finalizers"] = json!([harvester_cloud::crd::LB_FINALIZER]);
+    }
+    meta
+}
+
+async fn seed(b: &KubeBackend, lbs: usize, pools: usize, admitted: bool) {
     let pool_ar =
         kube_env::api_resource("loadbalancer.harvesterhci.io/v1beta1", "IPPool", "ippools");
     let lb_ar = kube_env::api_resource(
@@ -153,7 +189,7 @@ async fn seed(b: &KubeBackend, lbs: usize, pools: usize) {
                 let api: Api<DynamicObject> = Api::namespaced_with(client, ns, &lb_ar);
                 let lb: DynamicObject = serde_json::from_value(json!({
                     "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
-                    "metadata": {"name": format!("bench{i}"), "namespace": ns},
+                    "metadata": lb_metadata(&format!("bench{i}"), ns, admitted),
                     "spec": {"workloadType": "cluster", "ipam": "pool"}
                 }))
                 .expect("a load balancer");
@@ -168,6 +204,7 @@ async fn seed(b: &KubeBackend, lbs: usize, pools: usize) {
 
 fn main() {
     let lbs = arg("--lbs", 2_000);
+    let admitted = !std::env::args().any(|a| a == "--unadmitted");
     // One pool per seeded namespace at most: each pool is scoped to one.
     let pools = arg("--pools", NAMESPACES.len()).clamp(1, NAMESPACES.len());
     let concurrency = u16::try_from(arg(
@@ -184,7 +221,7 @@ fn main() {
         let b = KubeBackend::start().await;
         let version = b.client.apiserver_version().await.expect("a version");
         let setup = Instant::now();
-        seed(&b, lbs, pools).await;
+        seed(&b, lbs, pools, admitted).await;
         eprintln!(
             "seeded {lbs} load balancers over {pools} pools in {:.1?}",
             setup.elapsed()
@@ -246,7 +283,8 @@ fn main() {
         reconcilers.await.expect("reconcilers stop");
         let (_, hwm) = rss_mib();
         println!(
-            "kube_lb_converge: {lbs} load balancers over {pools} pools converged in {:.2} s on kube-apiserver {} ({concurrency} reconciles at once); {:.0} load balancers/s",
+            "kube_lb_converge: {lbs} load balancers over {pools} pools ({}) converged in {:.2} s on kube-apiserver {} ({concurrency} reconciles at once); {:.0} load balancers/s",
+            if admitted { "admitted: the finalizer on" } else { "unadmitted" },
             took.as_secs_f64(),
             version.git_version,
             lbs as f64 / took.as_secs_f64()
@@ -259,6 +297,7 @@ fn main() {
         for (what, n) in &by_kind {
             println!("    {what:<32} {n:>6} ({:.2} per load balancer)", *n as f64 / lbs as f64);
         }
+        print_statuses(requests);
         println!(
             "  our RSS: {rss_before:.0} MiB before the reconcilers, {peak_rss:.0} MiB at most while they converged (process peak {hwm:.0} MiB; the bench's own lists included)"
         );

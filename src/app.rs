@@ -130,7 +130,11 @@ fn read_cluster_ca(args: &ServeArgs) -> anyhow::Result<Option<Vec<u8>>> {
 pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
     let config = args.kube.client_config().await?;
     let cluster = config.cluster_url.to_string();
-    let client = kube::Client::try_from(config).context("cannot build a Kubernetes client")?;
+    let pacing = crate::store::kubernetes::Pacing {
+        max_in_flight: args.kube_max_in_flight as usize,
+    };
+    let client = crate::store::kubernetes::paced_client(config, pacing)
+        .context("cannot build a Kubernetes client")?;
     let store = Arc::new(KubeStore::new(client.clone()));
     store
         .ping()

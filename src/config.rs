@@ -349,6 +349,12 @@ pub struct ServeArgs {
     /// each pool batch their writes; lower it to spare a busy Kubernetes API.
     #[arg(long, env = "HARVESTER_CLOUD_LB_CONCURRENCY", default_value_t = 1024)]
     pub lb_concurrency: u16,
+    /// Kubernetes backend: requests to the API server in flight at once, shared by all the
+    /// process sends (reconcilers, Events, the API, the webhooks' reads); more wait their turn,
+    /// and a 429 pauses them all for the Retry-After the server gave. Sized so that the API
+    /// server's priority and fairness need not refuse any; leader election is not held back.
+    #[arg(long, env = "HARVESTER_CLOUD_KUBE_MAX_IN_FLIGHT", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub kube_max_in_flight: u32,
     /// Keep the cloud-config accounts of a guest cluster that Rancher removes. Without it, when
     /// the cluster's VMs are deleted, the account issued for it (the ServiceAccount named after
     /// the cluster in its VMs' namespace, if this service made it) is revoked.

@@ -79,7 +79,7 @@ struct Env {
     client: Client,
     addr: std::net::SocketAddr,
     tls_ca: Vec<u8>,
-    _cp: support::control_plane::ControlPlane,
+    cp: support::control_plane::ControlPlane,
     service: Option<Server>,
     _dir: tempfile::TempDir,
 }
@@ -150,7 +150,7 @@ impl Env {
             client,
             addr,
             tls_ca: tls.ca_pem.clone(),
-            _cp: cp,
+            cp,
             service: Some(service),
             _dir: dir,
         }
@@ -470,6 +470,99 @@ async fn the_annotations_of_ours_are_judged_by_the_webhook() {
     }
     let edge2 = lbs.get("edge2").await.expect("reads");
     assert_eq!(edge2.data["status"]["allocatedAddress"]["ip"], "10.53.1.1");
+}
+
+/// The mutator gives a live LoadBalancer the reconciler's finalizer (upstream's own name) when it
+/// is created, and back when an update would drop it, so the reconciler's first write to a new one
+/// is its status: the service never PUTs a LoadBalancer to add the finalizer. Deleting it still
+/// releases the address and the finalizer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_balancers_get_the_reconcilers_finalizer_at_admission() {
+    let env = Env::start().await;
+    env.pools()
+        .create(
+            &PostParams::default(),
+            &pool("global", "10.54.0.0/24", global()),
+        )
+        .await
+        .expect("a valid pool is admitted");
+    let lbs = env.lbs();
+    let created = lbs
+        .create(
+            &PostParams::default(),
+            &object(json!({
+                "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+                "metadata": {"name": "web", "namespace": NS, "finalizers": ["example.com/keep"]},
+                "spec": {"workloadType": "vm", "ipam": "pool",
+                    "listeners": [{"name": "http", "port": 80, "protocol": "TCP", "backendPort": 8080}]}
+            })),
+        )
+        .await
+        .expect("admitted");
+    assert_eq!(
+        created.metadata.finalizers.unwrap_or_default(),
+        ["example.com/keep", harvester_cloud::crd::LB_FINALIZER],
+        "the object as created carries it"
+    );
+    eventually("the load balancer's address", async || {
+        let lb = lbs.get("web").await.ok()?;
+        let ip = lb.data["status"]["allocatedAddress"]["ip"].as_str()?;
+        ip.starts_with("10.54.0.").then_some(())
+    })
+    .await;
+    // What the service wrote to it: its status, never the object itself.
+    let writes: Vec<(String, String)> = env
+        .cp
+        .audit()
+        .into_iter()
+        .filter(|r| {
+            r.user == support::kube_env::SERVICE_USER
+                && r.resource == "loadbalancers"
+                && r.uri.contains("/loadbalancers/web")
+                && !matches!(r.verb.as_str(), "get" | "list" | "watch")
+        })
+        .map(|r| (r.verb, r.uri))
+        .collect();
+    assert!(!writes.is_empty(), "the status was written");
+    assert!(
+        writes
+            .iter()
+            .all(|(verb, uri)| verb == "patch" || uri.contains("/status")),
+        "{writes:#?}"
+    );
+
+    // A writer's copy without it (a live object): the mutator puts it back.
+    let mut lb = lbs.get("web").await.expect("reads");
+    lb.metadata.finalizers = None;
+    let replaced = lbs
+        .replace("web", &PostParams::default(), &lb)
+        .await
+        .expect("admitted");
+    assert_eq!(
+        replaced.metadata.finalizers.unwrap_or_default(),
+        [harvester_cloud::crd::LB_FINALIZER]
+    );
+
+    // Deleted: the reconciler releases the address and takes its finalizer off.
+    lbs.delete("web", &DeleteParams::default())
+        .await
+        .expect("deletes");
+    eventually("the load balancer to be gone", async || {
+        lbs.get_opt("web")
+            .await
+            .ok()
+            .and_then(|lb| lb.is_none().then_some(()))
+    })
+    .await;
+    eventually("the address back in the pool", async || {
+        let pool = env.pools().get("global").await.ok()?;
+        let allocated = &pool.data["status"]["allocated"];
+        allocated
+            .as_object()
+            .is_none_or(|held| held.is_empty())
+            .then_some(())
+    })
+    .await;
 }
 
 /// With the service down, `failurePolicy: Fail` (as shipped) refuses writes to the two kinds rather

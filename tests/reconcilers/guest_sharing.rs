@@ -41,7 +41,7 @@ fn group_name(key: &str) -> String {
 }
 
 async fn group_lb(w: &GuestWorld, key: &str) -> Option<LoadBalancer> {
-    w.lbs().get(NS, &group_name(key)).await.expect("reads")
+    w.try_lb(&group_name(key)).await
 }
 
 fn annotation<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {

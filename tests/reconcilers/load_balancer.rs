@@ -151,6 +151,29 @@ async fn a_load_balancer_gets_an_address_from_the_matching_pool_and_is_ready() {
     assert_eq!(pool.available, 2);
 }
 
+/// Admission puts the finalizer on a LoadBalancer as it is created; one that was never admitted
+/// (a cluster without the webhook, objects from before it) gets it from the reconciler, before its
+/// address. Either way it carries it once.
+#[tokio::test]
+async fn the_finalizer_is_there_once_whether_admission_put_it_there_or_not() {
+    let w = LbWorld::with_pools([default_pool()]).await;
+    let mut admitted = mk_lb("admitted", &[]);
+    admitted["metadata"]["finalizers"] = json!([LB_FINALIZER]);
+    w.add_lb(admitted).await;
+    w.add_lb(mk_lb("unadmitted", &[])).await;
+    for name in ["admitted", "unadmitted"] {
+        assert_eq!(w.reconcile(NS, name).await, Action::await_change());
+        let lb = w.lb(NS, name).await;
+        assert_eq!(
+            lb.metadata.finalizers.clone().unwrap_or_default(),
+            [LB_FINALIZER],
+            "{name}"
+        );
+        assert_eq!(ready(&lb).0, "True", "{name}");
+        assert!(!ip(&lb).is_empty(), "{name}");
+    }
+}
+
 #[tokio::test]
 async fn reconciling_an_allocated_load_balancer_again_writes_and_reports_nothing() {
     let mut w = LbWorld::with_pools([default_pool()]).await;

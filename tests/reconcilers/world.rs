@@ -415,6 +415,7 @@ impl GuestWorld {
     /// Both caches as the reconciler's watches would have them now (only this cluster's
     /// LoadBalancers, as its watch keeps them).
     pub async fn sync(&mut self) {
+        self.release_deleted().await;
         let services = self
             .services()
             .list(None, &LabelSelector::everything())
@@ -476,8 +477,27 @@ impl GuestWorld {
         self.ctx.set_record_retention(retention);
     }
 
+    /// Plays Harvester's load balancer reconciler for deleted LoadBalancers: admission gave them
+    /// its finalizer, and its cleanup takes it off once the address is released.
+    async fn release_deleted(&self) {
+        let api = lb_api(self.raw.clone());
+        let lbs = api
+            .list(Some(NS), &LabelSelector::everything())
+            .await
+            .expect("lists load balancers");
+        for mut lb in lbs {
+            let finalizers = lb.metadata.finalizers.get_or_insert_default();
+            let before = finalizers.len();
+            finalizers.retain(|f| f != harvester_cloud::crd::LB_FINALIZER);
+            if lb.metadata.deletion_timestamp.is_some() && finalizers.len() != before {
+                api.replace(&lb).await.expect("releases the load balancer");
+            }
+        }
+    }
+
     /// A LoadBalancer of the guest cluster by name, if it exists.
     pub async fn try_lb(&self, name: &str) -> Option<LoadBalancer> {
+        self.release_deleted().await;
         self.lbs()
             .get(NS, name)
             .await
@@ -486,6 +506,7 @@ impl GuestWorld {
 
     /// Every LoadBalancer in the guest cluster's Harvester namespace.
     pub async fn all_lbs(&self) -> Vec<LoadBalancer> {
+        self.release_deleted().await;
         self.lbs()
             .list(Some(NS), &LabelSelector::everything())
             .await

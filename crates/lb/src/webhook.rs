@@ -3,8 +3,8 @@
 //!
 //! - [`validate`]: the ValidatingAdmissionWebhook (IPPool create/update/delete, LoadBalancer
 //!   create/update), with upstream's messages.
-//! - [`mutate`]: the MutatingAdmissionWebhook (IPPool labels, LoadBalancer annotations and health-check
-//!   defaults), answering with a JSON Patch.
+//! - [`mutate`]: the MutatingAdmissionWebhook (IPPool labels, LoadBalancer annotations, health-check
+//!   defaults and the reconciler's finalizer), answering with a JSON Patch.
 //!
 //! Requests for other kinds or operations are allowed unchanged, so a broad webhook rule cannot block
 //! unrelated writes.
@@ -162,6 +162,7 @@ async fn patch(
     let ops: Vec<json_patch::PatchOperation> = [
         "/metadata/labels",
         "/metadata/annotations",
+        "/metadata/finalizers",
         "/spec/healthCheck",
     ]
     .into_iter()

@@ -32,6 +32,12 @@ pub async fn allocation_end_to_end<B: Backend>(b: B) {
         lb["metadata"]["annotations"]["loadbalancer.harvesterhci.io/namespace"],
         "default"
     );
+    // Admission puts the reconciler's finalizer on it as it is created (the reconciler's first
+    // write is then its status), on both backends.
+    assert_eq!(
+        lb["metadata"]["finalizers"],
+        json!(["wrangler.cattle.io/harvester-lb-controller"])
+    );
 
     let lb = allocated(&b, "default", "lb1").await;
     let address = &lb["status"]["allocatedAddress"];

@@ -16,6 +16,13 @@
 //! - The network of a pool is checked for existence (and its VLAN ID read) only where VM networks
 //!   exist ([`NetworkCheck::Require`], the Kubernetes backend); the embedded backend has none, but
 //!   refuses a network that is not `namespace/name` as upstream does.
+//! - A live LoadBalancer is given the reconciler's finalizer ([`LB_FINALIZER`]) on create, and on
+//!   an update that would leave it without one ([`claim`]): the reconciler's first write is then
+//!   its status, not a PUT of the finalizer alone (one API request fewer per LoadBalancer). The
+//!   name is the one upstream's controller puts there itself (wrangler's `OnRemove` adds
+//!   `wrangler.cattle.io/harvester-lb-controller` unless it is present), so either controller
+//!   finds its own finalizer and releases it; the reconciler still adds it where admission did
+//!   not run (objects from before, or a cluster without the webhook).
 //! - The cluster-type mutator needs the LoadBalancer's Namespace for the Rancher project; where the
 //!   Namespace does not exist (the embedded backend keeps none) the project annotation is left as the
 //!   caller wrote it instead of failing the request.
@@ -36,7 +43,7 @@ use self::{
 };
 use crate::{
     crd::{
-        IPPool, LoadBalancer,
+        IPPool, LB_FINALIZER, LoadBalancer,
         keys::{LABEL_CREATOR, NODE_DRIVER},
         kinds::{NetworkAttachmentDefinition, VirtualMachine, VirtualMachineInstance},
         pool_api,
@@ -73,6 +80,20 @@ impl AdmitError {
     pub fn is_rejection(&self) -> bool {
         !matches!(self, AdmitError::Read { .. })
     }
+}
+
+/// Puts the reconciler's finalizer on `lb` if it is live and lacks it; says whether it did. A
+/// LoadBalancer being deleted is left alone: its finalizers are only ever taken off.
+pub fn claim(lb: &mut LoadBalancer) -> bool {
+    if lb.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
+    let finalizers = lb.metadata.finalizers.get_or_insert_default();
+    if finalizers.iter().any(|f| f == LB_FINALIZER) {
+        return false;
+    }
+    finalizers.push(LB_FINALIZER.into());
+    true
 }
 
 /// Whether a pool's `selector.network` must name an existing NetworkAttachmentDefinition.
@@ -128,6 +149,7 @@ impl Admission {
             (None, Vec::new())
         };
         mutate_lb(lb, ns.as_ref(), &vmis);
+        claim(lb);
         Ok(())
     }
 

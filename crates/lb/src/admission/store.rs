@@ -217,6 +217,50 @@ mod tests {
         );
     }
 
+    fn finalizers(lb: &LoadBalancer) -> Vec<String> {
+        lb.metadata.finalizers.clone().unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn live_load_balancers_carry_the_reconcilers_finalizer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let inner: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .expect("opens");
+        let lbs = lb_api(Arc::new(admitted(inner.clone(), NetworkCheck::Skip)));
+        let mut lb: LoadBalancer = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "lb", "namespace": "default", "finalizers": ["example.com/keep"]},
+            "spec": {"workloadType": "cluster", "ipam": "pool"}
+        }))
+        .expect("lb");
+        // On create, beside what the writer put there.
+        let created = lbs.create(&lb).await.expect("creates");
+        assert_eq!(
+            finalizers(&created),
+            ["example.com/keep", crate::crd::LB_FINALIZER]
+        );
+        // An update that would drop it (a writer's copy from before) keeps it, once.
+        lb = created.clone();
+        lb.metadata.finalizers = None;
+        let updated = lbs.replace(&lb).await.expect("replaces");
+        assert_eq!(finalizers(&updated), [crate::crd::LB_FINALIZER]);
+        let again = lbs.replace(&updated).await.expect("replaces");
+        assert_eq!(finalizers(&again), [crate::crd::LB_FINALIZER]);
+        // Once it is being deleted, taking it off sticks.
+        lbs.delete("default", "lb", &Preconditions::default())
+            .await
+            .expect("deletes");
+        let mut deleting = lbs
+            .get("default", "lb")
+            .await
+            .expect("reads")
+            .expect("kept");
+        assert!(deleting.metadata.deletion_timestamp.is_some());
+        deleting.metadata.finalizers = None;
+        lbs.replace(&deleting).await.expect("releases");
+        assert!(lbs.get("default", "lb").await.expect("reads").is_none());
+    }
+
     #[tokio::test]
     async fn pools_are_judged_as_stored() {
         let dir = tempfile::tempdir().expect("tempdir");

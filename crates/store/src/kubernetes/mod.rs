@@ -4,6 +4,7 @@
 //! Objects cross the port as JSON; here they travel as `DynamicObject`s addressed by the kind's
 //! group, version and plural, which works for built-in kinds and custom resources alike.
 
+mod pacing;
 mod status;
 
 use std::time::Duration;
@@ -21,6 +22,7 @@ use kube::{
 use serde_json::Value;
 use tracing::{debug, warn};
 
+pub use pacing::{Pacing, PacingLayer, paced_client};
 pub use status::{ShapeError, StatusShape};
 
 use super::{
