@@ -1,6 +1,6 @@
 //! The binary as an operator runs it: `serve` over HTTPS with its generated CA, the first admin
-//! token, `token create|list|revoke`, the data-directory lock, a clean stop on SIGTERM, and the command lines
-//! the interop harness and the benches run it with.
+//! token, `token create|list|revoke`, the data-directory lock, a clean stop on SIGTERM, and the
+//! command lines the interop harness and the benches run it with.
 
 use std::{
     io::{BufRead, BufReader},
