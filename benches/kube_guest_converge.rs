@@ -34,8 +34,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::StreamExt;
-use harvester_cloud::{controller::leader::AlwaysLeader, lb};
+use harvester_cloud::{
+    controller::leader::AlwaysLeader,
+    lb::{self, vm::service::ingress_ip},
+};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::json;
@@ -48,7 +50,10 @@ const CLUSTER: &str = "bench";
 
 fn arg(name: &str, default: usize) -> usize {
     peers::flag(name)
-        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name} takes a number")))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name} takes a number"))
+        })
         .unwrap_or(default)
 }
 
@@ -92,7 +97,12 @@ fn main() {
 async fn harvester(
     cp: ControlPlane,
     dir: &std::path::Path,
-) -> (KubeBackend, CancellationToken, tokio::task::JoinHandle<()>, String) {
+) -> (
+    KubeBackend,
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+    String,
+) {
     // Kubeconfigs issued here point at the Harvester cluster's API server.
     let url = cp.server.clone();
     let b = KubeBackend::start_on(cp, &["--server-url", &url]).await;
@@ -123,8 +133,7 @@ async fn harvester(
 }
 
 async fn create_services(client: &kube::Client, n: usize) {
-    let created = futures::stream::iter(0..n)
-        .map(|i| {
+    peers::create_all("Service", (0..n).map(|i| {
             let api: Api<Service> = Api::namespaced(client.clone(), "default");
             async move {
                 let svc: Service = serde_json::from_value(json!({
@@ -135,24 +144,8 @@ async fn create_services(client: &kube::Client, n: usize) {
                 .expect("a Service");
                 api.create(&PostParams::default(), &svc).await.is_ok()
             }
-        })
-        .buffer_unordered(32)
-        .collect::<Vec<bool>>()
-        .await;
-    assert!(created.iter().all(|c| *c), "every Service is created");
-}
-
-fn ingress(svc: &Service) -> Option<&str> {
-    svc.status
-        .as_ref()?
-        .load_balancer
-        .as_ref()?
-        .ingress
-        .as_ref()?
-        .first()?
-        .ip
-        .as_deref()
-        .filter(|ip| !ip.is_empty())
+    }))
+    .await;
 }
 
 /// One cloud provider on freshly leased control planes: set up, start, wait, count.
@@ -171,12 +164,16 @@ async fn one_side(
     let (host, guest) = ControlPlane::lease_two().await;
     let (b, stop, reconcilers, cloud_config) = harvester(host, &dir).await;
     peers::seed_guest(&guest);
-    let (ccm_user, kubeconfig) = peers::admin_account(&guest, "kube-system", "bench-ccm", &dir).await;
+    let (ccm_user, kubeconfig) =
+        peers::admin_account(&guest, "kube-system", "bench-ccm", &dir).await;
     let kubeconfig = kubeconfig.display().to_string();
     let vip = peers::kube_vip(&guest, "guest", &dir);
     let setup = Instant::now();
     create_services(&guest.admin, services).await;
-    eprintln!("{tag}: created {services} Services in {:.1?}", setup.elapsed());
+    eprintln!(
+        "{tag}: created {services} Services in {:.1?}",
+        setup.elapsed()
+    );
     let (who, cmd) = match ccm {
         Ccm::Ours => (
             "ours (harvester-cloud ccm)".to_string(),
@@ -211,7 +208,7 @@ async fn one_side(
     let mut peer = peers::Peer::start(&format!("{tag}-ccm"), cmd, &dir);
     let (done, took, usage) = peers::converge(&mut peer, services, limit, started, async || {
         let list = all.list(&ListParams::default()).await.expect("lists");
-        list.items.iter().filter_map(ingress).count()
+        list.items.iter().filter_map(ingress_ip).count()
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -229,7 +226,8 @@ async fn one_side(
         ),
     );
     let list = all.list(&ListParams::default()).await.expect("lists");
-    let duplicates = peers::duplicates(list.items.iter().filter_map(ingress));
+    let addresses: Vec<String> = list.items.iter().filter_map(ingress_ip).collect();
+    let duplicates = peers::duplicates(addresses.iter().map(String::as_str));
     let lbs = harvester_lbs(&b.client).await;
     eprintln!("{tag}: {lbs} LoadBalancers in {NS} on Harvester");
     let error_lines = peer.error_lines();

@@ -41,7 +41,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::StreamExt;
 use harvester_cloud::{controller::leader::AlwaysLeader, lb};
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::json;
@@ -164,8 +163,9 @@ async fn seed(client: &kube::Client, lbs: usize, pools: usize) {
             .await
             .expect("creates a pool");
     }
-    let created = futures::stream::iter(0..lbs)
-        .map(|i| {
+    peers::create_all(
+        "LoadBalancer",
+        (0..lbs).map(|i| {
             let client = client.clone();
             let lb_ar = lb_ar.clone();
             async move {
@@ -179,11 +179,9 @@ async fn seed(client: &kube::Client, lbs: usize, pools: usize) {
                 .expect("a load balancer");
                 api.create(&PostParams::default(), &lb).await.is_ok()
             }
-        })
-        .buffer_unordered(32)
-        .collect::<Vec<bool>>()
-        .await;
-    assert!(created.iter().all(|c| *c), "every load balancer is created");
+        }),
+    )
+    .await;
 }
 
 fn main() {
@@ -305,7 +303,10 @@ fn main() {
 /// Which controller a run of [`one_side`] starts.
 enum Side<'a> {
     Ours,
-    Upstream { bin: &'a str, crds: &'a std::path::Path },
+    Upstream {
+        bin: &'a str,
+        crds: &'a std::path::Path,
+    },
 }
 
 /// Ours, then upstream's controller, on the same inputs (the module's doc says how).

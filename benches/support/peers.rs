@@ -14,6 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use serde_json::{Value, json};
@@ -50,8 +51,8 @@ pub fn control_planes() -> usize {
 /// The command of peer `name` of `scripts/interop/peers.json`, its `{key}`s filled from `values`.
 pub fn command(name: &str, values: &[(&str, &str)]) -> Command {
     let path = root().join("scripts/interop/peers.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reads {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reads {}: {e}", path.display()));
     let peers: Value = serde_json::from_str(&text).expect("peers.json is JSON");
     let spec = &peers[name];
     assert!(spec.is_object(), "no peer {name} in {}", path.display());
@@ -60,10 +61,7 @@ pub fn command(name: &str, values: &[(&str, &str)]) -> Command {
         for (k, v) in values {
             s = s.replace(&format!("{{{k}}}"), v);
         }
-        assert!(
-            !s.contains('{'),
-            "peer {name}: no value for a key of {s}"
-        );
+        assert!(!s.contains('{'), "peer {name}: no value for a key of {s}");
         s
     };
     let argv: Vec<String> = spec["argv"]
@@ -203,11 +201,31 @@ impl Drop for Peer {
     }
 }
 
+/// Runs `creates` (each says whether its object was created), 32 at a time; every one must be.
+pub async fn create_all(what: &str, creates: impl Iterator<Item = impl Future<Output = bool>>) {
+    let created: Vec<bool> = futures::stream::iter(creates)
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let failed = created.iter().filter(|c| !**c).count();
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of {} {what}s not created",
+        created.len()
+    );
+}
+
 /// A ServiceAccount `ns/name` bound to `cluster-admin`, and a kubeconfig file of its token in
 /// `dir`, for a peer whose chart's RBAC is not part of this repository: it runs with every
 /// permission, as the harness runs it with the admin's, but under a name the audit log records
 /// (the admin's requests are not audited). Returns the user and the kubeconfig's path.
-pub async fn admin_account(cp: &ControlPlane, ns: &str, name: &str, dir: &Path) -> (String, PathBuf) {
+pub async fn admin_account(
+    cp: &ControlPlane,
+    ns: &str,
+    name: &str,
+    dir: &Path,
+) -> (String, PathBuf) {
     let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}});
     kube_env::apply(&cp.admin, &sa, "serviceaccounts").await;
     let binding = json!({
@@ -245,14 +263,21 @@ pub async fn harvester_crds(cp: &ControlPlane, dir: &Path) {
             names.push(crd["metadata"]["name"].as_str().expect("named").to_string());
         }
     }
-    assert_eq!(names.len(), 2, "the IPPool and LoadBalancer CRDs in {}", dir.display());
+    assert_eq!(
+        names.len(),
+        2,
+        "the IPPool and LoadBalancer CRDs in {}",
+        dir.display()
+    );
     let api: Api<CustomResourceDefinition> = Api::all(cp.admin.clone());
     for name in names {
         eventually(&format!("{name} established"), async || {
             let crd = api.get_opt(&name).await.ok()??;
-            let established = crd.status?.conditions?.iter().any(|c| {
-                c.type_ == "Established" && c.status == "True"
-            });
+            let established = crd
+                .status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
             established.then_some(())
         })
         .await;
@@ -281,7 +306,11 @@ pub fn seed_guest(cp: &ControlPlane) {
 /// The harness's kube-vip stand-in on `cp` (`guest` or `harvester` side), as the admin.
 pub fn kube_vip(cp: &ControlPlane, side: &str, dir: &Path) -> Peer {
     let cpdir = cp.dir.display().to_string();
-    Peer::start(&format!("kube-vip-{side}"), kube_py(&["kube-vip", &cpdir, side]), dir)
+    Peer::start(
+        &format!("kube-vip-{side}"),
+        kube_py(&["kube-vip", &cpdir, side]),
+        dir,
+    )
 }
 
 /// The API requests of some users: in all, by verb and resource, and by response status.
@@ -347,7 +376,11 @@ pub async fn converge(
         }
         peer.assert_alive();
         if last_said.elapsed() >= Duration::from_secs(30) {
-            eprintln!("  {}: {done}/{n} after {:.0} s", peer.name, took.as_secs_f64());
+            eprintln!(
+                "  {}: {done}/{n} after {:.0} s",
+                peer.name,
+                took.as_secs_f64()
+            );
             last_said = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -442,7 +475,11 @@ pub fn print_ratios(ours: &Figures, theirs: &Figures, unit: &str) {
     );
     println!(
         "  | time to all served | {:.2} s{} | {:.1} s{} | {:.0}× |",
-        to.0, to.1, tt.0, tt.1, tt.0 / to.0
+        to.0,
+        to.1,
+        tt.0,
+        tt.1,
+        tt.0 / to.0
     );
     println!(
         "  | served per second | {:.1} | {:.2} | {:.4}× |",
