@@ -449,17 +449,11 @@ impl Figures {
 /// The two sides in a table, with upstream's figure over ours.
 pub fn print_ratios(ours: &Figures, theirs: &Figures, unit: &str) {
     let per = |f: &Figures, v: f64| v / f.n as f64;
-    // Time to all served; a side that did not finish is given the rate it reached as a lower
-    // bound of its time to all.
+    // Time to all served; of a side that did not finish, only that it is longer than the limit
+    // is known (upstream's allocator slows as a pool fills, so its rate so far would flatter it).
     let to_all = |f: &Figures| {
         let t = f.took.as_secs_f64();
-        if f.done == f.n {
-            (t, "")
-        } else if f.done == 0 {
-            (f64::INFINITY, " (none served)")
-        } else {
-            (t * f.n as f64 / f.done as f64, " (at least: extrapolated)")
-        }
+        (t, if f.done == f.n { "" } else { "> " })
     };
     let (to, tt) = (to_all(ours), to_all(theirs));
     let (ro, rt) = (
@@ -473,12 +467,14 @@ pub fn print_ratios(ours: &Figures, theirs: &Figures, unit: &str) {
         "  | {unit}s served | {}/{} | {}/{} | |",
         ours.done, ours.n, theirs.done, theirs.n
     );
+    // The ratio is a bound when only upstream's time is.
+    let bound = if to.1.is_empty() { tt.1 } else { "" };
     println!(
-        "  | time to all served | {:.2} s{} | {:.1} s{} | {:.0}× |",
-        to.0,
+        "  | time to all served | {}{:.2} s | {}{:.1} s | {bound}{:.0}× |",
         to.1,
-        tt.0,
+        to.0,
         tt.1,
+        tt.0,
         tt.0 / to.0
     );
     println!(
