@@ -22,7 +22,7 @@
 //! and its log lines reporting an error; then a table of upstream's figures over ours.
 
 #[path = "../tests/support/mod.rs"]
-#[allow(unused_imports, unused_macros, dead_code)]
+#[allow(unused_imports, unused_macros)]
 mod support;
 
 #[path = "support/peers.rs"]
