@@ -418,10 +418,11 @@ impl Figures {
             )
         };
         println!("  {}: {outcome}", self.who);
+        let served = self.done.max(1) as f64;
         println!(
-            "    CPU {:.2} s ({:.2} ms per {unit}), peak RSS {:.0} MiB, {} log lines reporting an error",
+            "    CPU {:.2} s ({:.2} ms per {unit} served), peak RSS {:.0} MiB, {} log lines reporting an error",
             self.usage.cpu,
-            1000.0 * self.usage.cpu / n,
+            1000.0 * self.usage.cpu / served,
             self.usage.peak_rss_mib,
             self.error_lines
         );
@@ -505,6 +506,14 @@ pub fn print_ratios(ours: &Figures, theirs: &Figures, unit: &str) {
     println!(
         "  | API requests per {unit} | {ro:.2} | {rt:.2} | {:.2}× |",
         rt / ro
+    );
+    let (so, st) = (
+        ours.requests.total as f64 / ours.done.max(1) as f64,
+        theirs.requests.total as f64 / theirs.done.max(1) as f64,
+    );
+    println!(
+        "  | API requests per {unit} served | {so:.2} | {st:.2} | {:.2}× |",
+        st / so
     );
     println!(
         "  | answered 429 | {} | {} | |",
