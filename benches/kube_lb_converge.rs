@@ -11,10 +11,30 @@
 //!
 //! `scripts/control-plane.sh with 1 cargo bench --bench kube_lb_converge` (optionally
 //! `-- --lbs N --pools P --concurrency C --unadmitted`).
+//!
+//! Beside upstream's controller (harvester/load-balancer-harvester, built by
+//! `scripts/interop.sh build DIR`, which prints its path):
+//! `scripts/control-plane.sh with 2 cargo bench --bench kube_lb_converge -- --lbs 1000 --pools 5
+//! --upstream-controller PATH --harvester-crds DIR/load-balancer-harvester/crds [--limit SECONDS]`.
+//! Then both controllers run as processes of their own, one after the other (never at once: they
+//! would share the two cores), each started cold on a control plane of its own (with one control
+//! plane, the same one reset in between) holding the same pools and LoadBalancers, seeded as
+//! above: ours as `harvester-cloud serve` with the chart's ServiceAccount on this repository's
+//! CRDs, upstream's with `cluster-admin` on Harvester's CRDs (`--harvester-crds`), both with the
+//! command lines of `scripts/interop/peers.json`. Timed: from the process's start until every
+//! LoadBalancer has an allocated address, or `--limit` (300 s) has passed, when the count so far is
+//! reported. Each side reports its CPU time and peak RSS (`/proc/<pid>`), its API requests per
+//! LoadBalancer by verb and by response status (429s included), the addresses held by more than
+//! one LoadBalancer, and its log lines reporting an error; then a table of upstream's figures over
+//! ours.
 
 #[path = "../tests/support/mod.rs"]
 #[allow(unused_imports, unused_macros)]
 mod support;
+
+#[path = "support/peers.rs"]
+#[allow(dead_code)]
+mod peers;
 
 use std::{
     collections::BTreeMap,
@@ -22,7 +42,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::StreamExt;
 use harvester_cloud::{controller::leader::AlwaysLeader, lb};
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::json;
@@ -156,7 +175,7 @@ fn lb_metadata(name: &str, namespace: &str, admitted: bool) -> serde_json::Value
     meta
 }
 
-async fn seed(b: &KubeBackend, lbs: usize, pools: usize, admitted: bool) {
+async fn seed(client: &kube::Client, lbs: usize, pools: usize, admitted: bool) {
     let pool_ar =
         kube_env::api_resource("loadbalancer.harvesterhci.io/v1beta1", "IPPool", "ippools");
     let lb_ar = kube_env::api_resource(
@@ -164,7 +183,7 @@ async fn seed(b: &KubeBackend, lbs: usize, pools: usize, admitted: bool) {
         "LoadBalancer",
         "loadbalancers",
     );
-    let pool_api: Api<DynamicObject> = Api::all_with(b.client.clone(), &pool_ar);
+    let pool_api: Api<DynamicObject> = Api::all_with(client.clone(), &pool_ar);
     for p in 0..pools {
         let pool: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
@@ -180,9 +199,10 @@ async fn seed(b: &KubeBackend, lbs: usize, pools: usize, admitted: bool) {
             .await
             .expect("creates a pool");
     }
-    let created = futures::stream::iter(0..lbs)
-        .map(|i| {
-            let client = b.client.clone();
+    peers::create_all(
+        "LoadBalancer",
+        (0..lbs).map(|i| {
+            let client = client.clone();
             let lb_ar = lb_ar.clone();
             async move {
                 let ns = NAMESPACES[i % pools % NAMESPACES.len()];
@@ -195,11 +215,9 @@ async fn seed(b: &KubeBackend, lbs: usize, pools: usize, admitted: bool) {
                 .expect("a load balancer");
                 api.create(&PostParams::default(), &lb).await.is_ok()
             }
-        })
-        .buffer_unordered(32)
-        .collect::<Vec<bool>>()
-        .await;
-    assert!(created.iter().all(|c| *c), "every load balancer is created");
+        }),
+    )
+    .await;
 }
 
 fn main() {
@@ -218,10 +236,14 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
+        if let Some(upstream) = peers::flag("--upstream-controller") {
+            beside_upstream(lbs, pools, &upstream).await;
+            return;
+        }
         let b = KubeBackend::start().await;
         let version = b.client.apiserver_version().await.expect("a version");
         let setup = Instant::now();
-        seed(&b, lbs, pools, admitted).await;
+        seed(&b.client, lbs, pools, admitted).await;
         eprintln!(
             "seeded {lbs} load balancers over {pools} pools in {:.1?}",
             setup.elapsed()
@@ -315,4 +337,142 @@ fn main() {
             }
         }
     });
+}
+
+/// Which controller a run of [`one_side`] starts.
+enum Side<'a> {
+    Ours,
+    Upstream {
+        bin: &'a str,
+        crds: &'a std::path::Path,
+    },
+}
+
+/// Ours, then upstream's controller, on the same inputs (the module's doc says how).
+async fn beside_upstream(lbs: usize, pools: usize, upstream: &str) {
+    let crds = peers::flag("--harvester-crds").unwrap_or_else(|| {
+        panic!("--upstream-controller needs --harvester-crds DIR (load-balancer-harvester's crds/)")
+    });
+    let limit = Duration::from_secs(arg("--limit", 300) as u64);
+    let work = tempfile::tempdir().expect("a work dir");
+    let shared = peers::control_planes() < 2;
+    println!(
+        "kube_lb_converge beside upstream: {lbs} LoadBalancers over {pools} pools, each controller started cold as its own process, one after the other ({}), at most {} s each",
+        if shared {
+            "on one control plane, reset in between"
+        } else {
+            "each on a control plane of its own"
+        },
+        limit.as_secs()
+    );
+    let (ours, cp) = one_side(Side::Ours, lbs, pools, limit, work.path()).await;
+    // The second lease takes the other control plane while this one is held.
+    let held = (!shared).then_some(cp);
+    let side = Side::Upstream {
+        bin: upstream,
+        crds: std::path::Path::new(&crds),
+    };
+    let (theirs, _) = one_side(side, lbs, pools, limit, work.path()).await;
+    drop(held);
+    ours.print("LoadBalancer");
+    theirs.print("LoadBalancer");
+    peers::print_ratios(&ours, &theirs, "LoadBalancer");
+}
+
+/// One controller on a freshly leased control plane: seed, start, wait until every
+/// LoadBalancer is allocated or `limit` passes, count.
+async fn one_side(
+    side: Side<'_>,
+    lbs: usize,
+    pools: usize,
+    limit: Duration,
+    work: &std::path::Path,
+) -> (peers::Figures, support::control_plane::ControlPlane) {
+    let cp = support::control_plane::ControlPlane::lease().await;
+    let (who, tag) = match side {
+        Side::Ours => ("ours (harvester-cloud serve)".to_string(), "ours"),
+        Side::Upstream { bin, .. } => (format!("upstream's ({bin})"), "upstream"),
+    };
+    if let Side::Upstream { crds, .. } = side {
+        peers::harvester_crds(&cp, crds).await;
+    }
+    let setup = Instant::now();
+    // Both controllers get the same objects, as a cluster without either's webhook stores them.
+    seed(&cp.admin, lbs, pools, false).await;
+    eprintln!(
+        "{tag}: seeded {lbs} load balancers over {pools} pools in {:.1?}",
+        setup.elapsed()
+    );
+    let dir = work.join(tag);
+    std::fs::create_dir_all(&dir).expect("a dir");
+    let (user, cmd) = match side {
+        Side::Ours => {
+            let kubeconfig = dir.join("service.kubeconfig");
+            std::fs::write(&kubeconfig, kube_env::service_kubeconfig(&cp).await)
+                .expect("writes a kubeconfig");
+            let data = dir.join("data");
+            let cmd = peers::command(
+                "ours-serve",
+                &[
+                    ("ours", support::binary::BIN),
+                    ("data", &data.display().to_string()),
+                    ("kubeconfig", &kubeconfig.display().to_string()),
+                    ("port", "0"),
+                    ("metrics_port", "0"),
+                ],
+            );
+            (kube_env::SERVICE_USER.to_string(), cmd)
+        }
+        Side::Upstream { bin, .. } => {
+            let (user, kubeconfig) =
+                peers::admin_account(&cp, "harvester-system", "harvester-load-balancer", &dir)
+                    .await;
+            let kubeconfig = kubeconfig.display().to_string();
+            let cmd = peers::command(
+                "upstream-lb",
+                &[("lb_bin", bin), ("kubeconfig", &kubeconfig)],
+            );
+            (user, cmd)
+        }
+    };
+    let lb_ar = kube_env::api_resource(
+        "loadbalancer.harvesterhci.io/v1beta1",
+        "LoadBalancer",
+        "loadbalancers",
+    );
+    let all: Api<DynamicObject> = Api::all_with(cp.admin.clone(), &lb_ar);
+    let address = |lb: &DynamicObject| {
+        lb.data["status"]["allocatedAddress"]["ip"]
+            .as_str()
+            .filter(|ip| !ip.is_empty())
+            .map(str::to_string)
+    };
+    let from = cp.audit().len();
+    let started = Instant::now();
+    let mut peer = peers::Peer::start(tag, cmd, &dir);
+    let (done, took, usage) = peers::converge(&mut peer, lbs, limit, started, async || {
+        let list = all.list(&ListParams::default()).await.expect("lists");
+        list.items.iter().filter_map(address).count()
+    })
+    .await;
+    // Events are written behind the allocations: let them drain before counting.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let audit = cp.audit();
+    let requests = peers::requests(&audit[from..], &[&user]);
+    let list = all.list(&ListParams::default()).await.expect("lists");
+    let addresses: Vec<String> = list.items.iter().filter_map(address).collect();
+    let duplicates = peers::duplicates(addresses.iter().map(String::as_str));
+    let error_lines = peer.error_lines();
+    peer.stop();
+    let figures = peers::Figures {
+        who,
+        n: lbs,
+        done,
+        took,
+        usage,
+        requests,
+        duplicates,
+        error_lines,
+    };
+    (figures, cp)
 }

@@ -1,5 +1,6 @@
 //! The binary as an operator runs it: `serve` over HTTPS with its generated CA, the first admin
-//! token, `token create|list|revoke`, the data-directory lock, and a clean stop on SIGTERM.
+//! token, `token create|list|revoke`, the data-directory lock, a clean stop on SIGTERM, and the
+//! command lines the interop harness and the benches run it with.
 
 use std::{
     io::{BufRead, BufReader},
@@ -509,5 +510,37 @@ fn the_configuration_page_is_what_the_binary_prints() {
             "`harvester-cloud {command} --help` and its section of {PAGE} name different flags; \
              regenerate the page with `{REGENERATE}`"
         );
+    }
+}
+
+/// The command lines the interop harness and the benches run this binary with
+/// (`scripts/interop/peers.json`) are ones it accepts: a renamed flag fails here, not in a run
+/// that needs upstream's checkouts.
+#[test]
+fn the_peers_command_lines_parse() {
+    use clap::Parser;
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/interop/peers.json"
+    ))
+    .expect("reads peers.json");
+    let peers: Value = serde_json::from_str(&text).expect("JSON");
+    for name in ["ours-serve", "ours-ccm"] {
+        let argv: Vec<String> = peers[name]["argv"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{name} has an argv"))
+            .iter()
+            .map(|a| {
+                let a = a.as_str().expect("a string");
+                match a {
+                    "{ours}" => "harvester-cloud".to_string(),
+                    _ => a.replace("{port}", "0").replace("{metrics_port}", "0"),
+                }
+            })
+            .map(|a| a.replace(['{', '}'], ""))
+            .collect();
+        if let Err(e) = harvester_cloud::config::Cli::try_parse_from(&argv) {
+            panic!("{name}: {argv:?} is refused: {e}");
+        }
     }
 }

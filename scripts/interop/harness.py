@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import corpus  # noqa: E402
-from kube import (ApiError, KubeVip, Kube, Proc, dhcp_lease, eventually, seed_guest,  # noqa: E402
+from kube import (ApiError, KubeVip, Kube, Proc, dhcp_lease, eventually, peer, seed_guest,  # noqa: E402
                   seed_harvester)
 
 NS = "harvester-system"
@@ -111,8 +111,8 @@ class Env:
                       "selector": {"scope": [{"project": "none", "namespace": "none", "guestCluster": "none"}]}}}
 
     def start_upstream_lb(self, k, tag):
-        p = Proc(f"{tag}-upstream-lb", [self.lb_bin, "--threadiness", "2"], self.work,
-                 env={"KUBECONFIG": k.kubeconfig})
+        argv, penv = peer("upstream-lb", lb_bin=self.lb_bin, kubeconfig=k.kubeconfig)
+        p = Proc(f"{tag}-upstream-lb", argv, self.work, env=penv)
         self.procs.append(p)
         # Ready once it has taken its Lease and its IPPool controller answers.
         self.probe(k, p)
@@ -126,10 +126,9 @@ class Env:
         data = os.path.join(self.work, f"{tag}-ours-data")
         os.makedirs(data, exist_ok=True)
         port = free_port()
-        p = Proc(f"{tag}-ours", [self.ours, "--data-dir", data, "--log", "info", "serve", "--backend", "kube",
-                                  "--kubeconfig", kc, "--listen", f"127.0.0.1:{port}", "--http",
-                                  "--metrics-listen", f"127.0.0.1:{free_port()}", "--leader-elect=false",
-                                  "--harvester-namespace", NS], self.work)
+        argv, penv = peer("ours-serve", ours=self.ours, data=data, kubeconfig=kc, port=port,
+                          metrics_port=free_port())
+        p = Proc(f"{tag}-ours", argv, self.work, env=penv)
         self.procs.append(p)
 
         def listening():
@@ -250,15 +249,12 @@ def guest_pair(env, tag, h, g, ccm):
     vip.start()
     env.threads.append(vip)
     if ccm == "upstream":
-        p = Proc(f"{tag}-upstream-ccm", [
-            env.ccm_bin, "--cloud-config", cc, "--kubeconfig", g.kubeconfig, "--cluster-name", cluster,
-            "--controllers", "service-lb-controller", "--leader-elect=false", "--secure-port", "0",
-            "--use-service-account-credentials=false", "--configure-cloud-routes=false",
-            "--disable-vmi-controller", "--v", "2"], env.work, env={"KUBECONFIG": g.kubeconfig})
+        argv, penv = peer("upstream-ccm", ccm_bin=env.ccm_bin, cloud_config=cc, kubeconfig=g.kubeconfig,
+                          cluster=cluster)
     else:
-        p = Proc(f"{tag}-ours-ccm", [
-            env.ours, "ccm", "--cloud-config", cc, "--cluster-name", cluster, "--kubeconfig", g.kubeconfig,
-            "--leader-elect=false", "--metrics-listen", f"127.0.0.1:{free_port()}"], env.work)
+        argv, penv = peer("ours-ccm", ours=env.ours, cloud_config=cc, kubeconfig=g.kubeconfig, cluster=cluster,
+                          metrics_port=free_port())
+    p = Proc(f"{tag}-{ccm}-ccm", argv, env.work, env=penv)
     env.procs.append(p)
 
     def svc(name, port, ann=None, labels=None):

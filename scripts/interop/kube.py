@@ -1,12 +1,19 @@
 """What the interop harness needs of a Kubernetes control plane: a small REST client on the
 standard library (the admin's client certificate from scripts/control-plane.sh, or a bearer token),
-processes it starts and stops by their own pid, and the seed of a Harvester-like cluster."""
+processes it starts and stops by their own pid, the command lines of the peers (peers.json, which
+the Kubernetes benches read too), and the seed of a Harvester-like cluster.
+
+Run as a script, it lends two pieces to the benches (benches/support/peers.rs):
+  kube.py seed-guest CPDIR             the guest cluster's seed (seed_guest)
+  kube.py kube-vip CPDIR guest|harvester
+                                       the kube-vip stand-in (KubeVip) until SIGTERM"""
 
 import json
 import os
 import signal
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -175,6 +182,18 @@ class Proc:
         self.f.close()
 
 
+PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers.json")
+
+
+def peer(name, **values):
+    """The argv and environment of the peer `name` of peers.json, its `{key}`s filled from `values`."""
+    with open(PEERS) as f:
+        spec = json.load(f)[name]
+    argv = [a.format(**values) for a in spec["argv"]]
+    env = {k: v.format(**values) for k, v in spec["env"].items()}
+    return argv, env
+
+
 def foreign(k, *args):
     """An object of a kind we read but do not own, as its upstream's Go types make it: the control
     plane's `foreign/bin/foreign-crds` (tools/foreign-crds) prints it, e.g. `("vmi", "-name", "a")`."""
@@ -340,3 +359,21 @@ class KubeVip(threading.Thread):
 
     def stop(self):
         self.stopped.set()
+
+
+def main(argv):
+    if len(argv) == 2 and argv[0] == "seed-guest":
+        seed_guest(Kube(argv[1], "guest"))
+        return 0
+    if len(argv) == 3 and argv[0] == "kube-vip" and argv[2] in ("guest", "harvester"):
+        vip = KubeVip(Kube(argv[1], argv[2]), harvester_side=argv[2] == "harvester")
+        signal.signal(signal.SIGTERM, lambda *_: vip.stop())
+        vip.run()
+        print(f"kube-vip stand-in: {vip.errors} failed rounds", flush=True)
+        return 0
+    print("usage: kube.py seed-guest CPDIR | kube-vip CPDIR guest|harvester", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
