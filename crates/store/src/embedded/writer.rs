@@ -268,7 +268,10 @@ impl EmbeddedStore {
             pending.overlay.clear();
             pending.queue.drain(..).collect()
         };
-        tracing::error!(%error, writes = jobs.len() + queued.len(), "a write to the database failed; failing it and the writes queued with it");
+        let writes = jobs.len() + queued.len();
+        if writes > 0 {
+            tracing::error!(%error, writes, "a write to the database failed; failing it and the writes queued with it");
+        }
         let message = error.to_string();
         for job in jobs.into_iter().chain(queued) {
             let _ = job.done.send(Err(StoreError::backend(std::io::Error::other(
