@@ -52,6 +52,15 @@ async fn queue<T: Send + 'static>(
     panic!("the write was not queued");
 }
 
+/// [`queue`] of a create of the ConfigMap `name`.
+async fn queue_create(
+    store: &Arc<EmbeddedStore>,
+    name: &str,
+) -> tokio::task::JoinHandle<Result<Value, StoreError>> {
+    let (s, object) = (store.clone(), mk_cm(name));
+    queue(store, async move { s.create(&cm_kind(), object).await }).await
+}
+
 async fn names(store: &EmbeddedStore) -> Vec<(String, u64)> {
     let mut v: Vec<(String, u64)> = store
         .list(&cm_kind(), Some("ns"), &LabelSelector::everything())
@@ -77,13 +86,7 @@ async fn writes_queued_together_commit_as_one_transaction_in_version_order() {
     let held = store.writer.lock().await;
     let mut tasks = Vec::new();
     for i in 0..20 {
-        let s = store.clone();
-        tasks.push(
-            queue(&store, async move {
-                s.create(&cm_kind(), mk_cm(&format!("c{i}"))).await
-            })
-            .await,
-        );
+        tasks.push(queue_create(&store, &format!("c{i}")).await);
     }
     // Queued, not committed: nobody reads them yet.
     assert!(names(&store).await.is_empty());
@@ -120,18 +123,8 @@ async fn each_write_of_a_batch_is_planned_on_the_ones_before_it() {
         let base = store.read().rv;
         let (tx0, _) = counts(&store);
         let held = store.writer.lock().await;
-        let s = store.clone();
-        let created = queue(
-            &store,
-            async move { s.create(&cm_kind(), mk_cm("a")).await },
-        )
-        .await;
-        let s = store.clone();
-        let again = queue(
-            &store,
-            async move { s.create(&cm_kind(), mk_cm("a")).await },
-        )
-        .await;
+        let created = queue_create(&store, "a").await;
+        let again = queue_create(&store, "a").await;
         let s = store.clone();
         let updated = queue(&store, async move {
             let mut a = mk_cm("a");
@@ -146,12 +139,7 @@ async fn each_write_of_a_batch_is_planned_on_the_ones_before_it() {
             s.replace(&cm_kind(), a).await
         })
         .await;
-        let s = store.clone();
-        let b = queue(
-            &store,
-            async move { s.create(&cm_kind(), mk_cm("b")).await },
-        )
-        .await;
+        let b = queue_create(&store, "b").await;
         let s = store.clone();
         let deleted = queue(&store, async move {
             s.delete(&cm_kind(), "ns", "b", &Preconditions::default())
@@ -204,22 +192,10 @@ async fn a_failed_transaction_fails_its_writes_and_leaves_no_trace() {
     let held = store.writer.lock().await;
     let mut tasks = Vec::new();
     for name in ["x1", "x2", "x3"] {
-        let s = store.clone();
-        tasks.push(
-            queue(
-                &store,
-                async move { s.create(&cm_kind(), mk_cm(name)).await },
-            )
-            .await,
-        );
+        tasks.push(queue_create(&store, name).await);
     }
     // Planned on x1 (queued): refused as it exists, but answered only once x1 is settled.
-    let s = store.clone();
-    let dup = queue(
-        &store,
-        async move { s.create(&cm_kind(), mk_cm("x1")).await },
-    )
-    .await;
+    let dup = queue_create(&store, "x1").await;
     drop(held);
     for t in tasks {
         let r = t.await.unwrap();
