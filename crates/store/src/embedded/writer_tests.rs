@@ -323,3 +323,73 @@ async fn every_acknowledged_write_survives_a_crash() {
     let after = store.create(&cm_kind(), mk_cm("after")).await.unwrap();
     assert!(rv(&after) > top);
 }
+
+/// Status patches queued together: each sees the version and the status the one before it made,
+/// a stale one conflicts, and the store reopened has the status of both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_patches_of_a_batch_build_on_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    let k = Kind {
+        group: "example.harvesterhci.io".into(),
+        version: "v1".into(),
+        api_version: "example.harvesterhci.io/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+        namespaced: true,
+        status_subresource: true,
+        names: crate::NameRule::Subdomain,
+    };
+    let made = store
+        .create(
+            &k,
+            json!({"apiVersion": "example.harvesterhci.io/v1", "kind": "Widget",
+                "metadata": {"name": "w", "namespace": "ns"}, "spec": {"filler": "x".repeat(4096)}}),
+        )
+        .await
+        .unwrap();
+    let r0 = rv(&made);
+    let held = store.writer.lock().await;
+    let patch = |from: u64, status: Value| {
+        let (s, k) = (store.clone(), k.clone());
+        async move {
+            s.merge_status(&k, "ns", "w", &from.to_string(), &status)
+                .await
+        }
+    };
+    let first = queue(&store, patch(r0, json!({"a": "1"}))).await;
+    let second = queue(&store, patch(r0 + 1, json!({"b": "2"}))).await;
+    let stale = queue(&store, patch(r0, json!({"c": "3"}))).await;
+    drop(held);
+    assert_eq!(first.await.unwrap().unwrap(), (r0 + 1).to_string());
+    assert_eq!(second.await.unwrap().unwrap(), (r0 + 2).to_string());
+    let stale = stale.await.unwrap();
+    assert!(
+        matches!(stale, Err(StoreError::Conflict { .. })),
+        "{stale:?}"
+    );
+    let expect = |w: &Value| {
+        assert_eq!(
+            (&w["status"]["a"], &w["status"]["b"], &w["status"]["c"]),
+            (&json!("1"), &json!("2"), &Value::Null)
+        );
+        assert_eq!(rv(w), r0 + 2);
+    };
+    expect(&store.get(&k, "ns", "w").await.unwrap().unwrap());
+    assert_eq!(
+        store
+            .read()
+            .patches(&made["metadata"]["uid"].as_str().unwrap().to_string())
+            .count,
+        2,
+        "both stored as patches"
+    );
+    store.close().await;
+    drop(store);
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    expect(&store.get(&k, "ns", "w").await.unwrap().unwrap());
+}
