@@ -381,7 +381,7 @@ async fn status_patches_of_a_batch_build_on_each_other() {
     assert_eq!(
         store
             .read()
-            .patches(&made["metadata"]["uid"].as_str().unwrap().to_string())
+            .patches(made["metadata"]["uid"].as_str().unwrap())
             .count,
         2,
         "both stored as patches"
