@@ -1,9 +1,10 @@
 //! The embedded backend: Kubernetes object semantics on a SQLite file.
 //!
 //! SQLite is the durable copy; an in-memory index of every object serves reads (as an informer cache
-//! would), so reads never touch the database. Writes are serialised through one connection: each write
-//! is one transaction that stores the rows and the new resourceVersion, and only after it commits is
-//! the memory index updated. The data directory is locked so that exactly one process owns the index.
+//! would), so reads never touch the database. Writes are planned one at a time and committed through
+//! one connection, the writes queued meanwhile together in one transaction ([`writer`]); only after
+//! it commits is the memory index updated. The data directory is locked so that exactly one process
+//! owns the index.
 //!
 //! Durability uses group commit: transactions commit to the WAL without waiting for the disk, and a
 //! syncer fsyncs the WAL once for every write that committed meanwhile. A write is acknowledged, a
@@ -11,18 +12,22 @@
 //! many requests write at once, each pays one shared fsync rather than one each.
 
 mod objectmeta;
+mod overlay;
 mod patch;
 mod semantics;
 mod sql;
 mod state;
 mod together;
 mod token;
+mod writer;
+#[cfg(test)]
+mod writer_tests;
 
 pub use sql::open_pool;
 
 use self::{
     semantics::{checked_key, conflict, meta_mut, meta_str, not_found, now_rfc3339, row_of},
-    sql::{commit, create_data_dir, load, migrated_pool, options},
+    sql::{create_data_dir, load, migrated_pool, options},
 };
 
 use std::{
@@ -41,7 +46,7 @@ use sqlx::{
 use tokio::sync::{Mutex, Notify, broadcast, watch};
 use tracing::{Instrument, info};
 
-use self::state::{Row as StateRow, State};
+use self::state::State;
 use super::{
     Change, ChangeStream, ChangeType, Deleted, Dependents, Kind, LabelSelector, ObjectList,
     ObjectStore, Preconditions, StoreError,
@@ -123,11 +128,13 @@ pub struct TokenController {
 pub struct EmbeddedStore {
     path: PathBuf,
     pool: SqlitePool,
-    /// The only connection that writes; `None` once closed. Shared with the task that commits
-    /// ([`Self::write`]), so a caller that goes away cannot interrupt a commit.
-    writer: Arc<Mutex<Option<SqliteConnection>>>,
-    /// This store, for the commit task ([`Self::write`]).
-    me: std::sync::Weak<EmbeddedStore>,
+    /// The only connection that writes, used by the committer task ([`writer`]); `None` once
+    /// closed.
+    writer: Mutex<Option<SqliteConnection>>,
+    /// Writes planned and waiting for the committer.
+    pending: std::sync::Mutex<writer::Pending>,
+    /// Wakes the committer after a write is queued.
+    commit_wanted: Arc<Notify>,
     state: RwLock<State>,
     changes: broadcast::Sender<Change>,
     durability: Durability,
@@ -201,11 +208,12 @@ impl EmbeddedStore {
         let (changes, _) = broadcast::channel(4096);
         let (durable, _) = watch::channel(state.rv);
         let wal_path = data_dir.join("harvester-cloud.db-wal");
-        let store = Arc::new_cyclic(|me| EmbeddedStore {
-            me: me.clone(),
+        let store = Arc::new(EmbeddedStore {
             path,
             pool,
-            writer: Arc::new(Mutex::new(Some(writer))),
+            writer: Mutex::new(Some(writer)),
+            pending: Default::default(),
+            commit_wanted: Arc::new(Notify::new()),
             state: RwLock::new(state),
             changes,
             durability,
@@ -217,6 +225,7 @@ impl EmbeddedStore {
             faults: std::sync::Mutex::new((0, 0)),
             _lock: lock,
         });
+        store.start_committer();
         let weak = Arc::downgrade(&store);
         let wake = store.sync_wanted.clone();
         tokio::spawn(
@@ -349,9 +358,7 @@ impl EmbeddedStore {
 
     /// Closes the database connections (waits for them to finish).
     pub async fn close(&self) {
-        if let Some(conn) = self.writer.lock().await.take() {
-            let _ = conn.close().await;
-        }
+        self.close_writer().await;
         self.pool.close().await;
     }
 
@@ -365,97 +372,6 @@ impl EmbeddedStore {
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Runs one write: `plan` sees the current state (stable: writers are serialised) and returns the
-    /// rows to store; they are committed in one transaction, then applied to memory and published.
-    /// Fault injection (tests, drills): after `after` more writes succeed, the next `count` fail
-    /// as a full disk makes them fail (nothing is stored, the caller gets a backend error).
-    pub fn inject_write_failures(&self, after: usize, count: usize) {
-        *crate::sync::lock(&self.faults) = (after, count);
-    }
-
-    fn injected_failure(&self) -> bool {
-        let mut faults = crate::sync::lock(&self.faults);
-        match *faults {
-            (0, 0) => false,
-            (0, n) => {
-                *faults = (0, n - 1);
-                true
-            }
-            (k, n) => {
-                *faults = (k - 1, n);
-                false
-            }
-        }
-    }
-
-    async fn write<T>(
-        &self,
-        plan: impl FnOnce(&State) -> Result<(Vec<StateRow>, T), StoreError>,
-    ) -> Result<T, StoreError> {
-        self.write_as(Ack::Durable, plan).await
-    }
-
-    /// [`Self::write`], answered when `ack` says.
-    async fn write_as<T>(
-        &self,
-        ack: Ack,
-        plan: impl FnOnce(&State) -> Result<(Vec<StateRow>, T), StoreError>,
-    ) -> Result<T, StoreError> {
-        if self.sync_failed.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(StoreError::backend(std::io::Error::other(
-                "the write-ahead log could not be synced to disk; restart the service",
-            )));
-        }
-        let mut guard = self.writer.clone().lock_owned().await;
-        if guard.is_none() {
-            return Err(closed());
-        }
-        let (rows, out) = {
-            let state = self.read();
-            plan(&state)?
-        };
-        if rows.is_empty() {
-            return Ok(out);
-        }
-        let last_rv = rows.iter().map(|r| r.rv).max().unwrap_or_default();
-        if self.injected_failure() {
-            return Err(StoreError::backend(std::io::Error::other(
-                "database or disk is full (injected)",
-            )));
-        }
-        // The commit and its application to memory run in their own task, holding the writer:
-        // were they run in the caller's future, a caller that goes away (a client hanging up, a
-        // timeout) could stop them between the two, leaving the database ahead of memory or the
-        // connection inside a transaction, and the next writer on top of that.
-        let this = self.me.upgrade().ok_or_else(closed)?;
-        let committed = tokio::spawn(async move {
-            let conn = guard.as_mut().ok_or_else(closed)?;
-            let sizes = commit(conn, &rows, last_rv).await?;
-            {
-                let mut state = this.state.write().unwrap_or_else(|e| e.into_inner());
-                for (row, bytes) in rows.into_iter().zip(sizes) {
-                    state.apply(row, bytes);
-                }
-            }
-            if this.durability == Durability::Normal {
-                // Published in commit order: the writer lock is still held.
-                this.publish(last_rv);
-            }
-            // Let the next writer commit while this one waits for the shared fsync.
-            drop(guard);
-            Ok::<(), StoreError>(())
-        });
-        committed.await.map_err(StoreError::backend)??;
-        if self.durability == Durability::Normal {
-            return Ok(out);
-        }
-        self.sync_wanted.notify_one();
-        if ack == Ack::Durable {
-            self.await_durable(last_rv).await?;
-        }
-        Ok(out)
     }
 
     /// Creates the object, answered when `ack` says.
@@ -525,8 +441,9 @@ impl EmbeddedStore {
 
 impl Drop for EmbeddedStore {
     fn drop(&mut self) {
-        // Lets the syncer task notice that the store is gone.
+        // Lets the syncer and committer tasks notice that the store is gone.
         self.sync_wanted.notify_one();
+        self.commit_wanted.notify_one();
     }
 }
 

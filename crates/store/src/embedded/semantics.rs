@@ -9,7 +9,8 @@ use serde_json::{Map, Value, json};
 
 use super::{
     EmbeddedStore,
-    state::{Row as StateRow, State, Stored},
+    overlay::View,
+    state::{Row as StateRow, Stored},
 };
 use crate::{
     validation, {ChangeType, Kind, StoreError},
@@ -225,7 +226,7 @@ pub(super) fn stamp_created(
 
 /// Whether `obj` names owners and none of them exists: Kubernetes' garbage collector deletes
 /// such a dependent.
-pub(super) fn orphaned(state: &State, obj: &Value) -> bool {
+pub(super) fn orphaned(state: &View, obj: &Value) -> bool {
     obj.pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)
         .is_some_and(|refs| {
@@ -241,7 +242,7 @@ impl EmbeddedStore {
     /// owners are all gone. Objects with finalizers are only marked for deletion.
     pub(super) fn plan_delete(
         &self,
-        state: &State,
+        state: &View,
         kind: &Kind,
         root: &Value,
         rv: &mut u64,

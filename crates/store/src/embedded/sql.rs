@@ -1,5 +1,5 @@
 //! The embedded store's durable side: opening (and migrating) the SQLite file, loading every
-//! object into the memory index on start, and committing a write's rows in one transaction.
+//! object into the memory index on start, and committing a batch of writes' rows in one transaction.
 
 use std::{path::Path, str::FromStr, sync::Arc, time::Duration};
 
@@ -171,58 +171,89 @@ const INSERT_PATCH: &str =
 const DELETED_BYTES: usize = 1024;
 
 /// A statement's values, bound in order.
-enum Binds {
+enum Binds<'a> {
     Key,
-    Whole(String),
-    Patch(String),
+    Whole(&'a str),
+    Patch(&'a str),
 }
 
-/// Stores `rows` and the new resourceVersion in one transaction, sent to SQLite as one
-/// multi-statement query: one round trip to the connection's worker instead of one per statement,
-/// which is most of a small write's cost. Returns each row's stored size.
+/// Each row's object as stored whole (`None` for a deletion or a status patch).
+pub(super) fn encode(rows: &[StateRow]) -> Result<Vec<Option<String>>, StoreError> {
+    rows.iter()
+        .map(|row| match (&row.stored, row.change) {
+            (Stored::Whole, ChangeType::Added | ChangeType::Modified) => {
+                serde_json::to_string(&*row.object)
+                    .map(Some)
+                    .map_err(StoreError::backend)
+            }
+            _ => Ok(None),
+        })
+        .collect()
+}
+
+/// What a row [`encode`]d to `body` counts for in the history's size.
+pub(super) fn stored_size(row: &StateRow, body: &Option<String>) -> usize {
+    match (&row.stored, body) {
+        // As the history counts it: about the object's size, not the patch's.
+        (
+            Stored::Patch {
+                patch,
+                object_bytes,
+            },
+            _,
+        ) => object_bytes + patch.len(),
+        (Stored::Whole, Some(body)) => body.len(),
+        (Stored::Whole, None) => DELETED_BYTES,
+    }
+}
+
+/// Stores `rows` (with their `bodies` from [`encode`]) and the new resourceVersion in one
+/// transaction, sent to SQLite as one multi-statement query: one round trip to the connection's
+/// worker for however many writes the batch holds, instead of one per statement. Rows are stored
+/// in order, so a later row of the same object wins. `poisoned` (fault injection) makes the
+/// transaction fail after its rows are written, as a full disk would, and be rolled back.
 pub(super) async fn commit(
     conn: &mut SqliteConnection,
-    rows: &[StateRow],
+    rows: &[&StateRow],
+    bodies: &[Option<String>],
     last_rv: u64,
-) -> Result<Vec<usize>, StoreError> {
-    let mut sql = String::from("BEGIN IMMEDIATE;");
+    poisoned: bool,
+) -> Result<(), StoreError> {
+    let mut sql = String::with_capacity(32 + rows.len() * UPSERT_ROW.len());
+    sql.push_str("BEGIN IMMEDIATE;");
     let mut statements = Vec::with_capacity(rows.len());
-    let mut sizes = Vec::with_capacity(rows.len());
-    for row in rows {
-        let (statement, size) = match (&row.stored, row.change) {
-            (
-                Stored::Patch {
-                    patch,
-                    object_bytes,
-                },
-                _,
-            ) => {
+    for (row, body) in rows.iter().zip(bodies) {
+        match &row.stored {
+            Stored::Patch { patch, .. } => {
                 sql.push_str(INSERT_PATCH);
-                // As the history counts it: about the object's size, not the patch's.
-                (Binds::Patch(patch.clone()), object_bytes + patch.len())
+                statements.push((*row, Binds::Patch(patch)));
             }
-            (Stored::Whole, change) => {
+            Stored::Whole => {
                 // Whatever was patched of the object before is in this row (a new object has
                 // nothing patched: its name's last object, if any, was deleted).
-                if change != ChangeType::Added {
+                if row.change != ChangeType::Added {
                     sql.push_str(DROP_PATCHES);
-                    statements.push((row, Binds::Key));
+                    statements.push((*row, Binds::Key));
                 }
-                if change == ChangeType::Deleted {
-                    sql.push_str(DELETE_ROW);
-                    (Binds::Key, DELETED_BYTES)
-                } else {
-                    sql.push_str(UPSERT_ROW);
-                    let body = serde_json::to_string(&*row.object).map_err(StoreError::backend)?;
-                    let size = body.len();
-                    (Binds::Whole(body), size)
+                match body {
+                    None => {
+                        sql.push_str(DELETE_ROW);
+                        statements.push((*row, Binds::Key));
+                    }
+                    Some(body) => {
+                        sql.push_str(UPSERT_ROW);
+                        statements.push((*row, Binds::Whole(body)));
+                    }
                 }
             }
-        };
-        statements.push((row, statement));
-        sizes.push(size);
+        }
     }
-    sql.push_str("UPDATE meta SET value = ? WHERE key = 'resource_version'; COMMIT;");
+    sql.push_str("UPDATE meta SET value = ? WHERE key = 'resource_version';");
+    if poisoned {
+        // The meta row is there already: a constraint failure inside the transaction.
+        sql.push_str("INSERT INTO meta (key, value) VALUES ('resource_version', '');");
+    }
+    sql.push_str("COMMIT;");
     // Built only from the constant statements above; every value is a bind, consumed in order
     // across the statements.
     let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -242,9 +273,14 @@ pub(super) async fn commit(
     if let Err(e) = result {
         // A statement failed inside the transaction: undo whatever ran before it.
         let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+        if poisoned {
+            return Err(StoreError::backend(std::io::Error::other(
+                "database or disk is full (injected)",
+            )));
+        }
         return Err(StoreError::backend(e));
     }
-    Ok(sizes)
+    Ok(())
 }
 
 pub(super) async fn load(pool: &SqlitePool) -> Result<State, StoreError> {

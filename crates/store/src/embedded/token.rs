@@ -6,7 +6,11 @@ use std::sync::Arc;
 use base64::{Engine, engine::general_purpose::STANDARD as B64};
 use serde_json::{Value, json};
 
-use super::{EmbeddedStore, State, TokenController, semantics::not_an_object};
+use super::{
+    EmbeddedStore, TokenController,
+    overlay::{Overlay, View},
+    semantics::not_an_object,
+};
 use crate::StoreError;
 
 const SA_TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
@@ -24,7 +28,7 @@ impl EmbeddedStore {
     /// What the token of `secret` would be minted for in `state`: `None` when it is not to be
     /// filled (not a token Secret, no controller, no such ServiceAccount, another one's UID).
     /// A ServiceAccount created in the same write (`pending`) counts as there.
-    fn claims(&self, state: &State, pending: Option<&Value>, secret: &Value) -> Option<Claims> {
+    fn claims(&self, state: &View, pending: Option<&Value>, secret: &Value) -> Option<Claims> {
         if secret.get("type").and_then(Value::as_str) != Some(SA_TOKEN_TYPE) {
             return None;
         }
@@ -106,7 +110,11 @@ impl EmbeddedStore {
     /// takes the writer: signing is most of a token Secret's create, and writes are serialised.
     /// [`Self::fill_token`] uses it only if the state then still gives the same claims.
     pub(super) fn premint(&self, secret: &Value, pending: Option<&Value>) -> Option<Minted> {
-        let claims = self.claims(&self.read(), pending, secret)?;
+        let claims = self.claims(
+            &View::new(&self.read(), &Overlay::default()),
+            pending,
+            secret,
+        )?;
         let token = self.mint(&claims).ok()?;
         Some(Minted { claims, token })
     }
@@ -115,7 +123,7 @@ impl EmbeddedStore {
     /// token `minted` beforehand when it was minted for what the state says now.
     pub(super) fn fill_token(
         &self,
-        state: &State,
+        state: &View,
         pending: Option<&Value>,
         secret: &mut Value,
         minted: Option<Minted>,

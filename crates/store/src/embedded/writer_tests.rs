@@ -1,0 +1,395 @@
+//! Tests of group commit ([`super::writer`]): writes queued together commit as one transaction,
+//! each planned on the ones before it, failing together without a trace, and every acknowledged
+//! write survives a crash. A test holds the writer's connection to make the committer wait while
+//! writes queue up, so that a batch holds exactly the writes it means.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use super::{Durability, EmbeddedStore};
+use crate::{ChangeType, Kind, LabelSelector, ObjectStore, Preconditions, StoreError};
+
+fn cm_kind() -> Kind {
+    Kind::of::<k8s_openapi::api::core::v1::ConfigMap>()
+}
+
+fn mk_cm(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "ns"}, "data": {"k": name}})
+}
+
+fn rv(v: &Value) -> u64 {
+    v["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("resourceVersion")
+}
+
+fn counts(store: &EmbeddedStore) -> (u64, u64) {
+    let p = crate::sync::lock(&store.pending);
+    (p.transactions, p.writes)
+}
+
+fn queued(store: &EmbeddedStore) -> usize {
+    crate::sync::lock(&store.pending).queued()
+}
+
+/// Starts `write` in a task and waits until it is queued behind the held writer.
+async fn queue<T: Send + 'static>(
+    store: &Arc<EmbeddedStore>,
+    write: impl std::future::Future<Output = T> + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    let before = queued(store);
+    let task = tokio::spawn(write);
+    for _ in 0..5000 {
+        if queued(store) > before {
+            return task;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the write was not queued");
+}
+
+/// [`queue`] of a create of the ConfigMap `name`.
+async fn queue_create(
+    store: &Arc<EmbeddedStore>,
+    name: &str,
+) -> tokio::task::JoinHandle<Result<Value, StoreError>> {
+    let (s, object) = (store.clone(), mk_cm(name));
+    queue(store, async move { s.create(&cm_kind(), object).await }).await
+}
+
+async fn names(store: &EmbeddedStore) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = store
+        .list(&cm_kind(), Some("ns"), &LabelSelector::everything())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| (o["metadata"]["name"].as_str().unwrap().to_string(), rv(o)))
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_queued_together_commit_as_one_transaction_in_version_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    let base = store.read().rv;
+    let mut watch = store.watch(&cm_kind(), None, "").await.unwrap();
+    let (tx0, w0) = counts(&store);
+    let held = store.writer.lock().await;
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        tasks.push(queue_create(&store, &format!("c{i}")).await);
+    }
+    // Queued, not committed: nobody reads them yet.
+    assert!(names(&store).await.is_empty());
+    drop(held);
+    for (i, t) in tasks.into_iter().enumerate() {
+        let made = t.await.unwrap().unwrap();
+        assert_eq!(rv(&made), base + 1 + i as u64, "planned in order");
+        // Acknowledged only once on disk.
+        assert!(*store.durable.borrow() >= rv(&made));
+    }
+    assert_eq!(counts(&store), (tx0 + 1, w0 + 20), "one transaction");
+    for i in 0..20u64 {
+        let c = tokio::time::timeout(Duration::from_secs(5), watch.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.resource_version, base + 1 + i, "published in order");
+    }
+    store.close().await;
+    drop(store);
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    assert_eq!(names(&store).await.len(), 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_write_of_a_batch_is_planned_on_the_ones_before_it() {
+    for durability in [Durability::Full, Durability::Normal] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), durability).await.unwrap();
+        let k = cm_kind();
+        let base = store.read().rv;
+        let (tx0, _) = counts(&store);
+        let held = store.writer.lock().await;
+        let created = queue_create(&store, "a").await;
+        let again = queue_create(&store, "a").await;
+        let s = store.clone();
+        let updated = queue(&store, async move {
+            let mut a = mk_cm("a");
+            a["data"]["k"] = json!("updated");
+            s.replace(&cm_kind(), a).await
+        })
+        .await;
+        let s = store.clone();
+        let stale = queue(&store, async move {
+            let mut a = mk_cm("a");
+            a["metadata"]["resourceVersion"] = json!((base + 1).to_string());
+            s.replace(&cm_kind(), a).await
+        })
+        .await;
+        let b = queue_create(&store, "b").await;
+        let s = store.clone();
+        let deleted = queue(&store, async move {
+            s.delete(&cm_kind(), "ns", "b", &Preconditions::default())
+                .await
+        })
+        .await;
+        // Readers see none of it while it is queued.
+        assert_eq!(store.get(&k, "ns", "a").await.unwrap(), None);
+        drop(held);
+        assert_eq!(rv(&created.await.unwrap().unwrap()), base + 1);
+        let again = again.await.unwrap();
+        assert!(
+            matches!(again, Err(StoreError::AlreadyExists { .. })),
+            "{again:?}"
+        );
+        let updated = updated.await.unwrap().unwrap();
+        assert_eq!(rv(&updated), base + 2, "the update saw the create");
+        assert_eq!(updated["data"]["k"], "updated");
+        let stale = stale.await.unwrap();
+        assert!(
+            matches!(stale, Err(StoreError::Conflict { .. })),
+            "{stale:?}"
+        );
+        assert_eq!(rv(&b.await.unwrap().unwrap()), base + 3);
+        deleted.await.unwrap().unwrap();
+        assert_eq!(counts(&store).0, tx0 + 1, "one transaction");
+        let a = store.get(&k, "ns", "a").await.unwrap().unwrap();
+        assert_eq!(a["data"]["k"], "updated");
+        assert_eq!(store.get(&k, "ns", "b").await.unwrap(), None);
+        assert_eq!(store.read().rv, base + 4);
+        store.close().await;
+        drop(store);
+        let store = EmbeddedStore::open(dir.path(), durability).await.unwrap();
+        assert_eq!(names(&store).await, vec![("a".to_string(), base + 2)]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_transaction_fails_its_writes_and_leaves_no_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    let k = cm_kind();
+    store.create(&k, mk_cm("before")).await.unwrap();
+    let base = store.read().rv;
+    let mut watch = store.watch(&k, None, "").await.unwrap();
+    // The second of three queued writes fails: the transaction holds all three.
+    store.inject_write_failures(1, 1);
+    let held = store.writer.lock().await;
+    let mut tasks = Vec::new();
+    for name in ["x1", "x2", "x3"] {
+        tasks.push(queue_create(&store, name).await);
+    }
+    // Planned on x1 (queued): refused as it exists, but answered only once x1 is settled.
+    let dup = queue_create(&store, "x1").await;
+    drop(held);
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert!(matches!(r, Err(StoreError::Backend(_))), "{r:?}");
+    }
+    // x1 never existed: "already exists" would have shown it.
+    let dup = dup.await.unwrap();
+    assert!(matches!(dup, Err(StoreError::Backend(_))), "{dup:?}");
+    assert_eq!(names(&store).await, vec![("before".to_string(), base)]);
+    assert_eq!(store.read().rv, base, "memory is not ahead of the database");
+    // The store goes on, reusing the versions nobody saw.
+    let next = store.create(&k, mk_cm("x2")).await.unwrap();
+    assert_eq!(rv(&next), base + 1);
+    let c = tokio::time::timeout(Duration::from_secs(5), watch.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (c.change, c.resource_version),
+        (ChangeType::Added, base + 1)
+    );
+    let shown = names(&store).await;
+    store.close().await;
+    drop(store);
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    assert_eq!(
+        names(&store).await,
+        shown,
+        "the database is what memory was"
+    );
+    assert_eq!(store.read().rv, base + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_failures_are_counted_in_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    store.inject_write_failures(2, 2);
+    let mut outcomes = Vec::new();
+    for i in 0..5 {
+        outcomes.push(
+            store
+                .create(&cm_kind(), mk_cm(&format!("n{i}")))
+                .await
+                .is_ok(),
+        );
+    }
+    assert_eq!(outcomes, [true, true, false, false, true]);
+    // A write that changes nothing is not counted.
+    store.inject_write_failures(0, 1);
+    let n4 = store.get(&cm_kind(), "ns", "n4").await.unwrap().unwrap();
+    store.replace(&cm_kind(), n4).await.unwrap();
+    assert!(store.create(&cm_kind(), mk_cm("n5")).await.is_err());
+    assert!(store.create(&cm_kind(), mk_cm("n5")).await.is_ok());
+}
+
+/// Set in the child of [`every_acknowledged_write_survives_a_crash`]: the data directory.
+const CRASH_DIR: &str = "HARVESTER_CLOUD_GROUP_COMMIT_CRASH_DIR";
+
+/// The child writes from 32 tasks at once and prints every write it had acknowledged; the
+/// parent kills it (SIGKILL) mid-stream, reopens the store, and finds every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_write_survives_a_crash() {
+    if let Ok(dir) = std::env::var(CRASH_DIR) {
+        let store = EmbeddedStore::open(std::path::Path::new(&dir), Durability::Full)
+            .await
+            .unwrap();
+        let mut tasks = Vec::new();
+        for t in 0..32 {
+            let s = store.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0.. {
+                    let name = format!("t{t}-{i}");
+                    let made = s.create(&cm_kind(), mk_cm(&name)).await.unwrap();
+                    println!("acked {name} {}", rv(&made));
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        return;
+    }
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "embedded::writer_tests::every_acknowledged_write_survives_a_crash",
+            "--nocapture",
+        ])
+        .env(CRASH_DIR, dir.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut acked = Vec::new();
+    for line in lines {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("acked ") {
+            let (name, rv) = rest.split_once(' ').unwrap();
+            acked.push((name.to_string(), rv.parse::<u64>().unwrap()));
+            if acked.len() == 1500 {
+                child.kill().unwrap();
+            }
+        }
+    }
+    child.wait().unwrap();
+    assert!(acked.len() >= 1500, "the child wrote: {}", acked.len());
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    let stored: std::collections::HashMap<String, u64> = names(&store).await.into_iter().collect();
+    for (name, rv) in &acked {
+        assert_eq!(stored.get(name), Some(rv), "{name} was acknowledged");
+    }
+    // Versions stay unique and the store writes on above them.
+    let top = stored.values().max().copied().unwrap_or_default();
+    assert_eq!(store.read().rv, top);
+    let after = store.create(&cm_kind(), mk_cm("after")).await.unwrap();
+    assert!(rv(&after) > top);
+}
+
+/// Status patches queued together: each sees the version and the status the one before it made,
+/// a stale one conflicts, and the store reopened has the status of both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_patches_of_a_batch_build_on_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    let k = Kind {
+        group: "example.harvesterhci.io".into(),
+        version: "v1".into(),
+        api_version: "example.harvesterhci.io/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+        namespaced: true,
+        status_subresource: true,
+        names: crate::NameRule::Subdomain,
+    };
+    let made = store
+        .create(
+            &k,
+            json!({"apiVersion": "example.harvesterhci.io/v1", "kind": "Widget",
+                "metadata": {"name": "w", "namespace": "ns"}, "spec": {"filler": "x".repeat(4096)}}),
+        )
+        .await
+        .unwrap();
+    let r0 = rv(&made);
+    let held = store.writer.lock().await;
+    let patch = |from: u64, status: Value| {
+        let (s, k) = (store.clone(), k.clone());
+        async move {
+            s.merge_status(&k, "ns", "w", &from.to_string(), &status)
+                .await
+        }
+    };
+    let first = queue(&store, patch(r0, json!({"a": "1"}))).await;
+    let second = queue(&store, patch(r0 + 1, json!({"b": "2"}))).await;
+    let stale = queue(&store, patch(r0, json!({"c": "3"}))).await;
+    drop(held);
+    assert_eq!(first.await.unwrap().unwrap(), (r0 + 1).to_string());
+    assert_eq!(second.await.unwrap().unwrap(), (r0 + 2).to_string());
+    let stale = stale.await.unwrap();
+    assert!(
+        matches!(stale, Err(StoreError::Conflict { .. })),
+        "{stale:?}"
+    );
+    let expect = |w: &Value| {
+        assert_eq!(
+            (&w["status"]["a"], &w["status"]["b"], &w["status"]["c"]),
+            (&json!("1"), &json!("2"), &Value::Null)
+        );
+        assert_eq!(rv(w), r0 + 2);
+    };
+    expect(&store.get(&k, "ns", "w").await.unwrap().unwrap());
+    assert_eq!(
+        store
+            .read()
+            .patches(made["metadata"]["uid"].as_str().unwrap())
+            .count,
+        2,
+        "both stored as patches"
+    );
+    store.close().await;
+    drop(store);
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    expect(&store.get(&k, "ns", "w").await.unwrap().unwrap());
+}
