@@ -4,46 +4,16 @@
 //! then writes what an allocation round changed instead of every address of the pool, and the
 //! status it keeps is the one [`PoolAllocator::write_status`] would have written whole.
 
-use std::collections::BTreeSet;
-
 use serde_json::{Map, Value};
 
 use super::addr::from_key;
 use super::allocator::PoolAllocator;
 use super::status::PoolStatus;
 
-/// The addresses changed since the status was last written whole; `None` before a first whole
-/// write, or once an entry that is not an address (kept verbatim) changed: there is nothing to
-/// journal it by, so the next write is whole.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Journal(Option<BTreeSet<u128>>);
-
-/// Bookkeeping of writes, not allocation state: two allocators holding the same addresses are
-/// equal whatever their journals say.
-impl PartialEq for Journal {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for Journal {}
-
-impl Journal {
-    pub(crate) fn touch(&mut self, value: u128) {
-        if let Some(touched) = &mut self.0 {
-            touched.insert(value);
-        }
-    }
-
-    pub(crate) fn lose(&mut self) {
-        self.0 = None;
-    }
-}
-
 impl PoolAllocator {
     /// Starts journaling: the status just written whole from this allocator is what is stored.
     pub fn start_journal(&mut self) {
-        self.journal = Journal(Some(BTreeSet::new()));
+        self.journal = Journal::started();
     }
 
     /// Brings `status` (what [`Self::write_status`] wrote when the journal started, with every
@@ -53,7 +23,7 @@ impl PoolAllocator {
     /// whole leaves an empty map out). `None` when the journal was never started or was lost:
     /// write the status whole, then [`Self::start_journal`] again.
     pub fn patch_status(&mut self, status: &mut PoolStatus) -> Option<Value> {
-        let touched = self.journal.0.as_mut().map(std::mem::take)?;
+        let touched = self.journal.take()?;
         let mut allocated = Map::new();
         let mut history = Map::new();
         for value in touched {

@@ -24,7 +24,9 @@ use super::addr::{Family, family_of, from_key, key};
 use super::range::{RangeError, RangeSet};
 use super::skip::{SKIP_ADDRESSES, Skip};
 use super::spec::RangeSpec;
-use crate::patch::Journal;
+use journal::Journal;
+
+mod journal;
 
 /// Why an address could not be reserved; the texts are those of the upstream allocator, which the
 /// load balancer controller wraps as `fail to get ip from pool <pool>, error: <cause>`.
