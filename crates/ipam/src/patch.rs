@@ -13,7 +13,7 @@ use super::status::PoolStatus;
 impl PoolAllocator {
     /// Starts journaling: the status just written whole from this allocator is what is stored.
     pub fn start_journal(&mut self) {
-        self.journal = Journal::started();
+        self.journal.start();
     }
 
     /// Brings `status` (what [`Self::write_status`] wrote when the journal started, with every

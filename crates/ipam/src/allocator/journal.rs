@@ -30,9 +30,9 @@ impl Journal {
         self.0 = None;
     }
 
-    /// A journal that records from now on.
-    pub(crate) fn started() -> Self {
-        Journal(Some(BTreeSet::new()))
+    /// Records from now on, from nothing.
+    pub(crate) fn start(&mut self) {
+        self.0 = Some(BTreeSet::new());
     }
 
     /// What was recorded since the last call, `None` when nothing records; recording goes on.
