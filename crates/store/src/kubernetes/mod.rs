@@ -357,7 +357,22 @@ impl ObjectStore for KubeStore {
                 other => other,
             }
         } else {
-            api.patch(name, &params, &merge).await
+            match api.patch(name, &params, &merge).await {
+                // A server that dropped the status has gained the subresource since it was
+                // discovered (a CRD swapped under the service): the patch goes there instead.
+                Ok(written)
+                    if kind.status_subresource
+                        && crate::merge_changes(
+                            written.data.get("status").unwrap_or(&Value::Null),
+                            patch,
+                        )
+                        && self.rediscover(kind).await? == StatusShape::Subresource =>
+                {
+                    api.patch_status(name, &params, &merge).await
+                }
+                // Otherwise what the server kept (pruned or defaulted) is the status now.
+                other => other,
+            }
         };
         let written = written.map_err(|e| map_err(kind, name, e))?;
         Ok(written.metadata.resource_version.unwrap_or_default())
