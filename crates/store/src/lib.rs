@@ -324,14 +324,10 @@ pub trait ObjectStore: Send + Sync + 'static {
                 name: name.to_string(),
             });
         }
-        let Some(fields) = object.as_object_mut() else {
-            return Err(not_found());
-        };
-        let status = fields.entry("status").or_insert(Value::Null);
-        if !merge_changes(status, patch) {
+        if !merge_changes(object.get("status").unwrap_or(&Value::Null), patch) {
             return Ok(resource_version.to_string());
         }
-        json_patch::merge(status, patch);
+        merge_into_status(&mut object, patch);
         let written = self.replace_status(kind, object).await?;
         Ok(written
             .pointer("/metadata/resourceVersion")
@@ -381,6 +377,13 @@ pub fn merge_changes(target: &Value, patch: &Value) -> bool {
             (Some(_), Value::Null) => true,
             (Some(current), value) => merge_changes(current, value),
         })
+}
+
+/// Merges `patch` (RFC 7386) into `object`'s `status`, created if missing.
+pub(crate) fn merge_into_status(object: &mut Value, patch: &Value) {
+    if let Some(fields) = object.as_object_mut() {
+        json_patch::merge(fields.entry("status").or_insert(Value::Null), patch);
+    }
 }
 
 /// Typed access to one kind, like `kube::Api`.

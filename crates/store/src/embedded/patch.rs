@@ -11,20 +11,13 @@ use super::{
     semantics::{conflict, meta_str, not_found, row_of, set_rv},
     state::Stored,
 };
-use crate::{ChangeType, Kind, StoreError, merge_changes};
+use crate::{ChangeType, Kind, StoreError, merge_changes, merge_into_status};
 
 /// Patches of one object stored before it is stored whole again.
 const MAX_PATCHES: usize = 64;
 
-/// Merges `patch` into the object's `status` (created if missing).
-pub(super) fn merge_into_status(object: &mut Value, patch: &Value) {
-    if let Some(fields) = object.as_object_mut() {
-        json_patch::merge(fields.entry("status").or_insert(Value::Null), patch);
-    }
-}
-
-/// How many bytes `object` takes as stored JSON, without keeping them.
-pub(super) fn stored_size(object: &Value) -> usize {
+/// How many bytes `object` takes as JSON, without keeping them.
+pub(super) fn json_len(object: &Value) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -59,11 +52,7 @@ impl EmbeddedStore {
             if meta_str(&current, "resourceVersion").as_deref() != Some(resource_version) {
                 return Err(conflict(kind, name));
             }
-            let unchanged = match current.get("status") {
-                Some(status) => !merge_changes(status, patch),
-                None => !merge_changes(&Value::Null, patch),
-            };
-            if unchanged {
+            if !merge_changes(current.get("status").unwrap_or(&Value::Null), patch) {
                 return Ok((Vec::new(), resource_version.to_string()));
             }
             let uid = meta_str(&current, "uid").unwrap_or_default();
@@ -74,7 +63,7 @@ impl EmbeddedStore {
             let mut row = row_of(kind, namespace, name, &uid, rv, ChangeType::Modified, next);
             let stored = state.patches(&uid);
             let object_bytes = if stored.count == 0 {
-                stored_size(&current)
+                json_len(&current)
             } else {
                 stored.object_bytes
             };

@@ -355,13 +355,13 @@ async fn load_patches(pool: &SqlitePool, state: &mut State) -> Result<(), StoreE
             }
         };
         let mut object = (*current).clone();
-        super::patch::merge_into_status(&mut object, &patch);
+        crate::merge_into_status(&mut object, &patch);
         super::semantics::set_rv(&mut object, rv as u64);
         let uid = super::semantics::meta_str(&object, "uid").unwrap_or_default();
         let bytes = if state.patches(&uid).count > 0 {
             0
         } else {
-            super::patch::stored_size(&current)
+            super::patch::json_len(&current)
         };
         state.insert_loaded(StateRow {
             api_version,
