@@ -228,12 +228,26 @@ async fn metrics_on_their_own_port() {
             .text()
             .await
             .unwrap();
-        if harvester_cloud::metrics::sample(&text, allocated_key) == Some(1.0) {
+        // The pool task allocates while the load balancer's reconcile is still under way, and that
+        // reconcile is timed only once it has written the status: wait for both.
+        let reconciled = |controller: &str| {
+            harvester_cloud::metrics::sample(
+                &text,
+                &format!(
+                    r#"harvester_cloud_reconcile_duration_seconds_count{{controller="{controller}"}}"#
+                ),
+            )
+            .is_some_and(|n| n >= 1.0)
+        };
+        if harvester_cloud::metrics::sample(&text, allocated_key) == Some(1.0)
+            && reconciled("loadbalancer")
+            && reconciled("ippool")
+        {
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the pool gauges never showed the allocation:\n{text}"
+            "the pool gauges never showed the allocation, or the reconciles were never timed:\n{text}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
