@@ -318,11 +318,11 @@ mod tests {
         assert_eq!(relists(), 0.0);
     }
 
-    /// A watcher further behind than the history reaches (16 MiB of changes) lists again, as
+    /// A watcher further behind than the history reaches (32 MiB of changes) lists again, as
     /// after a 410 from Kubernetes, misses nothing, and is counted.
     #[tokio::test]
     async fn a_watcher_behind_the_history_lists_again_and_is_counted() {
-        assert!(fall_behind(4_200, 8 << 10).await, "listed again");
+        assert!(fall_behind(4_200, 16 << 10).await, "listed again");
         assert!(relists() >= 1.0, "and the relist was counted");
     }
 }

@@ -11,6 +11,7 @@
 //! read returns an object, and a watch sees a change only once that change is on disk; so however
 //! many requests write at once, each pays one shared fsync rather than one each.
 
+mod history;
 mod objectmeta;
 mod overlay;
 mod patch;
@@ -52,15 +53,6 @@ use super::{
     ObjectStore, Preconditions, StoreError,
 };
 use crate::issuer::Issuer;
-
-/// How many changes are kept for watches that resume from an older resourceVersion.
-const HISTORY: usize = 100_000;
-/// And how much of them, as stored: a watcher resumes within seconds (the reconcilers' watches
-/// start right after their list), so a few MiB of the latest changes cover it; a watcher further
-/// behind lists again, as after a 410 from Kubernetes. Without this bound, 100,000 changes of which
-/// some are large (an IP pool's status holds every allocation and is written once per allocation
-/// round) take gigabytes.
-const HISTORY_BYTES: usize = 16 << 20;
 
 /// How hard SQLite works to make a commit durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -282,16 +274,8 @@ impl EmbeddedStore {
                 .is_some_and(|c| c.change.resource_version <= target)
             {
                 if let Some(c) = state.unpublished.pop_front() {
-                    state.history_bytes += c.bytes;
                     ready.push(c.change.clone());
-                    state.history.push_back(c);
-                }
-            }
-            while state.history.len() > HISTORY
-                || (state.history_bytes > HISTORY_BYTES && state.history.len() > 1)
-            {
-                if let Some(c) = state.history.pop_front() {
-                    state.history_bytes -= c.bytes;
+                    state.history.push(c);
                 }
             }
             ready
@@ -601,22 +585,10 @@ impl ObjectStore for EmbeddedStore {
         };
         let (replay, rx) = {
             let state = self.read();
-            // Every change since the store was opened is in the history until trimmed, and every
-            // change consumes one resourceVersion, so the history covers exactly (front - 1, rv].
-            let covered_from = state
+            let replay = state
                 .history
-                .front()
-                .map(|c| c.change.resource_version - 1)
-                .unwrap_or(*self.durable.borrow());
-            if since < covered_from {
-                return Err(StoreError::Gone);
-            }
-            let replay: Vec<Change> = state
-                .history
-                .iter()
-                .filter(|c| c.change.resource_version > since)
-                .map(|c| c.change.clone())
-                .collect();
+                .since(&kind.api_version, &kind.kind, since)
+                .map_err(|_| StoreError::Gone)?;
             (replay, self.changes.subscribe())
         };
         let kind = kind.clone();

@@ -8,6 +8,8 @@ use std::{
 
 use serde_json::Value;
 
+use super::history::History;
+pub(crate) use super::history::Retained;
 use crate::{Change, ChangeType};
 
 /// One object write, as stored in SQLite and applied to the index.
@@ -62,18 +64,7 @@ pub struct State {
     /// Committed changes not yet known to be on disk, in resourceVersion order.
     pub unpublished: VecDeque<Retained>,
     /// Published changes retained for watches that resume from an older resourceVersion.
-    pub history: VecDeque<Retained>,
-    /// The stored size of the history's objects.
-    pub history_bytes: usize,
-}
-
-/// A change as the history keeps it: with the size of its object as stored (JSON bytes), so that
-/// the history is bounded by memory as well as by count (the versions of one large object, a pool
-/// status written once per allocation round, would otherwise fill it).
-#[derive(Clone, Debug)]
-pub(crate) struct Retained {
-    pub change: Change,
-    pub bytes: usize,
+    pub history: History,
 }
 
 fn owner_uids(obj: &Value) -> Vec<String> {
@@ -91,6 +82,7 @@ impl State {
     pub fn new(rv: u64) -> Self {
         State {
             rv,
+            history: History::new(rv),
             ..Default::default()
         }
     }
