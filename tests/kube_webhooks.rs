@@ -20,7 +20,10 @@ use std::{path::Path, process::Command};
 use base64::Engine;
 use kube::{
     Api, Client,
-    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams, TypeMeta},
+    api::{
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+        TypeMeta,
+    },
 };
 use serde_json::{Value, json};
 
@@ -561,6 +564,85 @@ async fn load_balancers_get_the_reconcilers_finalizer_at_admission() {
             .as_object()
             .is_none_or(|held| held.is_empty())
             .then_some(())
+    })
+    .await;
+}
+
+/// Every update of a LoadBalancer passes the mutating webhook (on Harvester's CRDs, which have no
+/// status subresource, so do the reconcilers' status writes). Like upstream's mutator, ours lists a
+/// guest cluster's VMIs only to discover a network the load balancer does not name: one that names
+/// it (as cloud-provider-harvester's do) costs no VMI list on create or on any update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mutator_lists_vmis_only_for_a_network_it_must_discover() {
+    use harvester_cloud::crd::keys::{ANNOTATION_CLUSTER, ANNOTATION_NETWORK};
+    let env = Env::start().await;
+    let lbs = env.lbs();
+    let cluster_lb = |name: &str, annotations: Value| {
+        object(json!({
+            "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+            "metadata": {"name": name, "namespace": NS, "annotations": annotations},
+            "spec": {"workloadType": "cluster", "ipam": "pool",
+                "listeners": [{"name": "http", "port": 80, "protocol": "TCP", "backendPort": 8080}]}
+        }))
+    };
+    // The service's own reads of a namespace's VMIs (its reconcilers watch them cluster-wide).
+    let vmi_lists = || {
+        env.cp
+            .audit()
+            .into_iter()
+            .filter(|r| {
+                r.user == support::kube_env::SERVICE_USER
+                    && r.resource == "virtualmachineinstances"
+                    && r.verb == "list"
+                    && r.namespace == NS
+            })
+            .count()
+    };
+    let before = vmi_lists();
+    let named = lbs
+        .create(
+            &PostParams::default(),
+            &cluster_lb(
+                "named",
+                json!({
+                    ANNOTATION_CLUSTER: "gc1",
+                    ANNOTATION_NETWORK: "default/vlan1",
+                }),
+            ),
+        )
+        .await
+        .expect("admitted");
+    let annotations = named.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get(ANNOTATION_NETWORK),
+        Some(&"default/vlan1".to_string())
+    );
+    for round in 0..3 {
+        let patch = json!({"metadata": {"labels": {"round": round.to_string()}}});
+        lbs.patch("named", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("an update is admitted");
+    }
+    assert_eq!(vmi_lists(), before, "a named network needs no VMI");
+
+    // One to discover: its create lists the guest cluster's VMIs (none here, so no network).
+    let discovered = lbs
+        .create(
+            &PostParams::default(),
+            &cluster_lb("discovered", json!({ANNOTATION_CLUSTER: "gc1"})),
+        )
+        .await
+        .expect("admitted");
+    assert_eq!(
+        discovered
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get(ANNOTATION_NETWORK),
+        Some(&String::new())
+    );
+    eventually("the discovery's VMI list in the audit log", async || {
+        (vmi_lists() > before).then_some(())
     })
     .await;
 }

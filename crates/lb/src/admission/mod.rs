@@ -144,7 +144,11 @@ impl Admission {
         let (ns, vmis) = if is_cluster(lb) {
             let api = Api::<Namespace>::new(self.store.clone());
             let ns = self.read("namespace", api.get("", &namespace)).await?;
-            (ns, self.vmis(&namespace).await?)
+            let vmis = match checks::named_network(lb) {
+                checks::Named::Discover(_) => self.vmis(&namespace).await?,
+                checks::Named::Network(_) => Vec::new(),
+            };
+            (ns, vmis)
         } else {
             (None, Vec::new())
         };

@@ -441,6 +441,24 @@ pub fn validate_lb_update(old: &LoadBalancer, new: &LoadBalancer) -> Result<(), 
 /// by the legacy name prefix of a node-driver VMI). `vmis` are the VMIs of the load balancer's
 /// namespace.
 pub(crate) fn find_network(lb: &LoadBalancer, vmis: &[VirtualMachineInstance]) -> String {
+    match named_network(lb) {
+        Named::Network(n) => n,
+        Named::Discover(cluster) => discover_network(&cluster, vmis),
+    }
+}
+
+/// What a LoadBalancer's annotations say of its network, before any VMI is looked at.
+pub(crate) enum Named {
+    /// The network, or "" when it cannot be discovered (no cluster-name annotation).
+    Network(String),
+    /// To be found among the VMIs of this guest cluster.
+    Discover(String),
+}
+
+/// Upstream's order: the network annotation, then the management network one; without either, the
+/// cluster-name annotation says which VMIs to look at. Upstream lists VMIs only in that last case,
+/// and so do we: a status write of a load balancer that names its network reads nothing.
+pub(crate) fn named_network(lb: &LoadBalancer) -> Named {
     let get = |k: &str| {
         lb.metadata
             .annotations
@@ -449,28 +467,29 @@ pub(crate) fn find_network(lb: &LoadBalancer, vmis: &[VirtualMachineInstance]) -
             .filter(|v| !v.is_empty())
             .cloned()
     };
-    if let Some(n) = get(ANNOTATION_NETWORK) {
-        return n;
+    if let Some(n) = get(ANNOTATION_NETWORK).or_else(|| get(ANNOTATION_MANAGEMENT_NETWORK)) {
+        return Named::Network(n);
     }
-    if let Some(n) = get(ANNOTATION_MANAGEMENT_NETWORK) {
-        return n;
+    match get(ANNOTATION_CLUSTER) {
+        Some(cluster) => Named::Discover(cluster),
+        None => Named::Network(String::new()),
     }
-    let Some(cluster) = get(ANNOTATION_CLUSTER) else {
-        return String::new();
-    };
+}
+
+fn discover_network(cluster: &str, vmis: &[VirtualMachineInstance]) -> String {
     let first_network = |pred: &dyn Fn(&VirtualMachineInstance) -> bool| {
         vmis.iter()
             .filter(|v| pred(v))
             .find_map(|v| v.first_multus_network().map(String::from))
     };
-    first_network(&|v| v.label(LABEL_GUEST_CLUSTER_NAME) == Some(cluster.as_str()))
+    first_network(&|v| v.label(LABEL_GUEST_CLUSTER_NAME) == Some(cluster))
         .or_else(|| {
             first_network(&|v| {
                 v.label(LABEL_CREATOR) == Some(NODE_DRIVER)
                     && v.metadata
                         .name
                         .as_deref()
-                        .is_some_and(|n| n.starts_with(&cluster))
+                        .is_some_and(|n| n.starts_with(cluster))
             })
         })
         .unwrap_or_default()
