@@ -425,7 +425,7 @@ fn spawn_reconcilers(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let store = state.store.clone();
     let settings = crate::lb::Settings {
-        concurrency: args.lb_concurrency,
+        concurrency: args.lb_concurrency(),
         // No kube-vip announces VM load balancers' addresses on the embedded store.
         fill_service_ingress: matches!(args.backend, BackendKind::Embedded),
         cluster_accounts: (!args.keep_accounts_of_removed_clusters)

@@ -346,9 +346,11 @@ pub struct ServeArgs {
     #[arg(long, env = "HARVESTER_CLOUD_DURABILITY", value_enum, default_value_t = Durability::Full)]
     pub durability: Durability,
     /// How many LoadBalancers the reconciler works on at once. Many in flight let the store and
-    /// each pool batch their writes; lower it to spare a busy Kubernetes API.
-    #[arg(long, env = "HARVESTER_CLOUD_LB_CONCURRENCY", default_value_t = 1024)]
-    pub lb_concurrency: u16,
+    /// each pool batch their writes. Default: 1024 on the embedded store, 128 on the Kubernetes
+    /// backend, where the API server's write latency bounds the rate and more in flight only cost
+    /// memory and draw 429s.
+    #[arg(long, env = "HARVESTER_CLOUD_LB_CONCURRENCY")]
+    pub lb_concurrency: Option<u16>,
     /// Kubernetes backend: requests to the API server in flight at once, shared by all the
     /// process sends (reconcilers, Events, the API, the webhooks' reads); more wait their turn,
     /// and a 429 pauses them all for the Retry-After the server gave. Sized so that the API
@@ -406,6 +408,19 @@ pub struct ServeArgs {
         default_value = "127.0.0.1:9090"
     )]
     pub metrics_listen: SocketAddr,
+}
+
+impl ServeArgs {
+    /// The LoadBalancer reconciles in flight: `--lb-concurrency`, else the backend's default. The
+    /// embedded store batches many writes into one transaction, so many in flight help it; on
+    /// Kubernetes each write is a request whose latency bounds the rate, and 1024 waiting ones
+    /// only hold memory and trip the API server's rate limits (429s).
+    pub fn lb_concurrency(&self) -> u16 {
+        self.lb_concurrency.unwrap_or(match self.backend {
+            BackendKind::Embedded => 1024,
+            BackendKind::Kube => 128,
+        })
+    }
 }
 
 fn parse_apiservice_name(s: &str) -> Result<String, String> {
@@ -498,6 +513,27 @@ mod tests {
         assert!(parse_server_url("ftp://x").is_err());
         assert_eq!(parse_ip("2001:db8::1"), Ok("2001:db8::1".into()));
         assert!(parse_ip("not-an-ip").is_err());
+    }
+
+    /// `--lb-concurrency` unset: 1024 on the embedded store, 128 on Kubernetes; given, it wins on
+    /// either.
+    #[test]
+    fn lb_concurrency_defaults_by_backend() {
+        let serve = |args: &[&str]| {
+            let cli = Cli::try_parse_from(["harvester-cloud", "serve"].iter().chain(args)).unwrap();
+            let Command::Serve(args) = cli.command else {
+                panic!("serve")
+            };
+            args.lb_concurrency()
+        };
+        assert_eq!(serve(&[]), 1024);
+        assert_eq!(serve(&["--backend", "embedded"]), 1024);
+        assert_eq!(serve(&["--backend", "kube"]), 128);
+        assert_eq!(
+            serve(&["--backend", "kube", "--lb-concurrency", "2000"]),
+            2000
+        );
+        assert_eq!(serve(&["--lb-concurrency", "16"]), 16);
     }
 
     #[test]

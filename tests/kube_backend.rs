@@ -6,7 +6,7 @@
 #[macro_use]
 mod support;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     body::Body,
@@ -1033,4 +1033,98 @@ async fn kubernetes_users_reach_the_load_balancer_routes_by_their_rbac() {
         .await
         .error(StatusCode::FORBIDDEN, "PermissionDenied");
     assert!(m.contains("cannot get resource \"loadbalancers\""), "{m}");
+}
+
+/// The caches keep objects without their managedFields (`store::watcher::strip_for_cache`); a write
+/// built from such a copy omits the field, and the API server keeps the managedFields it has. A copy
+/// that carried an empty list instead (`Some(vec![])`, what a default filled in before a write would
+/// send) clears them all: the case below that shows the first assertion can fail.
+#[tokio::test]
+async fn writes_from_a_stripped_copy_keep_managed_fields() {
+    use futures::StreamExt;
+    use harvester_cloud::store::{self, Kind, ObjectStore, kubernetes::KubeStore, watcher};
+    use k8s_openapi::{
+        api::core::v1::ConfigMap, apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry,
+    };
+    use kube::{
+        api::{Patch, PatchParams},
+        runtime::watcher::Event,
+    };
+
+    let cp = support::control_plane::ControlPlane::lease().await;
+    let cms: Api<ConfigMap> = Api::namespaced(cp.admin.clone(), "default");
+    // Server-side apply, so the server records the manager and the fields it owns.
+    for name in ["kept", "emptied"] {
+        let applied = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "default"},
+            "data": {"a": "1"},
+        });
+        cms.patch(
+            name,
+            &PatchParams::apply("test-manager"),
+            &Patch::Apply(&applied),
+        )
+        .await
+        .unwrap();
+    }
+    let applier = |fields: &[ManagedFieldsEntry]| {
+        fields
+            .iter()
+            .find(|e| e.manager.as_deref() == Some("test-manager"))
+            .cloned()
+    };
+    let before = cms.get("kept").await.unwrap().metadata.managed_fields;
+    let before = applier(before.as_deref().unwrap_or_default()).expect("the server recorded it");
+
+    // The copy a controller's cache holds.
+    let store: Arc<dyn ObjectStore> = Arc::new(KubeStore::new(cp.admin.clone()));
+    let events = watcher::watcher::<ConfigMap>(
+        store.clone(),
+        Kind::of::<ConfigMap>(),
+        Some("default".into()),
+    );
+    tokio::pin!(events);
+    let mut cached = std::collections::HashMap::new();
+    while let Some(event) = events.next().await {
+        match event.unwrap() {
+            Event::InitApply(cm) => {
+                cached.insert(cm.metadata.name.clone().unwrap(), cm);
+            }
+            Event::InitDone => break,
+            _ => {}
+        }
+    }
+    let mut kept = cached.remove("kept").expect("listed");
+    assert_eq!(kept.metadata.managed_fields, None, "stripped in the cache");
+
+    // A write through the store from that copy (a field test-manager does not own, so its entry
+    // has no reason to change).
+    kept.data
+        .get_or_insert_default()
+        .insert("b".into(), "2".into());
+    let api = store::Api::<ConfigMap>::new(store);
+    api.replace(&kept).await.unwrap();
+    let after = cms.get("kept").await.unwrap();
+    assert_eq!(
+        after.data.unwrap_or_default().get("b").map(String::as_str),
+        Some("2")
+    );
+    let after = after.metadata.managed_fields.unwrap_or_default();
+    assert_eq!(
+        applier(&after),
+        Some(before),
+        "test-manager's entry as it was: {after:?}"
+    );
+
+    // What the assertion guards against: an empty list in the copy clears them all.
+    let mut emptied = cached.remove("emptied").expect("listed");
+    emptied.metadata.managed_fields = Some(vec![]);
+    api.replace(&emptied).await.unwrap();
+    let after = cms.get("emptied").await.unwrap().metadata.managed_fields;
+    assert_eq!(
+        applier(after.as_deref().unwrap_or_default()),
+        None,
+        "{after:?}"
+    );
 }

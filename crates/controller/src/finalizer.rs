@@ -151,7 +151,9 @@ where
     if live(&obj) && !has(&obj, finalizer) {
         // Durable before apply makes anything, so that a deletion always cleans it up. A newer
         // version that is no longer live does not get it.
-        let added = modify(api, &obj, Target::Object, |o| {
+        // Boxed: this write happens once in an object's life, and inline its future would make
+        // every reconcile's future, and so every one in flight, larger by a copy of it.
+        let added = Box::pin(modify(api, &obj, Target::Object, |o| {
             if !live(o) || has(o, finalizer) {
                 return false;
             }
@@ -160,7 +162,7 @@ where
                 .get_or_insert_default()
                 .push(finalizer.into());
             true
-        })
+        }))
         .await
         .map_err(|source| FinalizerError::Add {
             finalizer,

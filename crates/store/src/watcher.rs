@@ -63,7 +63,10 @@ impl Source {
         // Decoded from the shared change by reference: a copy of the JSON first would cost as much
         // again (a pool status holds thousands of entries).
         match K::deserialize(value) {
-            Ok(k) => Some(k),
+            Ok(mut k) => {
+                strip_for_cache(&mut k);
+                Some(k)
+            }
             Err(e) => {
                 let (namespace, name) = super::object_key(value);
                 // One undecodable object must not stop the controller for all others.
@@ -72,6 +75,18 @@ impl Source {
             }
         }
     }
+}
+
+/// Drops what no reader of a watched object uses before the object is kept: `metadata.managedFields`,
+/// which on a real API server is most of an object's bytes (one entry per field manager, each with a
+/// JSON map of every field it set) and which no controller reads. Every object a watcher yields lands
+/// in a reflector cache or a controller queue, so this is what they hold, thousands of times over.
+///
+/// `None`, never `Some(vec![])`: a write built from the stripped copy then omits the field (k8s-openapi
+/// serializes no `None`), and the API server keeps the managedFields it has; an empty list would
+/// tell it to clear them.
+pub fn strip_for_cache<K: Object>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
 }
 
 /// The watcher event stream of `kind` (in `namespace`, or all namespaces).
@@ -266,6 +281,52 @@ mod tests {
             seen.push(events.next().await.expect("event").expect("ok"));
         }
         assert_eq!(names(&seen), ["apply:b", "delete:a"]);
+    }
+
+    /// What the watcher yields (and so what every cache keeps) has no managedFields, listed or
+    /// changed, although the store holds them.
+    #[tokio::test]
+    async fn cached_objects_have_no_managed_fields() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+        let (_dir, dyn_store) = open().await;
+        let api = Api::<ConfigMap>::new(dyn_store.clone());
+        let with_fields = |name: &str| {
+            let mut cm = mk_cm(name);
+            cm.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+                manager: Some("kubectl".into()),
+                operation: Some("Apply".into()),
+                fields_type: Some("FieldsV1".into()),
+                ..Default::default()
+            }]);
+            cm
+        };
+        api.create(&with_fields("listed")).await.expect("create");
+        let stored = api.get("ns", "listed").await.expect("get").expect("there");
+        assert!(
+            stored
+                .metadata
+                .managed_fields
+                .is_some_and(|m| !m.is_empty()),
+            "the store keeps them, so the watcher has something to drop"
+        );
+        let events = watcher::<ConfigMap>(dyn_store, Kind::of::<ConfigMap>(), None);
+        tokio::pin!(events);
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.push(events.next().await.expect("event").expect("ok"));
+        }
+        api.create(&with_fields("changed")).await.expect("create");
+        seen.push(events.next().await.expect("event").expect("ok"));
+        assert_eq!(
+            names(&seen),
+            ["init", "initapply:listed", "initdone", "apply:changed"]
+        );
+        for event in &seen {
+            if let Event::InitApply(cm) | Event::Apply(cm) = event {
+                // None, not an empty list: a write from this copy must not clear the server's.
+                assert_eq!(cm.metadata.managed_fields, None, "{:?}", cm.metadata.name);
+            }
+        }
     }
 
     fn relists() -> f64 {

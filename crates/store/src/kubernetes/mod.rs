@@ -104,23 +104,27 @@ impl KubeStore {
             return Ok(written);
         }
         match self.rediscover(kind).await? {
-            StatusShape::Subresource => self.put_status(kind, namespace, name, object).await,
+            StatusShape::Subresource => {
+                self.put_status(kind, namespace, name, &to_dynamic(kind, object)?)
+                    .await
+            }
             // The server pruned or defaulted part of it: what it kept is the status now.
             StatusShape::Field => Ok(written),
         }
     }
 
+    /// A PUT of `/status`. The object is borrowed, so a caller that may need it after a failure
+    /// keeps it without a copy made for every write.
     async fn put_status(
         &self,
         kind: &Kind,
         namespace: &str,
         name: &str,
-        object: Value,
+        object: &DynamicObject,
     ) -> Result<Value, StoreError> {
-        let obj = to_dynamic(kind, object)?;
         let written = self
             .api(kind, Some(namespace))
-            .replace_status(name, &PostParams::default(), &obj)
+            .replace_status(name, &PostParams::default(), object)
             .await
             .map_err(|e| map_err(kind, name, e))?;
         to_value(written)
@@ -305,10 +309,11 @@ impl ObjectStore for KubeStore {
         match self.shape(kind).await? {
             StatusShape::Field => self.patch_status(kind, &namespace, &name, object).await,
             StatusShape::Subresource => {
-                match self
-                    .put_status(kind, &namespace, &name, object.clone())
-                    .await
-                {
+                // Converted once and lent to the PUT: the fallback below is rare, and turns the
+                // same object back into JSON only when it is taken (it reads the status and the
+                // resourceVersion, which the conversion keeps as they were).
+                let object = to_dynamic(kind, object)?;
+                match self.put_status(kind, &namespace, &name, &object).await {
                     // A missing `/status` answers as a missing object does: ask discovery which
                     // it was before anyone reads it as "gone".
                     Err(e) if e.is_not_found() => match self.rediscover(kind).await? {
@@ -317,7 +322,8 @@ impl ObjectStore for KubeStore {
                                 resource = %format!("{}.{}", kind.plural, kind.group),
                                 "the status subresource is gone; writing status in the object"
                             );
-                            self.patch_status(kind, &namespace, &name, object).await
+                            self.patch_status(kind, &namespace, &name, to_value(object)?)
+                                .await
                         }
                         StatusShape::Subresource => Err(e),
                     },
