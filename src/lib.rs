@@ -7,14 +7,6 @@
 //! tests and the benches name them one way.
 #![forbid(unsafe_code)]
 
-/// The process's allocator, for the service and for every test and bench that links it: mimalloc
-/// rather than glibc's malloc. The reconcilers and the embedded store allocate and free many small
-/// JSON nodes from many threads; under glibc's allocator a third of the CPU of a large
-/// convergence went to malloc and free (consolidating and unlinking chunks) and freed memory stayed
-/// fragmented in the process (`benches/lb-results.md` has the profile and the figures).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 pub mod app;
 pub mod certs;
 pub mod cli;
