@@ -411,14 +411,12 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// The LoadBalancer reconciles in flight: `--lb-concurrency`, else the backend's default. The
-    /// embedded store batches many writes into one transaction, so many in flight help it; on
-    /// Kubernetes each write is a request whose latency bounds the rate, and 1024 waiting ones
-    /// only hold memory and trip the API server's rate limits (429s).
+    /// The LoadBalancer reconciles in flight: `--lb-concurrency`, else the backend's default (the
+    /// lb crate's constants say why each).
     pub fn lb_concurrency(&self) -> u16 {
         self.lb_concurrency.unwrap_or(match self.backend {
-            BackendKind::Embedded => 1024,
-            BackendKind::Kube => 128,
+            BackendKind::Embedded => crate::lb::CONCURRENCY_EMBEDDED,
+            BackendKind::Kube => crate::lb::CONCURRENCY_KUBE,
         })
     }
 }

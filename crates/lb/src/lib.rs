@@ -84,10 +84,17 @@ pub struct ClusterRevocation {
 }
 
 /// How the reconcilers run.
+/// LoadBalancers reconciled at once by default on the embedded store, which batches many writes
+/// into one transaction, so many in flight help it.
+pub const CONCURRENCY_EMBEDDED: u16 = 1024;
+/// …and on the Kubernetes backend, where each write is a request whose latency bounds the rate:
+/// more in flight only hold memory and trip the API server's rate limits (429s).
+pub const CONCURRENCY_KUBE: u16 = 128;
+
 #[derive(Clone)]
 pub struct Settings {
     /// LoadBalancers reconciled at once. Many in flight let the store and the pool tasks batch
-    /// their writes.
+    /// their writes ([`CONCURRENCY_EMBEDDED`] by default).
     pub concurrency: u16,
     /// This replica's name in Events and the Lease.
     pub identity: String,
@@ -116,7 +123,7 @@ impl std::fmt::Debug for Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            concurrency: 1024,
+            concurrency: CONCURRENCY_EMBEDDED,
             identity: default_identity(),
             fill_service_ingress: false,
             cluster_accounts: None,
