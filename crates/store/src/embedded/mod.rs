@@ -263,26 +263,22 @@ impl EmbeddedStore {
     }
 
     /// Moves committed changes up to `target` into the history, sends them to watchers, and marks
-    /// them durable.
+    /// them durable. Each is sent while the lock that moved it is held: a watch subscribes under
+    /// that lock, so every change it can receive live is one its replay of the history lacked.
     fn publish(&self, target: u64) {
-        let ready: Vec<Change> = {
+        {
             let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
-            let mut ready = Vec::new();
             while state
                 .unpublished
                 .front()
                 .is_some_and(|c| c.change.resource_version <= target)
             {
                 if let Some(c) = state.unpublished.pop_front() {
-                    ready.push(c.change.clone());
+                    // A send error only means nobody watches right now.
+                    let _ = self.changes.send(c.change.clone());
                     state.history.push(c);
                 }
             }
-            ready
-        };
-        for c in ready {
-            // A send error only means nobody watches right now.
-            let _ = self.changes.send(c);
         }
         self.durable.send_if_modified(|d| {
             let moved = *d < target;
@@ -591,6 +587,10 @@ impl ObjectStore for EmbeddedStore {
                 .map_err(|_| StoreError::Gone)?;
             (replay, self.changes.subscribe())
         };
+        // What the replay ends with is not followed live again.
+        let followed_from = replay
+            .last()
+            .map_or(since, |c| c.resource_version.max(since));
         let kind = kind.clone();
         let namespace = namespace.map(str::to_string);
         let matches = move |c: &Change| {
@@ -609,7 +609,7 @@ impl ObjectStore for EmbeddedStore {
             .take_while(|r| futures::future::ready(r.is_ok()))
             .filter_map(move |r| {
                 let out = match r {
-                    Ok(c) if matches2(&c) => Some(Ok(c)),
+                    Ok(c) if c.resource_version > followed_from && matches2(&c) => Some(Ok(c)),
                     _ => None,
                 };
                 async move { out }
