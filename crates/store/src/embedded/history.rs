@@ -11,7 +11,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::Change;
+use super::held::Held;
+use crate::{Change, ChangeType};
 
 /// How many changes are retained in all.
 const COUNT: usize = 100_000;
@@ -22,12 +23,30 @@ const COUNT: usize = 100_000;
 /// leaves behind (100,000 changes of which some are large take gigabytes).
 const BYTES: usize = 32 << 20;
 
-/// A change as the history keeps it: with the size of its object as stored (JSON bytes), so that
-/// the history is bounded by memory as well as by count.
+/// A change as the history keeps it: its object as the index holds it (the current version's text
+/// is shared with the index), and its weight in the history's bound (about its size as stored, more
+/// for a tree), so that the history is bounded by memory as well as by count.
 #[derive(Clone, Debug)]
 pub(crate) struct Retained {
-    pub change: Change,
+    pub change: ChangeType,
+    pub api_version: String,
+    pub kind: String,
+    pub resource_version: u64,
+    pub object: Held,
     pub bytes: usize,
+}
+
+impl Retained {
+    /// The change as watchers receive it.
+    pub fn to_change(&self) -> Change {
+        Change {
+            change: self.change,
+            api_version: self.api_version.clone(),
+            kind: self.kind.clone(),
+            object: self.object.value(),
+            resource_version: self.resource_version,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -68,7 +87,7 @@ impl History {
         self.bytes += c.bytes;
         let kind = self
             .kinds
-            .entry((c.change.api_version.clone(), c.change.kind.clone()))
+            .entry((c.api_version.clone(), c.kind.clone()))
             .or_default();
         kind.bytes += c.bytes;
         kind.changes.push_back(c);
@@ -89,7 +108,7 @@ impl History {
             };
             if let Some(c) = kind.changes.pop_front() {
                 kind.bytes -= c.bytes;
-                kind.trimmed_to = c.change.resource_version;
+                kind.trimmed_to = c.resource_version;
                 self.len -= 1;
                 self.bytes -= c.bytes;
             }
@@ -107,10 +126,8 @@ impl History {
         Ok(retained
             .map(|k| {
                 // In resourceVersion order: skip what the watcher has seen.
-                let first = k
-                    .changes
-                    .partition_point(|c| c.change.resource_version <= since);
-                k.changes.range(first..).map(|c| c.change.clone()).collect()
+                let first = k.changes.partition_point(|c| c.resource_version <= since);
+                k.changes.range(first..).map(Retained::to_change).collect()
             })
             .unwrap_or_default())
     }
@@ -118,22 +135,17 @@ impl History {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use serde_json::json;
 
     use super::*;
-    use crate::ChangeType;
 
     fn change(kind: &str, rv: u64, bytes: usize) -> Retained {
         Retained {
-            change: Change {
-                change: ChangeType::Modified,
-                api_version: "v1".into(),
-                kind: kind.into(),
-                resource_version: rv,
-                object: Arc::new(json!({"metadata": {"name": format!("o{rv}")}})),
-            },
+            change: ChangeType::Modified,
+            api_version: "v1".into(),
+            kind: kind.into(),
+            resource_version: rv,
+            object: Held::written(json!({"metadata": {"name": format!("o{rv}")}}).to_string()),
             bytes,
         }
     }

@@ -11,6 +11,7 @@
 //! read returns an object, and a watch sees a change only once that change is on disk; so however
 //! many requests write at once, each pays one shared fsync rather than one each.
 
+mod held;
 mod history;
 mod objectmeta;
 mod overlay;
@@ -271,12 +272,18 @@ impl EmbeddedStore {
             while state
                 .unpublished
                 .front()
-                .is_some_and(|c| c.change.resource_version <= target)
+                .is_some_and(|(_, c)| c.resource_version <= target)
             {
-                if let Some(c) = state.unpublished.pop_front() {
+                if let Some((object, retained)) = state.unpublished.pop_front() {
                     // A send error only means nobody watches right now.
-                    let _ = self.changes.send(c.change.clone());
-                    state.history.push(c);
+                    let _ = self.changes.send(Change {
+                        change: retained.change,
+                        api_version: retained.api_version.clone(),
+                        kind: retained.kind.clone(),
+                        object,
+                        resource_version: retained.resource_version,
+                    });
+                    state.history.push(retained);
                 }
             }
         }
@@ -383,10 +390,7 @@ impl EmbeddedStore {
             None
         };
         self.write_as(ack, |state| {
-            if state
-                .get(&kind.api_version, &kind.kind, &namespace, &name)
-                .is_some()
-            {
+            if state.contains(&kind.api_version, &kind.kind, &namespace, &name) {
                 return Err(StoreError::AlreadyExists {
                     kind: kind.singular(),
                     name: name.clone(),
@@ -450,7 +454,7 @@ impl ObjectStore for EmbeddedStore {
         let namespace = if kind.namespaced { namespace } else { "" };
         let found = self
             .read()
-            .get(&kind.api_version, &kind.kind, namespace, name);
+            .get_shared(&kind.api_version, &kind.kind, namespace, name);
         if let Some(v) = &found {
             let rv = meta_str(v, "resourceVersion")
                 .and_then(|s| s.parse().ok())
@@ -477,7 +481,7 @@ impl ObjectStore for EmbeddedStore {
                     namespace.filter(|_| kind.namespaced),
                 )
                 .filter(|v| selector.matches_object(v))
-                .map(|v| (**v).clone())
+                .map(Arc::unwrap_or_clone)
                 .collect();
             (items, state.rv)
         };

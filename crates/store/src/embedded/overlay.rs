@@ -169,6 +169,22 @@ impl<'a> View<'a> {
         self.base.get(api_version, kind, namespace, name)
     }
 
+    /// Whether an object has this name (without parsing a committed one).
+    pub fn contains(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> bool {
+        if !self.overlay.is_empty() {
+            let key = (
+                api_version.to_string(),
+                kind.to_string(),
+                namespace.to_string(),
+                name.to_string(),
+            );
+            if let Some((_, object)) = self.overlay.objects.get(&key) {
+                return object.is_some();
+            }
+        }
+        self.base.contains(api_version, kind, namespace, name)
+    }
+
     pub fn has_uid(&self, uid: &str) -> bool {
         match self.overlay.uids.get(uid) {
             Some((_, present)) => *present,

@@ -14,7 +14,8 @@ use sqlx::{
 
 use super::{
     OpenError,
-    state::{Row as StateRow, State, Stored},
+    held::{Held, NotAnObject},
+    state::{Ident, Row as StateRow, State, Stored},
 };
 use crate::{ChangeType, StoreError};
 
@@ -296,9 +297,9 @@ pub(super) async fn load(pool: &SqlitePool) -> Result<State, StoreError> {
     while let Some(row) = rows.next().await {
         let row = row.map_err(StoreError::backend)?;
         let body: String = row.get("body");
-        let object: Value = match serde_json::from_str(&body) {
-            Ok(v) => v,
-            Err(e) => {
+        let (held, owners) = match Held::loaded(body) {
+            Ok(loaded) => loaded,
+            Err(NotAnObject(e)) => {
                 // One corrupt row must not keep the service down: it stays in the file, out of
                 // the index, and the log says which.
                 let (kind, namespace, name): (String, String, String) =
@@ -307,18 +308,21 @@ pub(super) async fn load(pool: &SqlitePool) -> Result<State, StoreError> {
                 continue;
             }
         };
-        let rv: i64 = row.get("resource_version");
-        state.insert_loaded(StateRow {
-            api_version: row.get("api_version"),
-            kind: row.get("kind"),
-            namespace: row.get("namespace"),
-            name: row.get("name"),
-            uid: row.get("uid"),
-            rv: rv as u64,
-            change: ChangeType::Added,
-            object: Arc::new(object),
-            stored: Stored::Whole,
-        });
+        let (api_version, kind, namespace, name, uid): (String, String, String, String, String) = (
+            row.get("api_version"),
+            row.get("kind"),
+            row.get("namespace"),
+            row.get("name"),
+            row.get("uid"),
+        );
+        let id = Ident {
+            api_version: &api_version,
+            kind: &kind,
+            namespace: &namespace,
+            name: &name,
+            uid: &uid,
+        };
+        state.insert_loaded_text(id, held, owners);
     }
     drop(rows);
     load_patches(pool, &mut state).await?;

@@ -8,9 +8,9 @@ use std::{
 
 use serde_json::Value;
 
-use super::history::History;
 pub(crate) use super::history::Retained;
-use crate::{Change, ChangeType};
+use super::{held::Held, history::History};
+use crate::ChangeType;
 
 /// One object write, as stored in SQLite and applied to the index.
 #[derive(Clone, Debug)]
@@ -25,6 +25,27 @@ pub struct Row {
     pub object: Arc<Value>,
     /// How the write is stored.
     pub stored: Stored,
+}
+
+impl Row {
+    pub fn ident(&self) -> Ident<'_> {
+        Ident {
+            api_version: &self.api_version,
+            kind: &self.kind,
+            namespace: &self.namespace,
+            name: &self.name,
+            uid: &self.uid,
+        }
+    }
+}
+
+/// Which object a row is: where it is kept, and its uid.
+pub struct Ident<'a> {
+    pub api_version: &'a str,
+    pub kind: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
 }
 
 /// How a write reaches the database.
@@ -47,25 +68,40 @@ pub struct Patches {
     pub patch_bytes: usize,
 }
 
-type Names = BTreeMap<String, Arc<Value>>;
+type Names = BTreeMap<String, Held>;
 type Namespaces = BTreeMap<String, Names>;
+
+/// Where an object with a uid is, and the owners it names (kept here so that replacing or
+/// deleting it need not parse it).
+struct Located {
+    api_version: String,
+    kind: String,
+    namespace: String,
+    name: String,
+    owners: Vec<String>,
+}
 
 #[derive(Default)]
 pub struct State {
     /// apiVersion → kind → namespace → name → object.
     objects: HashMap<String, HashMap<String, Namespaces>>,
-    /// uid → (apiVersion, kind, namespace, name).
-    uids: HashMap<String, (String, String, String, String)>,
+    /// uid → where its object is.
+    uids: HashMap<String, Located>,
     /// owner uid → dependents' uids.
     dependents: HashMap<String, Vec<String>>,
     /// uid → the status patches stored of it since it was stored whole.
     patches: HashMap<String, Patches>,
     pub rv: u64,
-    /// Committed changes not yet known to be on disk, in resourceVersion order.
-    pub unpublished: VecDeque<Retained>,
+    /// Committed changes not yet known to be on disk, in resourceVersion order: each with its
+    /// object's tree, which the watchers are sent.
+    pub unpublished: VecDeque<(Arc<Value>, Retained)>,
     /// Published changes retained for watches that resume from an older resourceVersion.
     pub history: History,
 }
+
+/// How many times its stored size a tree weighs in the history's bound (a `serde_json::Value`
+/// takes five to ten times the memory of its text).
+const TREE_WEIGHT: usize = 6;
 
 fn owner_uids(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/ownerReferences")
@@ -91,6 +127,21 @@ impl State {
         self.uids.len()
     }
 
+    pub(super) fn held(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<&Held> {
+        self.objects
+            .get(api_version)?
+            .get(kind)?
+            .get(namespace)?
+            .get(name)
+    }
+
+    /// The object, parsed from its text.
     pub fn get(
         &self,
         api_version: &str,
@@ -98,29 +149,48 @@ impl State {
         namespace: &str,
         name: &str,
     ) -> Option<Arc<Value>> {
-        self.objects
-            .get(api_version)?
-            .get(kind)?
-            .get(namespace)?
-            .get(name)
-            .cloned()
+        self.held(api_version, kind, namespace, name)
+            .map(Held::value)
     }
 
+    /// The object, its tree kept for the next read of the same version.
+    pub fn get_shared(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<Value>> {
+        self.held(api_version, kind, namespace, name)
+            .map(Held::shared)
+    }
+
+    /// Whether an object has this name (without parsing it).
+    pub fn contains(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> bool {
+        self.held(api_version, kind, namespace, name).is_some()
+    }
+
+    /// The objects of a kind (in one namespace or all), each parsed from its text.
     pub fn iter<'a>(
         &'a self,
         api_version: &str,
         kind: &str,
         namespace: Option<&str>,
-    ) -> Box<dyn Iterator<Item = &'a Arc<Value>> + 'a> {
+    ) -> Box<dyn Iterator<Item = Arc<Value>> + 'a> {
         let Some(namespaces) = self.objects.get(api_version).and_then(|k| k.get(kind)) else {
             return Box::new(std::iter::empty());
         };
         match namespace {
             Some(ns) => match namespaces.get(ns) {
-                Some(names) => Box::new(names.values()),
+                Some(names) => Box::new(names.values().map(Held::value)),
                 None => Box::new(std::iter::empty()),
             },
-            None => Box::new(namespaces.values().flat_map(|n| n.values())),
+            None => Box::new(
+                namespaces
+                    .values()
+                    .flat_map(|n| n.values())
+                    .map(Held::value),
+            ),
         }
     }
 
@@ -150,61 +220,77 @@ impl State {
             .into_iter()
             .flatten()
             .filter_map(|dep| {
-                let (api_version, kind, ns, name) = self.uids.get(dep)?;
-                let obj = self.get(api_version, kind, ns, name)?;
-                Some((api_version.clone(), kind.clone(), obj))
+                let at = self.uids.get(dep)?;
+                let obj = self.get(&at.api_version, &at.kind, &at.namespace, &at.name)?;
+                Some((at.api_version.clone(), at.kind.clone(), obj))
             })
             .collect()
     }
 
-    /// Adds an object read from the database at open.
+    /// Adds an object read from the database at open: its tree (one with status patches applied).
     pub(crate) fn insert_loaded(&mut self, row: Row) {
-        self.put(&row);
+        let owners = owner_uids(&row.object);
+        self.put(row.ident(), Held::Tree(row.object.clone()), owners);
     }
 
-    fn put(&mut self, row: &Row) {
-        if let Some(old) = self.get(&row.api_version, &row.kind, &row.namespace, &row.name) {
-            self.unindex_owners(&old, &row.uid);
-        }
-        for owner in owner_uids(&row.object) {
+    /// Adds an object read from the database at open: its text, checked, and the owners it names.
+    pub(crate) fn insert_loaded_text(&mut self, id: Ident, held: Held, owners: Vec<String>) {
+        self.put(id, held, owners);
+    }
+
+    fn put(&mut self, id: Ident, held: Held, owners: Vec<String>) {
+        self.unindex_owners(id.uid);
+        for owner in &owners {
             self.dependents
-                .entry(owner)
+                .entry(owner.clone())
                 .or_default()
-                .push(row.uid.clone());
+                .push(id.uid.to_string());
         }
         self.uids.insert(
-            row.uid.clone(),
-            (
-                row.api_version.clone(),
-                row.kind.clone(),
-                row.namespace.clone(),
-                row.name.clone(),
-            ),
+            id.uid.to_string(),
+            Located {
+                api_version: id.api_version.to_string(),
+                kind: id.kind.to_string(),
+                namespace: id.namespace.to_string(),
+                name: id.name.to_string(),
+                owners,
+            },
         );
-        self.objects
-            .entry(row.api_version.clone())
+        let names = self
+            .objects
+            .entry(id.api_version.to_string())
             .or_default()
-            .entry(row.kind.clone())
+            .entry(id.kind.to_string())
             .or_default()
-            .entry(row.namespace.clone())
-            .or_default()
-            .insert(row.name.clone(), row.object.clone());
+            .entry(id.namespace.to_string())
+            .or_default();
+        match names.get_mut(id.name) {
+            Some(slot) => *slot = held,
+            None => {
+                names.insert(id.name.to_string(), held);
+            }
+        }
     }
 
-    fn unindex_owners(&mut self, obj: &Value, uid: &str) {
-        for owner in owner_uids(obj) {
-            if let Some(deps) = self.dependents.get_mut(&owner) {
+    /// Takes `uid` out of the dependents of the owners its object named.
+    fn unindex_owners(&mut self, uid: &str) {
+        let Some(at) = self.uids.get(uid) else {
+            return;
+        };
+        for owner in &at.owners {
+            if let Some(deps) = self.dependents.get_mut(owner) {
                 deps.retain(|d| d != uid);
                 if deps.is_empty() {
-                    self.dependents.remove(&owner);
+                    self.dependents.remove(owner);
                 }
             }
         }
     }
 
-    /// Applies a committed write (its object `bytes` long as stored) and queues its change for
+    /// Applies a committed write (`body` its object's text as stored whole, `None` for a deletion
+    /// or a status patch; `bytes` its size as the history counts it) and queues its change for
     /// publication once durable.
-    pub fn apply(&mut self, row: Row, bytes: usize) {
+    pub fn apply(&mut self, row: Row, body: Option<String>, bytes: usize) {
         match &row.stored {
             Stored::Patch {
                 patch,
@@ -219,6 +305,10 @@ impl State {
                 self.patches.remove(&row.uid);
             }
         }
+        let held = match body {
+            Some(json) => Held::written(json),
+            None => Held::Tree(row.object.clone()),
+        };
         match row.change {
             ChangeType::Deleted => {
                 if let Some(names) = self
@@ -226,22 +316,31 @@ impl State {
                     .get_mut(&row.api_version)
                     .and_then(|k| k.get_mut(&row.kind))
                     .and_then(|n| n.get_mut(&row.namespace))
-                    && let Some(old) = names.remove(&row.name)
                 {
-                    self.unindex_owners(&old, &row.uid);
+                    names.remove(&row.name);
                 }
+                self.unindex_owners(&row.uid);
                 self.uids.remove(&row.uid);
             }
-            ChangeType::Added | ChangeType::Modified => self.put(&row),
+            ChangeType::Added | ChangeType::Modified => {
+                let owners = owner_uids(&row.object);
+                self.put(row.ident(), held.clone(), owners);
+            }
         }
         self.rv = self.rv.max(row.rv);
-        let change = Change {
+        let weight = if held.is_tree() {
+            bytes * TREE_WEIGHT
+        } else {
+            bytes
+        };
+        let retained = Retained {
             change: row.change,
             api_version: row.api_version,
             kind: row.kind,
-            object: row.object,
             resource_version: row.rv,
+            object: held,
+            bytes: weight,
         };
-        self.unpublished.push_back(Retained { change, bytes });
+        self.unpublished.push_back((row.object, retained));
     }
 }

@@ -231,12 +231,13 @@ impl EmbeddedStore {
         let (mut answers, mut writes) = (Vec::with_capacity(jobs.len()), 0);
         {
             let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
-            let mut bodies = bodies.iter();
+            let mut bodies = bodies.into_iter();
             for job in jobs {
                 writes += u64::from(!job.rows.is_empty());
                 for row in job.rows {
-                    let bytes = bodies.next().map_or(0, |b| sql::stored_size(&row, b));
-                    state.apply(row, bytes);
+                    let body = bodies.next().flatten();
+                    let bytes = sql::stored_size(&row, &body);
+                    state.apply(row, body, bytes);
                 }
                 answers.push(job.done);
             }

@@ -433,3 +433,78 @@ async fn watches_started_during_publishing_see_each_change_once() {
         assert_eq!(seen, want, "round {round}");
     }
 }
+
+/// The index holds an object written whole as its stored text, not as a tree (which takes several
+/// times the memory), before and after a reopen; an object last written by a status patch is a
+/// tree. The owners an object names are indexed from its text, so dependents are found (and
+/// collected) after a reopen as before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_written_whole_are_held_as_their_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    let k = cm_kind();
+    let owner = store.create(&k, mk_cm("owner")).await.unwrap();
+    let mut dep = mk_cm("dep");
+    dep["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
+        "name": "owner", "uid": owner["metadata"]["uid"]}]);
+    let dep = store.create(&k, dep).await.unwrap();
+    let widget = Kind {
+        group: "example.harvesterhci.io".into(),
+        version: "v1".into(),
+        api_version: "example.harvesterhci.io/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+        namespaced: true,
+        status_subresource: true,
+        names: crate::NameRule::Subdomain,
+    };
+    let w = store
+        .create(
+            &widget,
+            json!({"apiVersion": "example.harvesterhci.io/v1", "kind": "Widget",
+                "metadata": {"name": "w", "namespace": "ns"}, "spec": {"filler": "x".repeat(4096)}}),
+        )
+        .await
+        .unwrap();
+    store
+        .merge_status(&widget, "ns", "w", &rv(&w).to_string(), &json!({"a": "1"}))
+        .await
+        .unwrap();
+    let is_tree = |s: &EmbeddedStore, k: &Kind, name: &str| {
+        s.read()
+            .held(&k.api_version, &k.kind, "ns", name)
+            .map(super::held::Held::is_tree)
+    };
+    assert_eq!(is_tree(&store, &k, "dep"), Some(false));
+    assert_eq!(is_tree(&store, &widget, "w"), Some(true), "status patched");
+    assert_eq!(store.get(&k, "ns", "dep").await.unwrap(), Some(dep.clone()));
+    store.close().await;
+    drop(store);
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    assert_eq!(is_tree(&store, &k, "dep"), Some(false), "loaded as text");
+    assert_eq!(store.get(&k, "ns", "dep").await.unwrap(), Some(dep));
+    let owner_uid = owner["metadata"]["uid"].as_str().unwrap();
+    let deps = store.read().dependents_of(owner_uid);
+    assert_eq!(
+        deps.len(),
+        1,
+        "the owner's dependent, indexed from its text"
+    );
+    assert_eq!(deps[0].2["metadata"]["name"], "dep");
+    store
+        .delete(&k, "ns", "owner", &Preconditions::default())
+        .await
+        .unwrap();
+    for _ in 0..500 {
+        if store.get(&k, "ns", "dep").await.unwrap().is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.get(&k, "ns", "dep").await.unwrap(), None, "collected");
+    assert!(store.read().dependents_of(owner_uid).is_empty());
+}
