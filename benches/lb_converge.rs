@@ -207,10 +207,14 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
     let dyn_store: Arc<dyn ObjectStore> = store.clone();
     // Progress comes from the change feed (reading all 10,000 objects over and over would compete
     // with the reconcilers for the CPU); the full check runs once everything reports an address.
-    // Only the list's resourceVersion is kept: holding the copy of every object would count in
-    // the peak memory measured.
+    // The feed starts at the store's current resourceVersion, with no list: a copy of every
+    // object would count in the peak memory measured.
     let listed = dyn_store
-        .list(&crd::lb_kind(), None, &LabelSelector::everything())
+        .list(
+            &crd::lb_kind(),
+            Some("no-such-namespace"),
+            &LabelSelector::everything(),
+        )
         .await
         .expect("lists")
         .resource_version;
@@ -270,16 +274,21 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
     }
     let took = start.elapsed();
     // Events are written behind the reconciles (best effort): how many kept pace.
-    let events = dyn_store
+    let event_list = dyn_store
         .list(
             &harvester_cloud::store::Kind::of::<k8s_openapi::api::core::v1::Event>(),
             None,
             &LabelSelector::everything(),
         )
         .await
-        .expect("lists")
-        .items
-        .len();
+        .expect("lists");
+    let events = event_list.items.len();
+    // Every store write takes a resourceVersion: how many the convergence took.
+    let writes = event_list
+        .resource_version
+        .parse::<u64>()
+        .expect("a number")
+        - listed.parse::<u64>().expect("a number");
     stop.cancel();
     reconcilers.await.expect("reconcilers stop");
     store.close().await;
@@ -306,4 +315,29 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
         })
         .collect();
     println!("  watches listed again: {}", relists.join(", "));
+    let sample = |name: &str| harvester_cloud::metrics::sample(&metrics, name).unwrap_or(0.0);
+    let reconciles: Vec<String> = ["loadbalancer", "ippool"]
+        .iter()
+        .map(|c| {
+            format!(
+                "{c} {} ({} failed)",
+                sample(&format!(
+                    "harvester_cloud_reconcile_duration_seconds_count{{controller=\"{c}\"}}"
+                )),
+                metrics
+                    .lines()
+                    .filter(|l| l.starts_with(&format!(
+                        "harvester_cloud_reconcile_errors_total{{controller=\"{c}\""
+                    )))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .map(|n| n as u64)
+                    .sum::<u64>()
+            )
+        })
+        .collect();
+    println!(
+        "  reconciles: {}; store writes per load balancer: {:.2}",
+        reconciles.join(", "),
+        writes as f64 / lbs as f64
+    );
 }

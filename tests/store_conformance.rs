@@ -489,6 +489,22 @@ pub mod cases {
         );
         let sel = LabelSelector::parse("tier notin (web),app").unwrap();
         assert_eq!(names(s.list(&k, None, &sel).await.unwrap().items), ["b"]);
+        // A list handed over object by object (as watchers list) holds what the list does.
+        let sel = LabelSelector::parse("tier=web").unwrap();
+        let mut visited = Vec::new();
+        let rv = s
+            .list_each(&k, None, &sel, &mut |v| visited.push(v))
+            .await
+            .unwrap();
+        assert_eq!(names(visited), ["a", "c", "d"]);
+        assert!(!rv.is_empty(), "a resourceVersion");
+        let mut visited = Vec::new();
+        s.list_each(&k, Some("ns2"), &LabelSelector::everything(), &mut |v| {
+            visited.push(v)
+        })
+        .await
+        .unwrap();
+        assert_eq!(names(visited), ["d"]);
     }
 
     pub async fn watch_replays_and_follows<H: Harness>(h: H) {

@@ -154,6 +154,16 @@ impl<A: Admit> ObjectStore for Admitted<A> {
         self.inner.list(kind, namespace, selector).await
     }
 
+    async fn list_each(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+        visit: &mut (dyn FnMut(Value) + Send),
+    ) -> Result<String, StoreError> {
+        self.inner.list_each(kind, namespace, selector, visit).await
+    }
+
     async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
         let object = if self.admission.judges(kind) {
             self.admission.create(kind, as_created(object)).await?

@@ -259,6 +259,21 @@ pub trait ObjectStore: Send + Sync + 'static {
         namespace: Option<&str>,
         selector: &LabelSelector,
     ) -> Result<ObjectList, StoreError>;
+    /// [`Self::list`], each object handed to `visit` in turn instead of all of them collected
+    /// first, so that a caller keeping a decoded copy of each (a watcher filling its cache) never
+    /// holds every object twice. Answers the list's resourceVersion. What was visited counts only
+    /// once this answers `Ok`: on an error the caller drops it.
+    async fn list_each(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+        visit: &mut (dyn FnMut(Value) + Send),
+    ) -> Result<String, StoreError> {
+        let list = self.list(kind, namespace, selector).await?;
+        list.items.into_iter().for_each(visit);
+        Ok(list.resource_version)
+    }
     /// Creates the object; `AlreadyExists` when the name is taken.
     async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError>;
     /// [`Self::create`], answered once the object is stored, perhaps before it is durable: a

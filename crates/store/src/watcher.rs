@@ -118,31 +118,33 @@ async fn step<K: Object + Debug>(
     match state {
         State::Listing => {
             source.pause_after_failure().await;
-            let listed = source
-                .store
-                .list(
-                    &source.kind,
-                    source.namespace.as_deref(),
-                    &LabelSelector::everything(),
-                )
-                .await;
+            // Each object is decoded as the store hands it over and its JSON dropped at once: the
+            // whole list as JSON beside the whole list decoded was the peak of a cold start.
+            let mut events = vec![Ok(Event::Init)];
+            let listed = {
+                let src = &*source;
+                src.store
+                    .list_each(
+                        &src.kind,
+                        src.namespace.as_deref(),
+                        &LabelSelector::everything(),
+                        &mut |v| {
+                            if let Some(k) = src.decode::<K>(&v) {
+                                events.push(Ok(Event::InitApply(k)));
+                            }
+                        },
+                    )
+                    .await
+            };
             match listed {
-                Ok(list) => {
+                Ok(resource_version) => {
                     source.failures = 0;
-                    let mut events = Vec::with_capacity(list.items.len() + 2);
-                    events.push(Ok(Event::Init));
-                    events.extend(
-                        list.items
-                            .iter()
-                            .filter_map(|v| source.decode::<K>(v))
-                            .map(|k| Ok(Event::InitApply(k))),
-                    );
+                    debug!(kind = %source.kind.kind, objects = events.len() - 1, %resource_version, "listed");
                     events.push(Ok(Event::InitDone));
-                    debug!(kind = %source.kind.kind, objects = list.items.len(), resource_version = %list.resource_version, "listed");
                     (
                         events,
                         State::Watching {
-                            rv: list.resource_version,
+                            rv: resource_version,
                             stream: None,
                         },
                     )

@@ -472,26 +472,47 @@ impl ObjectStore for EmbeddedStore {
         namespace: Option<&str>,
         selector: &LabelSelector,
     ) -> Result<ObjectList, StoreError> {
-        let (items, rv) = {
+        let mut items = Vec::new();
+        let resource_version = self
+            .list_each(kind, namespace, selector, &mut |v| items.push(v))
+            .await?;
+        Ok(ObjectList {
+            items,
+            resource_version,
+        })
+    }
+
+    async fn list_each(
+        &self,
+        kind: &Kind,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+        visit: &mut (dyn FnMut(Value) + Send),
+    ) -> Result<String, StoreError> {
+        // Only the objects' handles are taken under the lock; they are parsed after it, so writes
+        // do not wait on a list of a hundred thousand objects.
+        let (held, rv) = {
             let state = self.read();
-            let items: Vec<Value> = state
-                .iter(
+            let held: Vec<held::Held> = state
+                .iter_held(
                     &kind.api_version,
                     &kind.kind,
                     namespace.filter(|_| kind.namespaced),
                 )
-                .filter(|v| selector.matches_object(v))
-                .map(Arc::unwrap_or_clone)
+                .cloned()
                 .collect();
-            (items, state.rv)
+            (held, state.rv)
         };
         if rv > *self.durable.borrow() {
             self.await_durable(rv).await?;
         }
-        Ok(ObjectList {
-            items,
-            resource_version: rv.to_string(),
-        })
+        for h in held {
+            let v = h.value();
+            if selector.matches_object(&v) {
+                visit(Arc::unwrap_or_clone(v));
+            }
+        }
+        Ok(rv.to_string())
     }
 
     async fn create(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {

@@ -170,27 +170,22 @@ impl State {
         self.held(api_version, kind, namespace, name).is_some()
     }
 
-    /// The objects of a kind (in one namespace or all), each parsed from its text.
-    pub fn iter<'a>(
+    /// The objects of a kind (in one namespace or all), as held.
+    pub fn iter_held<'a>(
         &'a self,
         api_version: &str,
         kind: &str,
         namespace: Option<&str>,
-    ) -> Box<dyn Iterator<Item = Arc<Value>> + 'a> {
+    ) -> Box<dyn Iterator<Item = &'a Held> + 'a> {
         let Some(namespaces) = self.objects.get(api_version).and_then(|k| k.get(kind)) else {
             return Box::new(std::iter::empty());
         };
         match namespace {
             Some(ns) => match namespaces.get(ns) {
-                Some(names) => Box::new(names.values().map(Held::value)),
+                Some(names) => Box::new(names.values()),
                 None => Box::new(std::iter::empty()),
             },
-            None => Box::new(
-                namespaces
-                    .values()
-                    .flat_map(|n| n.values())
-                    .map(Held::value),
-            ),
+            None => Box::new(namespaces.values().flat_map(|n| n.values())),
         }
     }
 
