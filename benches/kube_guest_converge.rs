@@ -28,6 +28,9 @@ mod support;
 #[path = "support/peers.rs"]
 #[allow(dead_code)]
 mod peers;
+#[path = "support/usage.rs"]
+#[allow(dead_code)]
+mod usage;
 
 use std::{
     sync::Arc,

@@ -35,6 +35,9 @@ mod support;
 #[path = "support/peers.rs"]
 #[allow(dead_code)]
 mod peers;
+#[path = "support/usage.rs"]
+#[allow(dead_code)]
+mod usage;
 
 use std::{
     collections::BTreeMap,

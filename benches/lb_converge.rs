@@ -9,6 +9,10 @@
 //!
 //! `cargo bench --bench lb_converge` (optionally `-- <load balancers> <pools> <concurrency>`).
 
+#[path = "support/usage.rs"]
+#[allow(dead_code)]
+mod usage;
+
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,
@@ -200,6 +204,7 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
     );
 
     let start = Instant::now();
+    let cpu_before = usage::own().cpu;
     let store = EmbeddedStore::open(dir.path(), Durability::Full)
         .await
         .expect("reopens");
@@ -273,6 +278,7 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let took = start.elapsed();
+    let cpu = usage::own().cpu - cpu_before;
     // Events are written behind the reconciles (best effort): how many kept pace.
     let event_list = dyn_store
         .list(
@@ -298,6 +304,10 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
         took.as_secs_f64(),
         opened.as_secs_f64(),
         lbs as f64 / took.as_secs_f64()
+    );
+    println!(
+        "  CPU from the reopen to converged: {cpu:.2} s, {:.3} ms per load balancer",
+        1000.0 * cpu / lbs as f64
     );
     println!("  {events} Events stored when the last load balancer converged");
     // A watcher further behind than the store's history lists its kind again, and its controller

@@ -13,6 +13,10 @@
 //!
 //! `cargo bench --bench vm_probe` (optionally `-- <load balancers> <seconds>`).
 
+#[path = "support/usage.rs"]
+#[allow(dead_code)]
+mod usage;
+
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::Arc,
@@ -39,8 +43,6 @@ use tokio_util::sync::CancellationToken;
 
 const BACKENDS_PER_LB: usize = 3;
 const PORT: u16 = 9000;
-/// Clock ticks per second of `/proc/<pid>/stat` (USER_HZ, 100 on Linux).
-const USER_HZ: f64 = 100.0;
 
 fn main() {
     let args: Vec<usize> = std::env::args()
@@ -64,17 +66,6 @@ fn backend(k: usize) -> Ipv4Addr {
         ((k / 250) % 250) as u8,
         (k % 250 + 1) as u8,
     )
-}
-
-/// User + system CPU seconds of this process so far.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("reads /proc/self/stat");
-    // Fields after the command name (which is in parentheses and may hold spaces).
-    let after = &stat[stat.rfind(')').expect("a stat line") + 2..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields[i].parse::<f64>().expect("a number");
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    (ticks(11) + ticks(12)) / USER_HZ
 }
 
 fn probes() -> (f64, f64) {
@@ -237,11 +228,11 @@ async fn run(lbs: usize, seconds: u64) {
     let converged = started.elapsed();
 
     let (ok0, failed0) = probes();
-    let cpu0 = cpu_seconds();
+    let cpu0 = usage::own().cpu;
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let (ok1, failed1) = probes();
-    let cpu = cpu_seconds() - cpu0;
+    let cpu = usage::own().cpu - cpu0;
     let wall = t0.elapsed().as_secs_f64();
     let done = (ok1 - ok0) + (failed1 - failed0);
 

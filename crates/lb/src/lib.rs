@@ -25,6 +25,7 @@ pub mod loadbalancer;
 pub mod owners;
 pub mod pools;
 pub mod refusal;
+pub mod selection;
 pub mod sharing;
 pub mod vm;
 pub mod webhook;
@@ -165,6 +166,8 @@ pub struct LbCtx {
     applied: Mutex<std::collections::HashMap<String, String>>,
     /// What this process knows of the sharing groups ([`sharing`]).
     sharing: sharing::Groups,
+    /// The pools chosen per request since the pool cache last changed.
+    pub selections: Arc<selection::Selections>,
 }
 
 /// The guest-cluster cleanup controller's context.
@@ -232,6 +235,7 @@ impl Contexts {
                 backoff: Backoff::default(),
                 applied: Mutex::default(),
                 sharing: sharing::Groups::default(),
+                selections: Arc::default(),
             }),
             cleanup: Arc::new(CleanupCtx {
                 lbs: lb_api(store.clone()),
@@ -404,6 +408,13 @@ pub(crate) async fn run_controllers(
         pool_writer,
         watcher::<IPPool>(store.clone(), pool_kind(), None),
     )
+    // Every change of the pool cache, reported once the cache holds it (the pool tasks' own status
+    // writes too, which the controller below skips): pool selection answers from the cache as
+    // it is.
+    .inspect({
+        let selections = lb_ctx.selections.clone();
+        move |_| selections.pools_changed()
+    })
     .applied_objects()
     .filter({
         let ctx = pool_ctx.clone();

@@ -466,11 +466,10 @@ fn pool_holding(lb: &LoadBalancer, ip: IpAddr, ctx: &LbCtx) -> Result<String, Re
 /// Chooses the pool from the cached pools (the controller starts once that cache has its first
 /// list).
 async fn select(lb: &LoadBalancer, ctx: &LbCtx) -> Result<Result<String, SelectError>, LbError> {
-    let pools = ctx.pool_cache.state();
-    let entries: Vec<PoolEntry<'_>> = pools.iter().map(|p| p.entry()).collect();
-    Ok(PoolIndex::new(&entries)
-        .select(&lb.request())
-        .map(|s| s.pool.to_string()))
+    Ok(ctx
+        .selections
+        .select(&lb.request(), &ctx.pool_cache)
+        .map_err(|e| *e))
 }
 
 /// Releases `lb`'s address in `pool`; a pool that no longer exists holds nothing.

@@ -61,7 +61,7 @@ impl WorkloadType {
 }
 
 /// The parts of a LoadBalancer that pool selection reads.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct LbRequest {
     /// The LoadBalancer's own namespace.
     pub lb_namespace: String,

@@ -171,6 +171,10 @@ const INSERT_PATCH: &str =
 /// What a deletion counts for in the history's size (its object is not serialised).
 const DELETED_BYTES: usize = 1024;
 
+/// The most statements a commit's SQL may hold and still be kept prepared for the next commit of
+/// the same shape.
+const KEPT_PREPARED: usize = 8;
+
 /// A statement's values, bound in order.
 enum Binds<'a> {
     Key,
@@ -257,10 +261,12 @@ pub(super) async fn commit(
     sql.push_str("COMMIT;");
     // Built only from the constant statements above; every value is a bind, consumed in order
     // across the statements.
-    // Not kept prepared: the text differs with the batch's rows, so the connection's statement
-    // cache held up to a hundred batches' worth of prepared statements (72 MB of SQLite's memory
-    // at the peak of a 20,000 LoadBalancer convergence), for a hit rate near nothing.
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).persistent(false);
+    // Kept prepared only when small: the text differs with the batch's rows, and with every batch
+    // kept the connection's statement cache held up to a hundred large batches' prepared
+    // statements (72 MB of SQLite's memory at the peak of a 20,000 LoadBalancer convergence),
+    // where a small batch's text (one request's objects) comes back again and again.
+    let keep = statements.len() <= KEPT_PREPARED;
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).persistent(keep);
     for (row, binds) in statements {
         q = q
             .bind(row.api_version.as_str())

@@ -1,0 +1,56 @@
+//! CPU time and peak memory of a process, as the kernel counts them (`/proc/<pid>/stat` and
+//! `status`): the figures every bench reports of the process it measures.
+
+use std::process::Command;
+
+/// CPU time and memory of a process, as the kernel counts them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    /// User and system time of all its threads, in seconds.
+    pub cpu: f64,
+    /// `VmHWM`: the peak resident set, in MiB.
+    pub peak_rss_mib: f64,
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// The usage of process `pid` now (`/proc/<pid>/stat` and `status`); zero once it is gone.
+pub fn usage(pid: u32) -> Usage {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis, from the state (field 3) on: utime
+    // and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let tick = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let hwm_kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    Usage {
+        cpu: (tick(11) + tick(12)) / clock_ticks(),
+        peak_rss_mib: hwm_kb / 1024.0,
+    }
+}
+
+/// [`usage`] of this process.
+pub fn own() -> Usage {
+    usage(std::process::id())
+}
