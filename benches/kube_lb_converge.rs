@@ -228,11 +228,9 @@ fn main() {
     let admitted = !std::env::args().any(|a| a == "--unadmitted");
     // One pool per seeded namespace at most: each pool is scoped to one.
     let pools = arg("--pools", NAMESPACES.len()).clamp(1, NAMESPACES.len());
-    let concurrency = u16::try_from(arg(
-        "--concurrency",
-        usize::from(lb::Settings::default().concurrency),
-    ))
-    .unwrap_or(u16::MAX);
+    // The service's own default on this backend (`--lb-concurrency` unset), not the embedded one.
+    let concurrency =
+        u16::try_from(arg("--concurrency", usize::from(lb::CONCURRENCY_KUBE))).unwrap_or(u16::MAX);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -148,6 +148,27 @@ impl<'a> View<'a> {
         }
     }
 
+    /// A queued row's object at this key (`Some(None)` once deleted), `None` when no queued row
+    /// has the key.
+    fn queued(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<&Option<Arc<Value>>> {
+        if self.overlay.is_empty() {
+            return None;
+        }
+        let key = (
+            api_version.to_string(),
+            kind.to_string(),
+            namespace.to_string(),
+            name.to_string(),
+        );
+        self.overlay.objects.get(&key).map(|(_, object)| object)
+    }
+
     pub fn get(
         &self,
         api_version: &str,
@@ -155,34 +176,18 @@ impl<'a> View<'a> {
         namespace: &str,
         name: &str,
     ) -> Option<Arc<Value>> {
-        if !self.overlay.is_empty() {
-            let key = (
-                api_version.to_string(),
-                kind.to_string(),
-                namespace.to_string(),
-                name.to_string(),
-            );
-            if let Some((_, object)) = self.overlay.objects.get(&key) {
-                return object.clone();
-            }
+        match self.queued(api_version, kind, namespace, name) {
+            Some(object) => object.clone(),
+            None => self.base.get(api_version, kind, namespace, name),
         }
-        self.base.get(api_version, kind, namespace, name)
     }
 
     /// Whether an object has this name (without parsing a committed one).
     pub fn contains(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> bool {
-        if !self.overlay.is_empty() {
-            let key = (
-                api_version.to_string(),
-                kind.to_string(),
-                namespace.to_string(),
-                name.to_string(),
-            );
-            if let Some((_, object)) = self.overlay.objects.get(&key) {
-                return object.is_some();
-            }
+        match self.queued(api_version, kind, namespace, name) {
+            Some(object) => object.is_some(),
+            None => self.base.contains(api_version, kind, namespace, name),
         }
-        self.base.contains(api_version, kind, namespace, name)
     }
 
     pub fn has_uid(&self, uid: &str) -> bool {

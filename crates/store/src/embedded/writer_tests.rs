@@ -15,6 +15,20 @@ fn cm_kind() -> Kind {
     Kind::of::<k8s_openapi::api::core::v1::ConfigMap>()
 }
 
+/// A kind of our own with a status subresource.
+fn widget_kind() -> Kind {
+    Kind {
+        group: "example.harvesterhci.io".into(),
+        version: "v1".into(),
+        api_version: "example.harvesterhci.io/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+        namespaced: true,
+        status_subresource: true,
+        names: crate::NameRule::Subdomain,
+    }
+}
+
 fn mk_cm(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": name, "namespace": "ns"}, "data": {"k": name}})
@@ -332,16 +346,7 @@ async fn status_patches_of_a_batch_build_on_each_other() {
     let store = EmbeddedStore::open(dir.path(), Durability::Full)
         .await
         .unwrap();
-    let k = Kind {
-        group: "example.harvesterhci.io".into(),
-        version: "v1".into(),
-        api_version: "example.harvesterhci.io/v1".into(),
-        kind: "Widget".into(),
-        plural: "widgets".into(),
-        namespaced: true,
-        status_subresource: true,
-        names: crate::NameRule::Subdomain,
-    };
+    let k = widget_kind();
     let made = store
         .create(
             &k,
@@ -450,16 +455,7 @@ async fn objects_written_whole_are_held_as_their_text() {
     dep["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
         "name": "owner", "uid": owner["metadata"]["uid"]}]);
     let dep = store.create(&k, dep).await.unwrap();
-    let widget = Kind {
-        group: "example.harvesterhci.io".into(),
-        version: "v1".into(),
-        api_version: "example.harvesterhci.io/v1".into(),
-        kind: "Widget".into(),
-        plural: "widgets".into(),
-        namespaced: true,
-        status_subresource: true,
-        names: crate::NameRule::Subdomain,
-    };
+    let widget = widget_kind();
     let w = store
         .create(
             &widget,
