@@ -498,12 +498,11 @@ pub mod cases {
             .unwrap();
         assert_eq!(names(visited), ["a", "c", "d"]);
         assert!(!rv.is_empty(), "a resourceVersion");
+        // (By label: a control plane writes a ConfigMap of its own into every namespace.)
         let mut visited = Vec::new();
-        s.list_each(&k, Some("ns2"), &LabelSelector::everything(), &mut |v| {
-            visited.push(v)
-        })
-        .await
-        .unwrap();
+        s.list_each(&k, Some("ns2"), &sel, &mut |v| visited.push(v))
+            .await
+            .unwrap();
         assert_eq!(names(visited), ["d"]);
     }
 

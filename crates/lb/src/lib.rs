@@ -166,7 +166,7 @@ pub struct LbCtx {
     applied: Mutex<std::collections::HashMap<String, String>>,
     /// What this process knows of the sharing groups ([`sharing`]).
     sharing: sharing::Groups,
-    /// The pools chosen per request since the pool cache last changed.
+    /// The pools chosen per request for the pool cache as it is.
     pub selections: Arc<selection::Selections>,
 }
 
@@ -408,13 +408,6 @@ pub(crate) async fn run_controllers(
         pool_writer,
         watcher::<IPPool>(store.clone(), pool_kind(), None),
     )
-    // Every change of the pool cache, reported once the cache holds it (the pool tasks' own status
-    // writes too, which the controller below skips): pool selection answers from the cache as
-    // it is.
-    .inspect({
-        let selections = lb_ctx.selections.clone();
-        move |_| selections.pools_changed()
-    })
     .applied_objects()
     .filter({
         let ctx = pool_ctx.clone();

@@ -1,18 +1,16 @@
-//! Pool selection, remembered per request until the pools change.
+//! Pool selection, remembered per request while the pool cache stays the same.
 //!
 //! Choosing a pool reads every cached pool: building the selection index from them cost each
 //! reconcile time in proportion to the number of pools (5% of the CPU converging 100,000
 //! LoadBalancers over 100 pools), for an answer that only changes when a pool does. Load balancers
 //! asking alike (same namespace, network, project, cluster, family and labels) share the answer
-//! until the pool cache next changes; the pool watcher reports every change ([`Selections::pools_changed`])
-//! once the cache holds it, so an answer is never older than the cache it was read from.
+//! while every cached pool is at the version it was read at: a digest of the cache's names, uids
+//! and resourceVersions, taken from the same read of the cache as the answer, tells.
 
 use std::{
     collections::HashMap,
-    sync::{
-        Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    hash::{DefaultHasher, Hash, Hasher},
+    sync::{Arc, Mutex},
 };
 
 use kube::runtime::reflector::Store;
@@ -23,77 +21,82 @@ use crate::{
     sync::lock,
 };
 
-/// The most answers remembered (distinct requests between two pool changes); past it the memo
-/// starts afresh.
+/// The most answers remembered (distinct requests for one state of the pool cache); past it the
+/// memo starts afresh.
 const REMEMBERED: usize = 4096;
 
 #[derive(Default)]
 pub struct Selections {
-    /// Bumped on every change of the pool cache.
-    generation: AtomicU64,
     memo: Mutex<Memo>,
 }
 
 #[derive(Default)]
 struct Memo {
-    /// The pool cache generation the answers were read at.
-    generation: u64,
+    /// The digest of the pool cache the answers were read from.
+    pools: Option<u64>,
     chosen: HashMap<LbRequest, Result<String, SelectError>>,
 }
 
-impl Selections {
-    /// The pool cache changed (after the change is in it): what was chosen before is forgotten.
-    pub fn pools_changed(&self) {
-        self.generation.fetch_add(1, Ordering::SeqCst);
-    }
+/// Which pools, at which versions: changes whenever a pool is added, removed or written. A pool
+/// without a resourceVersion (never stored) counts by its content.
+fn digest(pools: &[Arc<IPPool>]) -> u64 {
+    // Order-free: the cache lists its pools in no particular order.
+    pools
+        .iter()
+        .map(|p| {
+            let mut h = DefaultHasher::new();
+            p.metadata.name.hash(&mut h);
+            p.metadata.uid.hash(&mut h);
+            match &p.metadata.resource_version {
+                Some(rv) => rv.hash(&mut h),
+                None => serde_json::to_string(p.as_ref())
+                    .unwrap_or_default()
+                    .hash(&mut h),
+            }
+            h.finish()
+        })
+        .fold(pools.len() as u64, u64::wrapping_add)
+}
 
+impl Selections {
     /// The pool `request` gets from the pools in `pools`.
     pub fn select(
         &self,
         request: &LbRequest,
         pools: &Store<IPPool>,
     ) -> Result<String, Box<SelectError>> {
-        let generation = self.generation.load(Ordering::SeqCst);
+        let state = pools.state();
+        let version = digest(&state);
         {
             let memo = lock(&self.memo);
-            if memo.generation == generation
+            if memo.pools == Some(version)
                 && let Some(chosen) = memo.chosen.get(request)
             {
                 return chosen.clone().map_err(Box::new);
             }
         }
-        // Read after the generation: a change reported since makes this answer one the memo no
-        // longer keeps, never a stale one it does.
-        let state = pools.state();
         let entries: Vec<PoolEntry<'_>> = state.iter().map(|p| p.entry()).collect();
         let chosen = PoolIndex::new(&entries)
             .select(request)
             .map(|s| s.pool.to_string());
         let mut memo = lock(&self.memo);
-        if generation > memo.generation {
-            memo.generation = generation;
+        if memo.pools != Some(version) || memo.chosen.len() >= REMEMBERED {
+            memo.pools = Some(version);
             memo.chosen.clear();
         }
-        if generation == memo.generation {
-            if memo.chosen.len() >= REMEMBERED {
-                memo.chosen.clear();
-            }
-            memo.chosen.insert(request.clone(), chosen.clone());
-        }
+        memo.chosen.insert(request.clone(), chosen.clone());
         chosen.map_err(Box::new)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use kube::runtime::{reflector::store::Writer, watcher::Event};
 
     use super::*;
     use crate::ipam::{PoolSpec, RangeSpec, Selector, Tuple};
 
-    fn pool(name: &str, namespace: &str, priority: u32) -> IPPool {
+    fn pool(name: &str, namespace: &str, priority: u32, version: &str) -> IPPool {
         let mut pool = IPPool::new(
             name,
             crate::crd::IPPoolSpec {
@@ -115,7 +118,7 @@ mod tests {
                 },
             },
         );
-        pool.metadata.resource_version = Some("1".into());
+        pool.metadata.resource_version = Some(version.into());
         pool
     }
 
@@ -127,28 +130,26 @@ mod tests {
     }
 
     #[test]
-    fn answers_are_kept_until_the_pools_change() {
+    fn answers_follow_every_change_of_the_pool_cache() {
         let mut writer = Writer::<IPPool>::default();
         let pools = writer.as_reader();
-        writer.apply_watcher_event(&Event::Apply(pool("low", "a", 1)));
+        writer.apply_watcher_event(&Event::Apply(pool("low", "a", 1, "1")));
         let selections = Selections::default();
         assert_eq!(
             selections.select(&request("a"), &pools).as_deref(),
             Ok("low")
         );
         assert!(selections.select(&request("b"), &pools).is_err());
-
-        // A better pool in the cache, not yet reported: the remembered answers stand.
-        writer.apply_watcher_event(&Event::Apply(pool("high", "a", 9)));
-        writer.apply_watcher_event(&Event::Apply(pool("other", "b", 1)));
+        // Remembered: the same answer while the cache is the same.
+        assert_eq!(lock(&selections.memo).chosen.len(), 2);
         assert_eq!(
             selections.select(&request("a"), &pools).as_deref(),
             Ok("low")
         );
-        assert!(selections.select(&request("b"), &pools).is_err());
 
-        // Reported: every request is chosen afresh.
-        selections.pools_changed();
+        // A better pool, and one for `b`: every request is chosen afresh.
+        writer.apply_watcher_event(&Event::Apply(pool("high", "a", 9, "2")));
+        writer.apply_watcher_event(&Event::Apply(pool("other", "b", 1, "3")));
         assert_eq!(
             selections.select(&request("a"), &pools).as_deref(),
             Ok("high")
@@ -157,37 +158,36 @@ mod tests {
             selections.select(&request("b"), &pools).as_deref(),
             Ok("other")
         );
-        writer.apply_watcher_event(&Event::Delete(pool("high", "a", 9)));
-        selections.pools_changed();
+        // A pool written again (its scope moved to `b`, where it now ranks first).
+        writer.apply_watcher_event(&Event::Apply(pool("high", "b", 9, "4")));
         assert_eq!(
             selections.select(&request("a"), &pools).as_deref(),
             Ok("low")
         );
+        assert_eq!(
+            selections.select(&request("b"), &pools).as_deref(),
+            Ok("high")
+        );
+        // And removed.
+        writer.apply_watcher_event(&Event::Delete(pool("high", "b", 9, "4")));
+        assert_eq!(
+            selections.select(&request("b"), &pools).as_deref(),
+            Ok("other")
+        );
     }
 
     #[test]
-    fn an_answer_read_before_a_change_is_not_kept_after_it() {
+    fn pools_never_stored_count_by_their_content() {
         let mut writer = Writer::<IPPool>::default();
         let pools = writer.as_reader();
-        writer.apply_watcher_event(&Event::Apply(pool("p", "a", 1)));
-        let selections = Arc::new(Selections::default());
-        // The memo already holds answers of a later generation than the one being stored.
-        selections.pools_changed();
-        selections.pools_changed();
-        {
-            let mut memo = lock(&selections.memo);
-            memo.generation = 2;
-            memo.chosen.insert(request("x"), Ok("kept".into()));
-        }
-        // An answer computed at generation 1 (simulated by lowering the counter) is not stored.
-        selections.generation.store(1, Ordering::SeqCst);
+        let mut unstored = pool("p", "a", 1, "");
+        unstored.metadata.resource_version = None;
+        writer.apply_watcher_event(&Event::Apply(unstored.clone()));
+        let selections = Selections::default();
         assert_eq!(selections.select(&request("a"), &pools).as_deref(), Ok("p"));
-        let memo = lock(&selections.memo);
-        assert_eq!(memo.generation, 2);
-        assert!(!memo.chosen.contains_key(&request("a")));
-        assert_eq!(
-            memo.chosen.get(&request("x")),
-            Some(&Ok("kept".to_string()))
-        );
+        unstored.spec.pool.selector.scope[0].namespace = "b".into();
+        writer.apply_watcher_event(&Event::Apply(unstored));
+        assert!(selections.select(&request("a"), &pools).is_err());
+        assert_eq!(selections.select(&request("b"), &pools).as_deref(), Ok("p"));
     }
 }
