@@ -39,11 +39,16 @@ pub(crate) struct Retained {
 impl Retained {
     /// The change as watchers receive it.
     pub fn to_change(&self) -> Change {
+        self.with_object(self.object.value())
+    }
+
+    /// The change as watchers receive it, with its object's tree at hand.
+    pub fn with_object(&self, object: std::sync::Arc<serde_json::Value>) -> Change {
         Change {
             change: self.change,
             api_version: self.api_version.clone(),
             kind: self.kind.clone(),
-            object: self.object.value(),
+            object,
             resource_version: self.resource_version,
         }
     }

@@ -276,13 +276,7 @@ impl EmbeddedStore {
             {
                 if let Some((object, retained)) = state.unpublished.pop_front() {
                     // A send error only means nobody watches right now.
-                    let _ = self.changes.send(Change {
-                        change: retained.change,
-                        api_version: retained.api_version.clone(),
-                        kind: retained.kind.clone(),
-                        object,
-                        resource_version: retained.resource_version,
-                    });
+                    let _ = self.changes.send(retained.with_object(object));
                     state.history.push(retained);
                 }
             }
