@@ -162,16 +162,25 @@ async fn run(
                 let req = scenario.request(&token, seq, worker);
                 seq += 1;
                 let t = Instant::now();
-                let ok = match send.send_request(req).await {
+                let failure = match send.send_request(req).await {
                     Ok(resp) => {
-                        let ok = resp.status().is_success();
-                        ok & resp.into_body().collect().await.is_ok()
+                        let status = resp.status();
+                        match resp.into_body().collect().await {
+                            Ok(_) if status.is_success() => None,
+                            Ok(body) => Some(format!(
+                                "{status}: {}",
+                                String::from_utf8_lossy(&body.to_bytes())
+                            )),
+                            Err(e) => Some(format!("{status}, body: {e}")),
+                        }
                     }
-                    Err(_) => false,
+                    Err(e) => Some(format!("request: {e}")),
                 };
                 latencies.push(t.elapsed().as_micros() as u64);
-                if !ok {
-                    errors.fetch_add(1, Ordering::Relaxed);
+                if let Some(failure) = failure
+                    && errors.fetch_add(1, Ordering::Relaxed) < 3
+                {
+                    eprintln!("{}: {failure}", scenario.name());
                 }
             }
             latencies

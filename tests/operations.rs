@@ -937,6 +937,68 @@ async fn slow_clients_neither_starve_others_nor_hold_a_shutdown() {
     );
 }
 
+/// The first-request deadline is for connections that never send one: a keep-alive connection
+/// busy with requests for several times `--header-timeout` is never closed under its client (it was:
+/// the deadline stayed armed for the connection's life, and a load test's POSTs failed with
+/// "connection closed before message completed" every 10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_keep_alive_connection_outlives_the_header_timeout() {
+    use http_body_util::{BodyExt, Full};
+    let dir = tempfile::tempdir().unwrap();
+    let data: PathBuf = dir.path().join("data");
+    let server = Server::start(&data, "info", &["--header-timeout", "1s"]);
+    let token = admin_token(&data);
+    let conn = tls_connect(&data, &server.addr).await;
+    let (mut send, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(conn))
+            .await
+            .unwrap();
+    let connection = tokio::spawn(connection);
+    // Three header timeouts' worth of requests, one after the other on the one connection.
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut answered = 0;
+    while tokio::time::Instant::now() < until {
+        let req = hyper::Request::post(KUBECONFIG)
+            .header("host", &server.addr)
+            .header("authorization", format!("Bearer {token}"))
+            .header("content-type", "application/json")
+            .body(Full::new(hyper::body::Bytes::from(account(
+                "default",
+                &format!("busy-{answered}"),
+                None,
+            ))))
+            .unwrap();
+        let resp = send
+            .send_request(req)
+            .await
+            .unwrap_or_else(|e| panic!("request {answered} on the busy connection: {e}"));
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.unwrap();
+        answered += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(answered > 1, "{answered}");
+    assert!(
+        !connection.is_finished(),
+        "the server closed the connection"
+    );
+    let metrics = reqwest::get(&server.metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        harvester_cloud::metrics::sample(
+            &metrics,
+            "harvester_cloud_http_connections_refused_total{reason=\"no_request\"}",
+        )
+        .unwrap_or(0.0),
+        0.0,
+        "{metrics}"
+    );
+}
+
 /// Past `--max-connections`, new connections wait in the backlog (logged once, counted) and are
 /// served as slots free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -251,6 +251,10 @@ async fn serve_connection<I>(
     let first_request_deadline = tokio::time::sleep(limits.header_timeout);
     let mut first_request_deadline = std::pin::pin!(first_request_deadline);
     let mut closing_seen = false;
+    // Armed until it fires once: `select!` evaluates a branch's condition only when it is entered,
+    // and it is entered again only when a branch completes, so a condition on `seen` would keep the
+    // deadline armed for a connection's whole life and close a busy one after `header_timeout`.
+    let mut awaiting_first_request = true;
     loop {
         tokio::select! {
             result = conn.as_mut() => {
@@ -259,7 +263,11 @@ async fn serve_connection<I>(
                 }
                 return;
             }
-            _ = &mut first_request_deadline, if seen.load(Ordering::Relaxed) == 0 => {
+            _ = &mut first_request_deadline, if awaiting_first_request => {
+                awaiting_first_request = false;
+                if seen.load(Ordering::Relaxed) > 0 {
+                    continue;
+                }
                 // HTTP/1 has its header timeout; this also bounds an HTTP/2 connection that
                 // never sends a request.
                 refusals.idle_closed.fetch_add(1, Ordering::Relaxed);
