@@ -2,7 +2,7 @@
 //! `GET /healthz`, `GET /v1/harvester/kubeconfig` for an existing account, and `POST` for new
 //! accounts. Run with `cargo bench --bench http_load` (options after `--`: `--seconds N`,
 //! `--connections N`; `HTTP_LOAD_SECONDS` in the environment sets the seconds too, as the test
-//! script's short smoke run does; `HTTP_LOAD_SERVER` runs another build's binary instead). Prints requests/s and latency percentiles per scenario, and the
+//! script's short smoke run does; `HTTP_LOAD_SERVER` runs another build's binary instead). Prints requests/s, latency percentiles and the server's CPU per request for each scenario, and the
 //! ratios the manual reports (docs/src/performance.md); it fails only when a request fails, never on a figure.
 //!
 //! The load generator is a minimal hyper HTTP/1.1 client (one task per keep-alive connection) so
@@ -17,6 +17,10 @@ use std::{
     },
     time::{Duration, Instant},
 };
+
+#[path = "support/usage.rs"]
+#[allow(dead_code)]
+mod usage;
 
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, body::Bytes};
@@ -248,14 +252,18 @@ fn main() {
         println!("harvester-cloud HTTP load: {connections} connections, {seconds} s per scenario, plain HTTP, embedded store (durability full), load generator on 1 thread of the same machine");
         let mut rates = Vec::new();
         for scenario in [Scenario::Healthz, Scenario::GetKubeconfig, Scenario::PostNewAccounts] {
+            let before = usage::usage(server.child.id()).cpu;
             let o = run(&server.addr, &server.token, scenario, connections, Duration::from_secs(seconds)).await;
+            // The server's own CPU per request: what a shared machine's neighbours change least.
+            let cpu = usage::usage(server.child.id()).cpu - before;
             let rate = o.requests as f64 / o.elapsed.as_secs_f64();
             println!(
-                "{:<52} {:>9.0} req/s   p50 {:>7.2} ms   p99 {:>7.2} ms   errors {}",
+                "{:<52} {:>9.0} req/s   p50 {:>7.2} ms   p99 {:>7.2} ms   server CPU {:>6.1} us/req   errors {}",
                 scenario.name(),
                 rate,
                 pct(&o.latencies_us, 0.50),
                 pct(&o.latencies_us, 0.99),
+                cpu * 1e6 / o.requests.max(1) as f64,
                 o.errors
             );
             assert_eq!(o.errors, 0, "{} had errors", scenario.name());

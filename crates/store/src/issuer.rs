@@ -29,8 +29,9 @@ struct Key {
     kid: String,
     /// Parsed once: jsonwebtoken's `encode` parses the PKCS#8 key again for every token, which
     /// derives its public key (a second scalar multiplication), and was half of a new account's
-    /// signing time.
-    signing: p256::ecdsa::SigningKey,
+    /// signing time. ring's P-256, not the `p256` crate's portable arithmetic: signing was 11% of
+    /// the server's CPU under POST load (`benches/http_load.rs`) with the latter.
+    signing: ring::signature::EcdsaKeyPair,
     jwk: Jwk,
     decoding: DecodingKey,
 }
@@ -39,6 +40,8 @@ struct Key {
 pub struct Issuer {
     url: String,
     keys: Vec<Key>,
+    /// ECDSA's per-signature nonces.
+    random: ring::rand::SystemRandom,
 }
 
 /// The nested `kubernetes.io` claim of a service-account token.
@@ -107,9 +110,12 @@ impl Issuer {
                 jwk.common.key_id = Some(kid.clone());
                 jwk.common.public_key_use = Some(jsonwebtoken::jwk::PublicKeyUse::Signature);
                 let decoding = DecodingKey::from_jwk(&jwk).map_err(|e| err(e.to_string()))?;
-                let signing =
-                    <p256::ecdsa::SigningKey as p256::pkcs8::DecodePrivateKey>::from_pkcs8_pem(pem)
-                        .map_err(|e| err(e.to_string()))?;
+                let signing = ring::signature::EcdsaKeyPair::from_pkcs8(
+                    &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+                    &pair.serialize_der(),
+                    &ring::rand::SystemRandom::new(),
+                )
+                .map_err(|e| err(e.to_string()))?;
                 Ok(Key {
                     kid,
                     signing,
@@ -124,6 +130,7 @@ impl Issuer {
         Ok(Issuer {
             url: url.into(),
             keys,
+            random: ring::rand::SystemRandom::new(),
         })
     }
 
@@ -172,11 +179,12 @@ impl Issuer {
         let mut token = b64_json(&header)?;
         token.push('.');
         token.push_str(&b64_json(&claims)?);
-        let signature: p256::ecdsa::Signature =
-            p256::ecdsa::signature::Signer::try_sign(&key.signing, token.as_bytes())
-                .map_err(|e| IssuerError::Sign(e.to_string()))?;
+        let signature = key
+            .signing
+            .sign(&self.random, token.as_bytes())
+            .map_err(|e| IssuerError::Sign(e.to_string()))?;
         token.push('.');
-        token.push_str(&B64URL.encode(signature.to_bytes()));
+        token.push_str(&B64URL.encode(signature.as_ref()));
         Ok(token)
     }
 

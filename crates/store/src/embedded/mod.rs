@@ -11,6 +11,7 @@
 //! read returns an object, and a watch sees a change only once that change is on disk; so however
 //! many requests write at once, each pays one shared fsync rather than one each.
 
+mod checkpoints;
 mod held;
 mod history;
 mod objectmeta;
@@ -135,6 +136,8 @@ pub struct EmbeddedStore {
     durable: watch::Sender<u64>,
     /// Wakes the syncer after a commit.
     sync_wanted: Arc<Notify>,
+    /// Wakes the checkpointer after changes are durable ([`checkpoints`]).
+    checkpoint_wanted: Arc<Notify>,
     /// Set when an fsync failed: nothing can be promised durable any more.
     sync_failed: std::sync::atomic::AtomicBool,
     wal_path: PathBuf,
@@ -187,7 +190,7 @@ impl EmbeddedStore {
         sql::prepare_database_file(data_dir, reinitialize)?;
         let opts = options(&path, SqliteSynchronous::Normal);
         let pool = migrated_pool(&path, &opts, 4).await?;
-        let writer = SqliteConnection::connect_with(&opts)
+        let writer = SqliteConnection::connect_with(&checkpoints::writer_options(opts.clone()))
             .await
             .map_err(|source| OpenError::Open {
                 path: path.clone(),
@@ -212,6 +215,7 @@ impl EmbeddedStore {
             durability,
             durable,
             sync_wanted: Arc::new(Notify::new()),
+            checkpoint_wanted: Arc::new(Notify::new()),
             sync_failed: std::sync::atomic::AtomicBool::new(false),
             wal_path,
             token_controller: RwLock::new(None),
@@ -219,6 +223,7 @@ impl EmbeddedStore {
             _lock: lock,
         });
         store.start_committer();
+        checkpoints::start(&store);
         let weak = Arc::downgrade(&store);
         let wake = store.sync_wanted.clone();
         tokio::spawn(
@@ -286,6 +291,7 @@ impl EmbeddedStore {
             *d = (*d).max(target);
             moved
         });
+        self.checkpoint_wanted.notify_one();
     }
 
     /// Waits until `rv` is on disk.
