@@ -4,8 +4,9 @@
 //! reconcile time in proportion to the number of pools (5% of the CPU converging 100,000
 //! LoadBalancers over 100 pools), for an answer that only changes when a pool does. Load balancers
 //! asking alike (same namespace, network, project, cluster, family and labels) share the answer
-//! while every cached pool is at the version it was read at: a digest of the cache's names, uids
-//! and resourceVersions, taken from the same read of the cache as the answer, tells.
+//! while what selection reads of every cached pool is as it was: a digest of it, taken from the
+//! same read of the cache as the answer, tells (not the pools' resourceVersions, which every
+//! allocation round moves).
 
 use std::{
     collections::HashMap,
@@ -37,22 +38,21 @@ struct Memo {
     chosen: HashMap<LbRequest, Result<String, SelectError>>,
 }
 
-/// Which pools, at which versions: changes whenever a pool is added, removed or written. A pool
-/// without a resourceVersion (never stored) counts by its content.
+/// What selection reads of the cached pools (their [`PoolEntry`]: name, spec, deletion and the
+/// annotations it honours), and nothing else: an allocation round writes a pool's status, and
+/// with it its resourceVersion, several times a second while load balancers are converging, and
+/// none of that changes an answer. Order-free: the cache lists its pools in no particular order.
 fn digest(pools: &[Arc<IPPool>]) -> u64 {
-    // Order-free: the cache lists its pools in no particular order.
     pools
         .iter()
         .map(|p| {
+            let entry = p.entry();
             let mut h = DefaultHasher::new();
-            p.metadata.name.hash(&mut h);
-            p.metadata.uid.hash(&mut h);
-            match &p.metadata.resource_version {
-                Some(rv) => rv.hash(&mut h),
-                None => serde_json::to_string(p.as_ref())
-                    .unwrap_or_default()
-                    .hash(&mut h),
-            }
+            entry.name.hash(&mut h);
+            entry.spec.hash(&mut h);
+            entry.deleting.hash(&mut h);
+            entry.options.skip_addresses.hash(&mut h);
+            entry.options.service_selector.hash(&mut h);
             h.finish()
         })
         .fold(pools.len() as u64, u64::wrapping_add)
@@ -174,6 +174,51 @@ mod tests {
             selections.select(&request("b"), &pools).as_deref(),
             Ok("other")
         );
+    }
+
+    /// An allocation round's status write (a new resourceVersion, a new status) leaves the answers
+    /// remembered; what selection reads (here the deletion and the service selector) does not.
+    #[test]
+    fn status_writes_keep_the_answers_and_selection_inputs_do_not() {
+        let mut writer = Writer::<IPPool>::default();
+        let pools = writer.as_reader();
+        writer.apply_watcher_event(&Event::Apply(pool("p", "a", 1, "1")));
+        let selections = Selections::default();
+        assert_eq!(selections.select(&request("a"), &pools).as_deref(), Ok("p"));
+        let remembered = lock(&selections.memo).pools;
+
+        let mut written = pool("p", "a", 1, "2");
+        written.status = Some(crate::ipam::PoolStatus {
+            allocated: [("10.0.0.1".to_string(), "ns/lb".to_string())].into(),
+            ..Default::default()
+        });
+        writer.apply_watcher_event(&Event::Apply(written.clone()));
+        assert_eq!(selections.select(&request("a"), &pools).as_deref(), Ok("p"));
+        assert_eq!(lock(&selections.memo).pools, remembered);
+        assert_eq!(lock(&selections.memo).chosen.len(), 1);
+
+        // Only load balancers labelled `tier=web` from now on.
+        written.metadata.resource_version = Some("3".into());
+        written.metadata.annotations = Some(
+            [(
+                crate::crd::keys::SERVICE_SELECTOR.to_string(),
+                "tier=web".to_string(),
+            )]
+            .into(),
+        );
+        writer.apply_watcher_event(&Event::Apply(written.clone()));
+        assert!(selections.select(&request("a"), &pools).is_err());
+        assert_ne!(lock(&selections.memo).pools, remembered);
+
+        // Deleting: offered to no new load balancer.
+        written.metadata.annotations = None;
+        written.metadata.resource_version = Some("4".into());
+        written.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        writer.apply_watcher_event(&Event::Apply(written));
+        assert!(selections.select(&request("a"), &pools).is_err());
     }
 
     #[test]
