@@ -36,26 +36,49 @@ struct Memo {
     /// The digest of the pool cache the answers were read from.
     pools: Option<u64>,
     chosen: HashMap<LbRequest, Result<String, SelectError>>,
+    /// The pools of the cache last read, each with its [`entry_digest`]: a pool the cache still
+    /// holds as the same `Arc` (it is immutable, and held here its address cannot be reused) is
+    /// not hashed again, so a read of an unchanged cache costs a pointer comparison per pool.
+    seen: Vec<(Arc<IPPool>, u64)>,
 }
 
-/// What selection reads of the cached pools (their [`PoolEntry`]: name, spec, deletion and the
+/// What selection reads of a cached pool (its [`PoolEntry`]: name, spec, deletion and the
 /// annotations it honours), and nothing else: an allocation round writes a pool's status, and
 /// with it its resourceVersion, several times a second while load balancers are converging, and
-/// none of that changes an answer. Order-free: the cache lists its pools in no particular order.
-fn digest(pools: &[Arc<IPPool>]) -> u64 {
-    pools
-        .iter()
-        .map(|p| {
-            let entry = p.entry();
-            let mut h = DefaultHasher::new();
-            entry.name.hash(&mut h);
-            entry.spec.hash(&mut h);
-            entry.deleting.hash(&mut h);
-            entry.options.skip_addresses.hash(&mut h);
-            entry.options.service_selector.hash(&mut h);
-            h.finish()
-        })
-        .fold(pools.len() as u64, u64::wrapping_add)
+/// none of that changes an answer.
+fn entry_digest(pool: &IPPool) -> u64 {
+    let entry = pool.entry();
+    let mut h = DefaultHasher::new();
+    entry.name.hash(&mut h);
+    entry.spec.hash(&mut h);
+    entry.deleting.hash(&mut h);
+    entry.options.skip_addresses.hash(&mut h);
+    entry.options.service_selector.hash(&mut h);
+    h.finish()
+}
+
+/// The digest of the cache's `pools`, order-free (the cache lists its pools in no particular
+/// order), reusing the digests of the pools `seen` last time at the same place, and remembering
+/// these for the next time.
+fn digest(seen: &mut Vec<(Arc<IPPool>, u64)>, pools: &[Arc<IPPool>]) -> u64 {
+    seen.truncate(pools.len());
+    let mut total = pools.len() as u64;
+    for (i, pool) in pools.iter().enumerate() {
+        let digest = match seen.get(i) {
+            Some((last, digest)) if Arc::ptr_eq(last, pool) => *digest,
+            _ => {
+                let digest = entry_digest(pool);
+                let fresh = (pool.clone(), digest);
+                match seen.get_mut(i) {
+                    Some(slot) => *slot = fresh,
+                    None => seen.push(fresh),
+                }
+                digest
+            }
+        };
+        total = total.wrapping_add(digest);
+    }
+    total
 }
 
 impl Selections {
@@ -66,9 +89,10 @@ impl Selections {
         pools: &Store<IPPool>,
     ) -> Result<String, Box<SelectError>> {
         let state = pools.state();
-        let version = digest(&state);
+        let version;
         {
-            let memo = lock(&self.memo);
+            let mut memo = lock(&self.memo);
+            version = digest(&mut memo.seen, &state);
             if memo.pools == Some(version)
                 && let Some(chosen) = memo.chosen.get(request)
             {
@@ -196,6 +220,10 @@ mod tests {
         assert_eq!(selections.select(&request("a"), &pools).as_deref(), Ok("p"));
         assert_eq!(lock(&selections.memo).pools, remembered);
         assert_eq!(lock(&selections.memo).chosen.len(), 1);
+        // The written pool is the one hashed, and held, now.
+        let held = lock(&selections.memo).seen.clone();
+        assert_eq!(held.len(), 1);
+        assert!(Arc::ptr_eq(&held[0].0, &pools.state()[0]));
 
         // Only load balancers labelled `tier=web` from now on.
         written.metadata.resource_version = Some("3".into());
