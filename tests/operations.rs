@@ -108,6 +108,16 @@ async fn start_slow_post(
     (conn, rest.to_string())
 }
 
+/// The metrics page's text.
+async fn scrape(metrics_url: &str) -> String {
+    reqwest::get(metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// Reads a response up to the end of its head and returns the status code.
 async fn read_status(conn: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> u16 {
     let mut got = Vec::new();
@@ -222,12 +232,7 @@ async fn metrics_on_their_own_port() {
     let allocated_key = r#"harvester_cloud_ippool_allocated_addresses{pool="metrics-pool"}"#;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
-        let text = reqwest::get(&server.metrics_url)
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = scrape(&server.metrics_url).await;
         // The pool task allocates while the load balancer's reconcile is still under way, and that
         // reconcile is timed only once it has written the status: wait for both.
         let reconciled = |controller: &str| {
@@ -902,12 +907,7 @@ async fn slow_clients_neither_starve_others_nor_hold_a_shutdown() {
     // a moment before the count: the count is waited for, within the tests' patience.
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let metrics = reqwest::get(&server.metrics_url)
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = scrape(&server.metrics_url).await;
         let timed_out = harvester_cloud::metrics::sample(
             &metrics,
             "harvester_cloud_http_connections_refused_total{reason=\"handshake_timeout\"}",
@@ -982,12 +982,7 @@ async fn a_busy_keep_alive_connection_outlives_the_header_timeout() {
         !connection.is_finished(),
         "the server closed the connection"
     );
-    let metrics = reqwest::get(&server.metrics_url)
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = scrape(&server.metrics_url).await;
     assert_eq!(
         harvester_cloud::metrics::sample(
             &metrics,
@@ -1031,12 +1026,7 @@ async fn the_connection_limit_holds_new_clients_until_a_slot_frees() {
         .await
         .expect("served once a slot frees");
     assert_eq!(r.status(), 200);
-    let metrics = reqwest::get(&server.metrics_url)
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = scrape(&server.metrics_url).await;
     assert!(
         harvester_cloud::metrics::sample(
             &metrics,
