@@ -92,6 +92,7 @@ pub(crate) fn generate_key_pem() -> Result<String, IssuerError> {
 impl Issuer {
     /// `keys` are PKCS#8 PEM P-256 keys, oldest first; the last one signs.
     pub fn new(url: impl Into<String>, keys: &[String]) -> Result<Self, IssuerError> {
+        let random = ring::rand::SystemRandom::new();
         let keys = keys
             .iter()
             .enumerate()
@@ -113,7 +114,7 @@ impl Issuer {
                 let signing = ring::signature::EcdsaKeyPair::from_pkcs8(
                     &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
                     &pair.serialize_der(),
-                    &ring::rand::SystemRandom::new(),
+                    &random,
                 )
                 .map_err(|e| err(e.to_string()))?;
                 Ok(Key {
@@ -130,7 +131,7 @@ impl Issuer {
         Ok(Issuer {
             url: url.into(),
             keys,
-            random: ring::rand::SystemRandom::new(),
+            random,
         })
     }
 

@@ -14,7 +14,7 @@
 use std::{sync::Arc, time::Duration};
 
 use sqlx::sqlite::SqliteConnectOptions;
-use tracing::{Instrument, warn};
+use tracing::warn;
 
 use super::EmbeddedStore;
 
@@ -33,31 +33,23 @@ pub(super) fn writer_options(options: SqliteConnectOptions) -> SqliteConnectOpti
 
 /// Starts the checkpointer of `store`; it ends with the store.
 pub(super) fn start(store: &Arc<EmbeddedStore>) {
-    let weak = Arc::downgrade(store);
-    let wanted = store.checkpoint_wanted.clone();
-    tokio::spawn(
-        async move {
-            loop {
-                // A notification sent meanwhile leaves a permit, so none is lost.
-                wanted.notified().await;
-                {
-                    // Only a weak reference between rounds, so dropping the store ends the task.
-                    let Some(store) = weak.upgrade() else { return };
-                    if store.pool.is_closed() {
-                        return;
-                    }
-                    if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-                        .execute(&store.pool)
-                        .await
-                        && !store.pool.is_closed()
-                    {
-                        warn!(error = %e, "checkpoint of the write-ahead log failed; the writer checkpoints past its backstop");
-                    }
-                }
-                tokio::time::sleep(INTERVAL).await;
+    store.spawn_rounds(
+        store.checkpoint_wanted.clone(),
+        INTERVAL,
+        tracing::info_span!("wal_checkpointer"),
+        |store| async move {
+            if store.pool.is_closed() {
+                return false;
             }
-        }
-        .instrument(tracing::info_span!("wal_checkpointer")),
+            if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                .execute(&store.pool)
+                .await
+                && !store.pool.is_closed()
+            {
+                warn!(error = %e, "checkpoint of the write-ahead log failed; the writer checkpoints past its backstop");
+            }
+            true
+        },
     );
 }
 

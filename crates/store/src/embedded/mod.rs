@@ -224,27 +224,52 @@ impl EmbeddedStore {
         });
         store.start_committer();
         checkpoints::start(&store);
-        let weak = Arc::downgrade(&store);
-        let wake = store.sync_wanted.clone();
+        store.spawn_rounds(
+            store.sync_wanted.clone(),
+            std::time::Duration::ZERO,
+            tracing::info_span!("wal_syncer"),
+            |store| async move {
+                while *store.durable.borrow() < store.read().rv
+                    && !store.sync_failed.load(std::sync::atomic::Ordering::SeqCst)
+                {
+                    store.sync_round().await;
+                }
+                true
+            },
+        );
+        Ok(store)
+    }
+
+    /// Runs the store's background task `round` each time `wake` is notified (a notification sent
+    /// while a round runs leaves a permit, so none is lost), then waits `pause` before waiting for
+    /// the next. The task holds only a weak reference between rounds, so dropping the store ends
+    /// it; so does a round that returns false.
+    fn spawn_rounds<F, Fut>(
+        self: &Arc<Self>,
+        wake: Arc<Notify>,
+        pause: std::time::Duration,
+        span: tracing::Span,
+        round: F,
+    ) where
+        F: Fn(Arc<Self>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = bool> + Send,
+    {
+        let weak = Arc::downgrade(self);
         tokio::spawn(
             async move {
                 loop {
-                    {
-                        // Only a weak reference between rounds, so dropping the store ends the task.
-                        let Some(store) = weak.upgrade() else { return };
-                        while *store.durable.borrow() < store.read().rv
-                            && !store.sync_failed.load(std::sync::atomic::Ordering::SeqCst)
-                        {
-                            store.sync_round().await;
-                        }
-                    }
-                    // A notification sent while syncing leaves a permit, so none is lost.
                     wake.notified().await;
+                    let Some(store) = weak.upgrade() else { return };
+                    if !round(store).await {
+                        return;
+                    }
+                    if !pause.is_zero() {
+                        tokio::time::sleep(pause).await;
+                    }
                 }
             }
-            .instrument(tracing::info_span!("wal_syncer")),
+            .instrument(span),
         );
-        Ok(store)
     }
 
     /// One group-commit round: makes every committed change durable, then publishes it.

@@ -256,29 +256,32 @@ pub(super) async fn commit(
     let mut statements = Vec::with_capacity(rows.len());
     let mut pending: Vec<(&StateRow, &str)> = Vec::new();
     for (row, body) in rows.iter().zip(bodies) {
-        match (&row.stored, body) {
-            (Stored::Whole, Some(body)) => {
+        match &row.stored {
+            Stored::Whole => {
+                // A deletion ends the run of upserts, so that statements stay in the rows' order.
+                if body.is_none() {
+                    flush_upserts(&mut sql, &mut statements, &mut pending);
+                }
                 // Whatever was patched of the object before is in this row (a new object has
                 // nothing patched: its name's last object, if any, was deleted).
                 if row.change != ChangeType::Added {
                     sql.push_str(DROP_PATCHES);
                     statements.push((*row, Binds::Key));
                 }
-                pending.push((*row, body.as_str()));
-                if pending.len() == UPSERT_ROWS {
-                    flush_upserts(&mut sql, &mut statements, &mut pending);
+                match body {
+                    None => {
+                        sql.push_str(DELETE_ROW);
+                        statements.push((*row, Binds::Key));
+                    }
+                    Some(body) => {
+                        pending.push((*row, body.as_str()));
+                        if pending.len() == UPSERT_ROWS {
+                            flush_upserts(&mut sql, &mut statements, &mut pending);
+                        }
+                    }
                 }
             }
-            (Stored::Whole, None) => {
-                flush_upserts(&mut sql, &mut statements, &mut pending);
-                if row.change != ChangeType::Added {
-                    sql.push_str(DROP_PATCHES);
-                    statements.push((*row, Binds::Key));
-                }
-                sql.push_str(DELETE_ROW);
-                statements.push((*row, Binds::Key));
-            }
-            (Stored::Patch { patch, .. }, _) => {
+            Stored::Patch { patch, .. } => {
                 flush_upserts(&mut sql, &mut statements, &mut pending);
                 sql.push_str(INSERT_PATCH);
                 statements.push((*row, Binds::Patch(patch)));

@@ -14,7 +14,6 @@
 use std::{collections::VecDeque, sync::Arc};
 
 use tokio::sync::oneshot;
-use tracing::Instrument;
 
 use super::{
     Ack, Durability, EmbeddedStore, closed,
@@ -153,21 +152,14 @@ impl EmbeddedStore {
 
     /// Starts the committer task; it ends once the store is dropped.
     pub(super) fn start_committer(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
-        let wake = self.commit_wanted.clone();
-        tokio::spawn(
-            async move {
-                loop {
-                    {
-                        // Only a weak reference between rounds, so dropping the store ends the task.
-                        let Some(store) = weak.upgrade() else { return };
-                        while store.commit_batch().await {}
-                    }
-                    // A notification sent while committing leaves a permit, so none is lost.
-                    wake.notified().await;
-                }
-            }
-            .instrument(tracing::info_span!("committer")),
+        self.spawn_rounds(
+            self.commit_wanted.clone(),
+            std::time::Duration::ZERO,
+            tracing::info_span!("committer"),
+            |store| async move {
+                while store.commit_batch().await {}
+                true
+            },
         );
     }
 
