@@ -8,6 +8,10 @@
 //!
 //! `cargo bench --bench guest_converge` (optionally `-- <services> <guest concurrency>`).
 
+#[path = "support/usage.rs"]
+#[allow(dead_code)]
+mod usage;
+
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,
@@ -173,7 +177,9 @@ async fn run(services: usize, concurrency: u16) {
         panic!("the watch ended");
     });
 
+    usage::profile_window(true);
     let started = Instant::now();
+    let cpu_before = usage::own().cpu;
     let created = futures::stream::iter(0..services)
         .map(|i| {
             let (router, token) = (router.clone(), token.clone());
@@ -203,6 +209,8 @@ async fn run(services: usize, concurrency: u16) {
         .await
         .expect("the watch runs until every Service has its address");
     let converged = started.elapsed();
+    let cpu = usage::own().cpu - cpu_before;
+    usage::profile_window(false);
     let ips = addresses.await.expect("the watch task ends");
 
     let distinct: HashSet<&String> = ips.iter().collect();
@@ -222,6 +230,10 @@ async fn run(services: usize, concurrency: u16) {
         all_created.as_secs_f64(),
         converged.as_secs_f64(),
         services as f64 / converged.as_secs_f64()
+    );
+    println!(
+        "CPU from the first PUT to the last address: {cpu:.2} s, {:.2} ms per Service",
+        1000.0 * cpu / services as f64
     );
     let relists: Vec<String> = harvester_cloud::metrics::encode()
         .lines()

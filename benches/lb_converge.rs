@@ -203,6 +203,7 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
         setup.elapsed()
     );
 
+    usage::profile_window(true);
     let start = Instant::now();
     let cpu_before = usage::own().cpu;
     let store = EmbeddedStore::open(dir.path(), Durability::Full)
@@ -279,6 +280,7 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
     }
     let took = start.elapsed();
     let cpu = usage::own().cpu - cpu_before;
+    usage::profile_window(false);
     // Events are written behind the reconciles (best effort): how many kept pace.
     let event_list = dyn_store
         .list(

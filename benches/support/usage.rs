@@ -54,3 +54,23 @@ pub fn usage(pid: u32) -> Usage {
 pub fn own() -> Usage {
     usage(std::process::id())
 }
+
+/// Marks the start (`true`) or the end (`false`) of the part of a bench worth profiling, for
+/// `perf record --delay=-1 --control=fifo:<path>` with `BENCH_PERF_CTL=<path>` set: perf then samples
+/// only the timed part, not the set-up before it or the teardown after it. Does nothing without
+/// the variable.
+pub fn profile_window(open: bool) {
+    use std::io::Write;
+    let Some(path) = std::env::var_os("BENCH_PERF_CTL") else {
+        return;
+    };
+    let command: &[u8] = if open { b"enable\n" } else { b"disable\n" };
+    match std::fs::OpenOptions::new().write(true).open(&path) {
+        Ok(mut fifo) => {
+            if let Err(e) = fifo.write_all(command) {
+                eprintln!("BENCH_PERF_CTL {}: {e}", path.to_string_lossy());
+            }
+        }
+        Err(e) => eprintln!("BENCH_PERF_CTL {}: {e}", path.to_string_lossy()),
+    }
+}
