@@ -7,6 +7,17 @@
 //! tests and the benches name them one way.
 #![forbid(unsafe_code)]
 
+/// The process's allocator, for the service and for every test and bench that links it: jemalloc
+/// rather than glibc's malloc, for Rust's allocations and (unprefixed) SQLite's. The reconcilers,
+/// the guest controllers and the embedded store allocate and free many small JSON nodes from
+/// several threads; under glibc's allocator about a third of the CPU went to malloc and free, and
+/// the more so the larger the heap (consolidating and unlinking chunks, waiting on arena locks), so
+/// the CPU per LoadBalancer grew with their number. `benches/lb-results.md` has the profiles and
+/// the figures; mimalloc, tried before, raised the peak RSS of the Kubernetes backend, jemalloc
+/// does not.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 pub mod app;
 pub mod certs;
 pub mod cli;
