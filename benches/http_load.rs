@@ -270,7 +270,7 @@ fn main() {
             rates.push(rate);
         }
         println!(
-            "GET kubeconfig / healthz = {:.0}% (target >= 50%);  POST new accounts = {:.0}/s (target >= 2,000/s; Harvester: <= 1/s per request)",
+            "GET kubeconfig / healthz = {:.0}% (target >= 75%);  POST new accounts = {:.0}/s (target >= 2,000/s; Harvester: <= 1/s per request)",
             100.0 * rates[1] / rates[0],
             rates[2]
         );
