@@ -14,7 +14,9 @@
 /// the more so the larger the heap (consolidating and unlinking chunks, waiting on arena locks), so
 /// the CPU per LoadBalancer grew with their number. `benches/lb-results.md` has the profiles and
 /// the figures; mimalloc, tried before, raised the peak RSS of the Kubernetes backend, jemalloc
-/// does not.
+/// does not. Off without the default `jemalloc` feature (the fuzz targets: their sanitizers
+/// replace malloc themselves).
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
