@@ -49,6 +49,8 @@ command -v cloud-init >/dev/null || _tt_need+=(cloud-init)
 command -v jq >/dev/null || _tt_need+=(jq)
 command -v curl >/dev/null || _tt_need+=(curl)
 command -v sqlite3 >/dev/null || _tt_need+=(sqlite3)
+# The service's allocator (jemalloc, tikv-jemalloc-sys) builds its C library with make.
+command -v make >/dev/null || _tt_need+=(make)
 command -v npm >/dev/null || _tt_need+=(npm)
 [ -x /usr/bin/chromium ] || _tt_need+=(chromium)
 python3 -c 'import venv, ensurepip' 2>/dev/null || _tt_need+=(python3-venv)
