@@ -58,10 +58,7 @@ use crate::{
         kinds::{VirtualMachine, VirtualMachineInstance, vmi_kind},
         lb_api, lb_kind, pool_api, pool_kind,
     },
-    store::{
-        Api, Kind, ObjectStore,
-        watcher::{watcher, watcher_skipping},
-    },
+    store::{Api, Kind, ObjectStore, watcher::watcher},
     sync::lock,
 };
 
@@ -404,28 +401,23 @@ pub(crate) async fn run_controllers(
     // Readers kept to tell, at shutdown, whether each cache ever filled (see `until_stopped`).
     let (pool_cache, lb_cache, vm_cache) =
         (pool_reader.clone(), lb_reader.clone(), vm_reader.clone());
-    // A pool task's own status writes (several a second per busy pool, each a status of up to
-    // thousands of entries) are known to it: they are left out before they are decoded, and so
-    // reconcile nothing. The pool cache keeps the version before them, which is all its readers
-    // need: selection reads a pool's spec, annotations and deletion, which those writes do not
-    // change, and the pool reconcile reads the status afresh and writes conditionally. A deleting
-    // pool's are not left out: the release of its last address is what lets it go.
-    let own_write: store::watcher::Known = Box::new({
-        let ctx = pool_ctx.clone();
-        move |pool| {
-            let meta = &pool["metadata"];
-            meta.get("deletionTimestamp").is_none_or(|t| t.is_null())
-                && ctx.pools.wrote_version(
-                    meta["name"].as_str().unwrap_or_default(),
-                    meta["resourceVersion"].as_str().unwrap_or_default(),
-                )
-        }
-    });
+    // A pool task's own status writes (one per allocation round) are known to it: reconciling the
+    // pool for each would read and decode its whole status again. A deleting pool's are not
+    // skipped: the release of its last address is what lets it go.
     let pool_stream = reflector::reflector(
         pool_writer,
-        watcher_skipping::<IPPool>(store.clone(), pool_kind(), None, own_write),
+        watcher::<IPPool>(store.clone(), pool_kind(), None),
     )
-    .applied_objects();
+    .applied_objects()
+    .filter({
+        let ctx = pool_ctx.clone();
+        move |pool| {
+            let own = pool
+                .as_ref()
+                .is_ok_and(|p| !p.is_deleting() && ctx.pools.wrote(p));
+            std::future::ready(!own)
+        }
+    });
     let pools = Controller::for_stream(pool_stream, pool_reader)
         .graceful_shutdown_on(shutdown())
         .run(

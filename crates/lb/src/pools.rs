@@ -228,19 +228,12 @@ impl Pools {
     /// change (a status write of an allocation round) is already known to the task and calls for
     /// no pool reconcile.
     pub fn wrote(&self, pool: &IPPool) -> bool {
-        pool.metadata
-            .resource_version
-            .as_deref()
-            .is_some_and(|version| self.wrote_version(pool.name(), version))
-    }
-
-    /// [`Self::wrote`], by the pool's name and resourceVersion (as a watcher reads them before it
-    /// decodes the pool).
-    pub fn wrote_version(&self, pool: &str, version: &str) -> bool {
-        !version.is_empty()
-            && lock(&self.written)
-                .get(pool)
-                .is_some_and(|written| written.iter().any(|v| v == version))
+        let Some(version) = pool.metadata.resource_version.as_deref() else {
+            return false;
+        };
+        lock(&self.written)
+            .get(pool.name())
+            .is_some_and(|written| written.iter().any(|v| v == version))
     }
 
     fn sender(&self, pool: &str) -> mpsc::UnboundedSender<Request> {

@@ -32,15 +32,11 @@ enum State {
     },
 }
 
-/// Whether a watched change is one the caller knows already (see [`watcher_skipping`]).
-pub type Known = Box<dyn Fn(&serde_json::Value) -> bool + Send + Sync>;
-
 struct Source {
     store: Arc<dyn ObjectStore>,
     kind: Kind,
     namespace: Option<String>,
     failures: u32,
-    known: Option<Known>,
 }
 
 impl Source {
@@ -102,44 +98,12 @@ pub fn watcher<K>(
 where
     K: Object + Debug,
 {
-    stream_of(Source {
+    let source = Source {
         store,
         kind,
         namespace,
         failures: 0,
-        known: None,
-    })
-}
-
-/// [`watcher`], less the modifications that `known` says the caller made itself and needs no
-/// event for, left out before they are decoded: a caller that writes an object often (an IP pool's
-/// allocation rounds, each a new status of thousands of entries) would otherwise decode each of
-/// its own writes only to drop it. What a cache fed by this stream holds of such an object is then
-/// the last version not left out: older than the store's, so a write from it must be conditional
-/// on its resourceVersion (every write through `modify` is, and re-reads on a conflict). Lists,
-/// additions and deletions are never left out.
-pub fn watcher_skipping<K>(
-    store: Arc<dyn ObjectStore>,
-    kind: Kind,
-    namespace: Option<String>,
-    known: Known,
-) -> impl Stream<Item = Result<Event<K>, WatchError>> + Send + 'static
-where
-    K: Object + Debug,
-{
-    stream_of(Source {
-        store,
-        kind,
-        namespace,
-        failures: 0,
-        known: Some(known),
-    })
-}
-
-fn stream_of<K>(source: Source) -> impl Stream<Item = Result<Event<K>, WatchError>> + Send + 'static
-where
-    K: Object + Debug,
-{
+    };
     stream::unfold((source, State::Listing), |(mut source, state)| async move {
         let (items, next) = step::<K>(&mut source, state).await;
         Some((stream::iter(items), (source, next)))
@@ -245,14 +209,6 @@ async fn step<K: Object + Debug>(
 }
 
 fn event_of<K: Object + Debug>(source: &Source, change: &Change) -> Option<Event<K>> {
-    if change.change == ChangeType::Modified
-        && source
-            .known
-            .as_ref()
-            .is_some_and(|known| known(&change.object))
-    {
-        return None;
-    }
     let object = source.decode::<K>(&change.object)?;
     Some(match change.change {
         ChangeType::Added | ChangeType::Modified => Event::Apply(object),
@@ -373,71 +329,6 @@ mod tests {
                 assert_eq!(cm.metadata.managed_fields, None, "{:?}", cm.metadata.name);
             }
         }
-    }
-
-    /// The modifications `known` claims are left out (the version before stays what the caller
-    /// sees); listed, added and deleted objects never are, whatever it says, and neither is a
-    /// modification it does not claim.
-    #[tokio::test]
-    async fn known_modifications_are_left_out() {
-        let (_dir, dyn_store) = open().await;
-        let api = Api::<ConfigMap>::new(dyn_store.clone());
-        let data = |cm: &mut ConfigMap, v: &str| {
-            cm.data = Some([("v".to_string(), v.to_string())].into());
-        };
-        let mut listed = mk_cm("own-listed");
-        data(&mut listed, "known");
-        api.create(&listed).await.expect("create");
-        // Claims every object whose data says "known".
-        let known: Known = Box::new(|v| v["data"]["v"] == "known");
-        let events =
-            watcher_skipping::<ConfigMap>(dyn_store.clone(), Kind::of::<ConfigMap>(), None, known);
-        tokio::pin!(events);
-        let mut seen = Vec::new();
-        for _ in 0..3 {
-            seen.push(events.next().await.expect("event").expect("ok"));
-        }
-        let mut added = mk_cm("own-added");
-        data(&mut added, "known");
-        let added = api.create(&added).await.expect("create");
-        let mut theirs = added.clone();
-        data(&mut theirs, "theirs");
-        let theirs = api.replace(&theirs).await.expect("replace");
-        let mut mine = theirs.clone();
-        data(&mut mine, "known");
-        api.replace(&mine).await.expect("replace");
-        api.delete("ns", "own-added", &Preconditions::default())
-            .await
-            .expect("delete");
-        // A last change, so that anything left out would have come before it.
-        api.create(&mk_cm("last")).await.expect("create");
-        for _ in 0..4 {
-            seen.push(events.next().await.expect("event").expect("ok"));
-        }
-        assert_eq!(
-            names(&seen),
-            [
-                "init",
-                "initapply:own-listed",
-                "initdone",
-                "apply:own-added",
-                "apply:own-added",
-                "delete:own-added",
-                "apply:last",
-            ]
-        );
-        let Event::Apply(modified) = &seen[4] else {
-            unreachable!("checked above")
-        };
-        assert_eq!(
-            modified
-                .data
-                .as_ref()
-                .and_then(|d| d.get("v"))
-                .map(String::as_str),
-            Some("theirs"),
-            "the modification not claimed is the one yielded"
-        );
     }
 
     fn relists() -> f64 {
