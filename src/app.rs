@@ -170,7 +170,7 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
     ));
     // Pools' networks must name existing NetworkAttachmentDefinitions, as upstream's mutator wants.
     let admitted = Arc::new(admitted(store.clone(), NetworkCheck::Require));
-    let state = AppState {
+    let state = AppState::new(http::StateParts {
         cloud_config,
         authenticator: Arc::new(KubeAuthenticator::new(
             client.clone(),
@@ -188,7 +188,7 @@ pub async fn open_kube(args: &ServeArgs) -> anyhow::Result<Service> {
         vms: None,
         store,
         issuer: None,
-    };
+    });
     Ok(Service {
         state,
         tls: certs::serving(args, None)?,
@@ -249,7 +249,7 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
     let admitted = Arc::new(admitted(dyn_store.clone(), NetworkCheck::Skip));
     // Guest clusters' LoadBalancers go through the same admission as the API's.
     let guests = http::rest::kinds::GuestClusters::new(dyn_store.clone(), admitted.clone());
-    let state = AppState {
+    let state = AppState::new(http::StateParts {
         cloud_config,
         authenticator: Arc::new(
             EmbeddedAuthenticator::new(store.pool().clone(), data_dir)
@@ -262,7 +262,7 @@ pub async fn open_embedded(global: &GlobalArgs, args: &ServeArgs) -> anyhow::Res
         issuer: Some(issuer),
         // No API server calls them here, and an open one would only be an oracle of the pools.
         webhooks: http::WebhookAccess::Off,
-    };
+    });
     let closing = store.clone();
     Ok(Embedded {
         service: Service {
