@@ -13,7 +13,7 @@ use std::{
     process::{Child, Command, Stdio},
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -26,6 +26,9 @@ use support::{
 
 const LOAD_BALANCERS: usize = 500;
 const WORKERS: usize = 16;
+/// Operations the workers finish in each life of the service before it may be killed again (of
+/// about 720 in all).
+const PROGRESS_PER_LIFE: usize = 4;
 /// A guard against a hang, not a performance bound.
 const PATIENCE: Duration = Duration::from_secs(120);
 
@@ -51,6 +54,9 @@ impl Service {
                 "--http",
                 "--listen",
                 &format!("127.0.0.1:{}", self.port),
+                // Not the default 9090: another test's service (or one left behind) may hold it.
+                "--metrics-listen",
+                "127.0.0.1:0",
                 "--vip",
                 "127.0.0.1",
             ])
@@ -357,16 +363,26 @@ async fn sigkill_during_churn_loses_and_duplicates_nothing() {
         .map(|i| format!("default/lb{i}"))
         .collect();
     let working = Arc::new(AtomicBool::new(true));
+    // Operations the workers have finished: the killer lets each life of the service finish a few,
+    // so that the churn ends. A kill at a fixed pace alone could starve it: on a busy machine, a
+    // debug build's start and its reconcilers' first pass can take longer than the pace, and
+    // then a deletion (which waits for its reconcile) is interrupted again and again (one run made
+    // 900 restarts in six minutes, where others finish in one).
+    let finished = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();
     for w in 0..WORKERS {
         let client = client.clone();
+        let finished = finished.clone();
         workers.push(tokio::spawn(async move {
             for i in (w..LOAD_BALANCERS).step_by(WORKERS) {
                 create(&client, i).await;
+                finished.fetch_add(1, Ordering::SeqCst);
                 if i % 3 == 0 {
                     delete(&client, i).await;
+                    finished.fetch_add(1, Ordering::SeqCst);
                     if i % 9 == 0 {
                         create(&client, i).await;
+                        finished.fetch_add(1, Ordering::SeqCst);
                     }
                 }
             }
@@ -378,7 +394,13 @@ async fn sigkill_during_churn_loses_and_duplicates_nothing() {
         tokio::spawn(async move {
             let mut kills = 0;
             while working.load(Ordering::SeqCst) || kills < 5 {
+                let before = finished.load(Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(rand::random_range(50..250))).await;
+                while working.load(Ordering::SeqCst)
+                    && finished.load(Ordering::SeqCst) < before + PROGRESS_PER_LIFE
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 service.kill();
                 kills += 1;
                 service.spawn();
