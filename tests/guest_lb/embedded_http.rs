@@ -163,6 +163,7 @@ async fn events_are_listed() {
         "Ensured load balancer {NS}/{} with address {ip}",
         lb_name(&svc)
     );
+    let mut seen = Vec::new();
     let items = eventually("both events over HTTP", async || {
         let list = ok(
             call(&env.b, Method::GET, &events_path, None).await,
@@ -178,6 +179,11 @@ async fn events_are_listed() {
             .filter(|e| e["reason"] != reconcile::reason::SYNC_FAILED)
             .collect();
         let reasons: Vec<&str> = items.iter().filter_map(|e| e["reason"].as_str()).collect();
+        if reasons != seen {
+            // What a failure shows: the reasons listed, as they changed.
+            eprintln!("events listed: {reasons:?}");
+            seen = reasons.iter().map(|r| r.to_string()).collect();
+        }
         (reasons == [reconcile::reason::ENSURED, reconcile::reason::DELETED]).then_some(items)
     })
     .await;

@@ -39,8 +39,10 @@ pub(crate) const EVENT_TTL: Duration = Duration::from_secs(3600);
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
 /// Events waiting to be written; beyond this they are dropped.
 const QUEUE: usize = 16_384;
-/// Events written at once.
+/// Events written at once (each in its own lane: see [`write_in_lanes`]).
 const WRITERS: usize = 8;
+/// Events a lane holds before the queue waits for it.
+const LANE: usize = 256;
 /// How long the writer keeps writing the Events queued when it is stopped.
 const DRAIN: Duration = Duration::from_secs(5);
 
@@ -208,28 +210,72 @@ async fn write_events(
             }
         }
     };
-    let write = async {
-        let mut events = tokio_stream::wrappers::ReceiverStream::new(rx);
-        (&mut events)
-            .take_until(stop.cancelled())
-            .for_each_concurrent(WRITERS, write_one)
-            .await;
-        // Stopped: what was recorded until now (a reconciler's last word) is still written, for a
-        // bounded time; later records are refused.
-        events.close();
-        if tokio::time::timeout(DRAIN, events.for_each_concurrent(WRITERS, write_one))
-            .await
-            .is_err()
-        {
-            warn!("events still queued at the stop were dropped");
-        }
-    };
     // The writer ends when every Recorder is gone (or on `stop`); pruning goes with it.
     tokio::select! {
         _ = prune => {},
-        _ = write => {},
+        _ = write_in_lanes(rx, stop, write_one) => {},
     }
     debug!("event writer stopped");
+}
+
+/// The lane an Event is written in: one per involved object, so that object's Events are stored
+/// (and get their resourceVersions) in the order they were recorded.
+fn lane_of(event: &Event) -> usize {
+    use std::hash::{Hash, Hasher};
+    let o = &event.involved_object;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (&o.uid, &o.namespace, &o.name, &o.kind).hash(&mut h);
+    (h.finish() % WRITERS as u64) as usize
+}
+
+/// Writes the queued Events with `write`, [`WRITERS`] at once but one at a time per object: the
+/// Events of one object must list in the order they happened, and with timestamps of whole seconds
+/// only the store's order tells two of one second apart (a "deleted" written before the "ensured"
+/// it follows would read backwards). On `stop`, what was recorded until then is still written, for
+/// up to [`DRAIN`]; later records are refused.
+async fn write_in_lanes<F, Fut>(mut rx: mpsc::Receiver<Event>, stop: CancellationToken, write: F)
+where
+    F: Fn(Event) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut lanes = Vec::with_capacity(WRITERS);
+    let mut writers = futures::stream::FuturesUnordered::new();
+    for _ in 0..WRITERS {
+        let (tx, mut lane) = mpsc::channel::<Event>(LANE);
+        lanes.push(tx);
+        let write = &write;
+        writers.push(async move {
+            while let Some(event) = lane.recv().await {
+                write(event).await;
+            }
+        });
+    }
+    let dispatch = async {
+        loop {
+            let event = tokio::select! {
+                biased;
+                event = rx.recv() => event,
+                _ = stop.cancelled() => None,
+            };
+            let Some(event) = event else { break };
+            // A lane only closes when this loop has ended.
+            let _ = lanes[lane_of(&event)].send(event).await;
+        }
+        rx.close();
+        while let Some(event) = rx.recv().await {
+            let _ = lanes[lane_of(&event)].send(event).await;
+        }
+        drop(lanes);
+    };
+    let work = futures::future::join(dispatch, async { while writers.next().await.is_some() {} });
+    tokio::pin!(work);
+    tokio::select! {
+        _ = &mut work => return,
+        _ = stop.cancelled() => {}
+    }
+    if tokio::time::timeout(DRAIN, work).await.is_err() {
+        warn!("events still queued at the stop were dropped");
+    }
 }
 
 async fn prune_old(api: &Api<Event>) {
@@ -332,6 +378,78 @@ mod tests {
             last_timestamp: Some(Time(at)),
             ..Default::default()
         }
+    }
+
+    fn about(object: &str, reason: &str) -> Event {
+        Event {
+            involved_object: ObjectReference {
+                kind: Some("Service".into()),
+                namespace: Some("default".into()),
+                name: Some(object.into()),
+                uid: Some(format!("uid-{object}")),
+                ..Default::default()
+            },
+            reason: Some(reason.into()),
+            ..Default::default()
+        }
+    }
+
+    /// Two Events about one object are written in the order recorded even when the first write is
+    /// slow, while another object's Event does not wait for them.
+    #[tokio::test]
+    async fn one_object_s_events_are_written_in_order() {
+        let other = (0..)
+            .map(|i| format!("other-{i}"))
+            .find(|o| lane_of(&about(o, "")) != lane_of(&about("web", "")))
+            .expect("some name takes another lane");
+        let (tx, rx) = mpsc::channel(QUEUE);
+        for event in [
+            about("web", "Ensured"),
+            about("web", "Deleted"),
+            about(&other, "Other"),
+        ] {
+            tx.send(event).await.expect("queued");
+        }
+        drop(tx);
+        let written = std::sync::Mutex::new(Vec::new());
+        write_in_lanes(rx, CancellationToken::new(), |event: Event| {
+            let written = &written;
+            async move {
+                let reason = event.reason.expect("reason");
+                if reason == "Ensured" {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                written.lock().expect("not poisoned").push(reason);
+            }
+        })
+        .await;
+        assert_eq!(
+            written.into_inner().expect("not poisoned"),
+            ["Other", "Ensured", "Deleted"]
+        );
+    }
+
+    /// On stop, the Events already queued are still written; the writer then ends.
+    #[tokio::test]
+    async fn queued_events_are_written_after_the_stop() {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        for i in 0..20 {
+            tx.send(about(&format!("svc-{i}"), "Ensured"))
+                .await
+                .expect("queued");
+        }
+        let stop = CancellationToken::new();
+        stop.cancel();
+        let written = AtomicU64::new(0);
+        write_in_lanes(rx, stop, |_| {
+            let written = &written;
+            async move {
+                written.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+        .await;
+        assert_eq!(written.load(Ordering::Relaxed), 20);
+        assert!(tx.is_closed(), "later records are refused");
     }
 
     #[tokio::test]
