@@ -442,10 +442,20 @@ async fn sigkill_during_churn_loses_and_duplicates_nothing() {
             Ok(()) => break,
             Err(why) => last = why,
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no convergence after {kills} kills: {last}"
-        );
+        if tokio::time::Instant::now() >= deadline {
+            // What the last life of the service logged: the temporary directory goes with the
+            // test, so a failure in CI keeps only what is printed.
+            let log = service.data_dir.join(format!("run-{}.log", service.starts));
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!(
+                "the last {} lines of {}:\n{}",
+                lines.len().min(80),
+                log.display(),
+                lines[lines.len().saturating_sub(80)..].join("\n")
+            );
+            panic!("no convergence after {kills} kills: {last}");
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(kills >= 5, "the service was killed {kills} times");
