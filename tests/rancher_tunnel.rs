@@ -228,7 +228,12 @@ async fn a_changed_secret_ends_the_connected_state() {
     let peer = Peer::start("right");
     let client = Client::start(&peer, "right");
     connected(&peer).await;
-    assert!(client.stats.connected.load(Ordering::SeqCst));
+    // The peer holds the session once it has answered the upgrade; the tunnel says connected
+    // once it has read that answer, a moment later.
+    eventually("the tunnel to say it is connected", async || {
+        client.stats.connected.load(Ordering::SeqCst).then_some(())
+    })
+    .await;
     client.endpoints.send_replace(Some(Endpoint {
         url: peer.url(),
         token: "wrong".into(),
