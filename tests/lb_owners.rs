@@ -22,7 +22,7 @@ use support::{
     Backend, EmbeddedBackend, KubeBackend, call, eventually,
     lb::{
         LBS, POOLS, Reconcilers, allocated, allocation_done, create_pool, global, gone, ip_of,
-        mk_pool, range,
+        mk_pool, range, write_leak,
     },
     ok,
 };
@@ -355,17 +355,7 @@ pub mod cases {
         assert_agrees(&answer, "p4", &status, &lbs);
 
         // A leak, as a hand edit or a lost finalizer leaves one.
-        let pools = harvester_cloud::crd::pool_api(b.store());
-        let mut leaked = pools.get("", "p4").await.expect("reads").expect("exists");
-        let status = leaked.status.get_or_insert_default();
-        status
-            .allocated
-            .insert("10.0.0.18".into(), "default/ghost".into());
-        status.available -= 1;
-        pools
-            .replace_status(&leaked)
-            .await
-            .expect("writes the leak");
+        write_leak(b.store(), "p4", "10.0.0.18", "default/ghost").await;
         let (answer, status, lbs) = answer_and_state(&b, "p4").await;
         let ghost = answer["addresses"]
             .as_array()

@@ -139,3 +139,22 @@ pub async fn gone<B: Backend>(b: &B, path: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Writes a leak into pool `pool`'s status, as a hand edit or a lost finalizer leaves one: `ip`
+/// held for `holder`, a LoadBalancer that does not exist. The pool task may be writing the status
+/// meanwhile (a round, or its Event after it): on a conflict the edit is made again on the pool as
+/// it is now, as kubectl would.
+pub async fn write_leak(store: Arc<dyn ObjectStore>, pool: &str, ip: &str, holder: &str) {
+    let pools = harvester_cloud::crd::pool_api(store);
+    for tries in 1.. {
+        let mut leaked = pools.get("", pool).await.expect("reads").expect("exists");
+        let status = leaked.status.get_or_insert_default();
+        status.allocated.insert(ip.into(), holder.into());
+        status.available -= 1;
+        match pools.replace_status(&leaked).await {
+            Ok(_) => return,
+            Err(harvester_cloud::store::StoreError::Conflict { .. }) if tries < 10 => continue,
+            Err(e) => panic!("writes the leak: {e}"),
+        }
+    }
+}

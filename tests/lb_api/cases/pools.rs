@@ -95,22 +95,7 @@ pub async fn manual_release_annotation<B: Backend>(b: B) {
     let held = ip_of(&allocated(&b, "default", "lb1").await);
     // A leak, as a hand edit or a lost finalizer leaves one: an address held for a load balancer
     // that does not exist.
-    // The pool task may still be writing the status (its round for lb1, the Event after it): a
-    // conflict then, and the edit is made again on the pool as it is now, as kubectl would.
-    let pools = harvester_cloud::crd::pool_api(b.store());
-    for tries in 1.. {
-        let mut leaked = pools.get("", "p").await.expect("reads").expect("exists");
-        let status = leaked.status.get_or_insert_default();
-        status
-            .allocated
-            .insert("10.0.0.15".into(), "default/ghost".into());
-        status.available -= 1;
-        match pools.replace_status(&leaked).await {
-            Ok(_) => break,
-            Err(harvester_cloud::store::StoreError::Conflict { .. }) if tries < 10 => continue,
-            Err(e) => panic!("writes the leak: {e}"),
-        }
-    }
+    write_leak(b.store(), "p", "10.0.0.15", "default/ghost").await;
     let annotate = async |value: &str| {
         // The pool reconciler may write the pool between our read and our write (it answers
         // the leak written above): a 409 then, and a client reads again, as kubectl does.
