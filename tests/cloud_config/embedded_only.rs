@@ -72,6 +72,68 @@ async fn unknown_and_known_token_names_are_refused_alike() {
     );
 }
 
+/// The held table is read again the moment `harvester-cloud token` marks it changed (it writes the
+/// marker in place), however long the refresh interval; and a marker replaced by another file (a new
+/// inode the held one does not see) is still honoured by the next read after the interval.
+#[tokio::test]
+async fn a_marked_change_is_seen_at_once() {
+    use harvester_cloud::auth::{
+        ApiToken, Authenticator, Credential, embedded::EmbeddedAuthenticator,
+    };
+    let b = EmbeddedBackend::start().await;
+    let pool = b.app.store.pool().clone();
+    let admin = ApiToken::parse(&b.admin_token()).unwrap();
+    let auth = EmbeddedAuthenticator::with_refresh(
+        pool.clone(),
+        &b.data_dir(),
+        std::time::Duration::from_secs(3600),
+    );
+    let check = |t: &ApiToken| {
+        let (auth, credential) = (&auth, Credential::Api(t.clone()));
+        async move { auth.authenticate(&credential).await }
+    };
+    assert!(check(&admin).await.is_ok());
+    let (other, _) = tokens::create(&pool, "", None).await.unwrap();
+    assert!(check(&other).await.is_err(), "not read again unmarked");
+    assert_eq!(auth.table_reads(), 1);
+    tokens::mark_changed(&b.data_dir());
+    assert!(check(&other).await.is_ok(), "read again once marked");
+    tokens::revoke(&pool, &other.name).await.unwrap();
+    tokens::mark_changed(&b.data_dir());
+    assert_eq!(
+        check(&other).await.unwrap_err().to_string(),
+        format!("token {} is revoked", other.name)
+    );
+    assert_eq!(auth.table_reads(), 3);
+
+    // A marker replaced by a rename: seen by the read after the interval.
+    let short = EmbeddedAuthenticator::with_refresh(
+        pool.clone(),
+        &b.data_dir(),
+        std::time::Duration::from_millis(300),
+    );
+    assert!(
+        short
+            .authenticate(&Credential::Api(admin.clone()))
+            .await
+            .is_ok()
+    );
+    tokens::revoke(&pool, &admin.name).await.unwrap();
+    let marker = b.data_dir().join("admin-tokens.changed");
+    let replacement = b.data_dir().join("admin-tokens.changed.new");
+    std::fs::write(&replacement, "replaced").unwrap();
+    std::fs::rename(&replacement, &marker).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert_eq!(
+        short
+            .authenticate(&Credential::Api(admin.clone()))
+            .await
+            .unwrap_err()
+            .to_string(),
+        format!("token {} is revoked", admin.name)
+    );
+}
+
 #[tokio::test]
 async fn tokens_are_jwts_verifiable_from_the_published_keys() {
     let b = EmbeddedBackend::start().await;

@@ -30,21 +30,21 @@ pub fn hash_secret(secret: &str) -> String {
     let mut salt = [0u8; 16];
     rand::rng().fill_bytes(&mut salt);
     let key = sha3_512(&salt, secret);
-    format!("$3:1:{}:{}", B64.encode(salt), B64.encode(key))
+    format!("$3:1:{}:{}", B64.encode(salt), B64.encode(key.as_ref()))
 }
 
-fn sha3_512(salt: &[u8], secret: &str) -> Vec<u8> {
-    let mut h = Sha3_512::new();
-    h.update(salt);
-    h.update(secret.as_bytes());
-    h.finalize().to_vec()
+fn sha3_512(salt: &[u8], secret: &str) -> impl AsRef<[u8]> {
+    Sha3_512::new()
+        .chain_update(salt)
+        .chain_update(secret.as_bytes())
+        .finalize()
 }
 
-fn sha256(salt: &[u8], secret: &str) -> Vec<u8> {
-    let mut h = Sha256::new();
-    h.update(salt);
-    h.update(secret.as_bytes());
-    h.finalize().to_vec()
+fn sha256(salt: &[u8], secret: &str) -> impl AsRef<[u8]> {
+    Sha256::new()
+        .chain_update(salt)
+        .chain_update(secret.as_bytes())
+        .finalize()
 }
 
 fn b64(s: &str, what: &'static str) -> Result<Vec<u8>, HashError> {
@@ -112,38 +112,81 @@ pub(crate) async fn verify_async(secret: &str, hash: &str) -> Result<bool, Verif
 
 /// Whether `secret` matches the stored `hash`.
 pub fn verify(secret: &str, hash: &str) -> Result<bool, HashError> {
-    let parts: Vec<&str> = hash.split(':').collect();
-    match parts.as_slice() {
-        ["$3", "1", salt, key] => {
-            let (salt, key) = (b64(salt, "salt")?, b64(key, "key")?);
-            Ok(equal(&sha3_512(&salt, secret), &key))
-        }
-        ["$3", ..] => Err(HashError::UnsupportedFormat),
-        ["$2", salt, key] => {
-            let (salt, key) = (b64(salt, "salt")?, b64(key, "key")?);
-            Ok(equal(&sha256(&salt, secret), &key))
-        }
-        ["$1", salt, n, r, p, key] => {
-            let salt = hex::decode(salt).map_err(|_| HashError::Malformed("salt"))?;
-            let key = b64(key, "key")?;
-            let parse = |s: &str, what| s.parse::<u32>().map_err(|_| HashError::Malformed(what));
-            let (n, r, p) = (parse(n, "n")?, parse(r, "r")?, parse(p, "p")?);
-            let log_n = u8::try_from(n).map_err(|_| HashError::Malformed("n"))?;
-            // Rancher writes N = 2^15, r = 8, p = 1; far larger is a stored denial of service.
-            if log_n > MAX_SCRYPT_LOG_N || r.saturating_mul(p) > MAX_SCRYPT_RP {
-                return Err(HashError::Malformed("scrypt parameters too large"));
+    Ok(StoredHash::parse(hash)?.verify(secret))
+}
+
+/// A stored hash taken apart once (format, salt, key, parameters), so that checking a presented
+/// secret is only the hash function and the comparison: a caller that checks many secrets against
+/// the same few records (the embedded backend's admin tokens) parses each record when it reads it.
+#[derive(Clone, Debug)]
+pub enum StoredHash {
+    /// `$3:1`.
+    Sha3 { salt: Vec<u8>, key: Vec<u8> },
+    /// `$2`.
+    Sha256 { salt: Vec<u8>, key: Vec<u8> },
+    /// `$1`; `params` is `None` for an empty key, which matches nothing.
+    Scrypt {
+        salt: Vec<u8>,
+        params: Option<scrypt::Params>,
+        key: Vec<u8>,
+    },
+}
+
+impl StoredHash {
+    pub fn parse(hash: &str) -> Result<StoredHash, HashError> {
+        let parts: Vec<&str> = hash.split(':').collect();
+        match parts.as_slice() {
+            ["$3", "1", salt, key] => Ok(StoredHash::Sha3 {
+                salt: b64(salt, "salt")?,
+                key: b64(key, "key")?,
+            }),
+            ["$3", ..] => Err(HashError::UnsupportedFormat),
+            ["$2", salt, key] => Ok(StoredHash::Sha256 {
+                salt: b64(salt, "salt")?,
+                key: b64(key, "key")?,
+            }),
+            ["$1", salt, n, r, p, key] => {
+                let salt = hex::decode(salt).map_err(|_| HashError::Malformed("salt"))?;
+                let key = b64(key, "key")?;
+                let parse =
+                    |s: &str, what| s.parse::<u32>().map_err(|_| HashError::Malformed(what));
+                let (n, r, p) = (parse(n, "n")?, parse(r, "r")?, parse(p, "p")?);
+                let log_n = u8::try_from(n).map_err(|_| HashError::Malformed("n"))?;
+                // Rancher writes N = 2^15, r = 8, p = 1; far larger is a stored denial of service.
+                if log_n > MAX_SCRYPT_LOG_N || r.saturating_mul(p) > MAX_SCRYPT_RP {
+                    return Err(HashError::Malformed("scrypt parameters too large"));
+                }
+                let params = if key.is_empty() {
+                    None
+                } else {
+                    Some(
+                        scrypt::Params::new(log_n, r, p, key.len())
+                            .map_err(|_| HashError::Malformed("scrypt parameters"))?,
+                    )
+                };
+                Ok(StoredHash::Scrypt { salt, params, key })
             }
-            if key.is_empty() {
-                return Ok(false);
-            }
-            let params = scrypt::Params::new(log_n, r, p, key.len())
-                .map_err(|_| HashError::Malformed("scrypt parameters"))?;
-            let mut out = vec![0u8; key.len()];
-            scrypt::scrypt(secret.as_bytes(), &salt, &params, &mut out)
-                .map_err(|_| HashError::Malformed("scrypt key length"))?;
-            Ok(equal(&out, &key))
+            _ => Err(HashError::UnsupportedFormat),
         }
-        _ => Err(HashError::UnsupportedFormat),
+    }
+
+    /// Whether `secret` matches, compared in constant time.
+    pub fn verify(&self, secret: &str) -> bool {
+        match self {
+            StoredHash::Sha3 { salt, key } => equal(sha3_512(salt, secret).as_ref(), key),
+            StoredHash::Sha256 { salt, key } => equal(sha256(salt, secret).as_ref(), key),
+            StoredHash::Scrypt { params: None, .. } => false,
+            StoredHash::Scrypt {
+                salt,
+                params: Some(params),
+                key,
+            } => {
+                let mut out = vec![0u8; key.len()];
+                // The output length is the one the parameters were checked with.
+                scrypt::scrypt(secret.as_bytes(), salt, params, &mut out).is_ok()
+                    && equal(&out, key)
+            }
+        }
     }
 }
 
@@ -166,7 +209,7 @@ mod tests {
         let h = format!(
             "$2:{}:{}",
             B64.encode(salt),
-            B64.encode(sha256(salt, "abc"))
+            B64.encode(sha256(salt, "abc").as_ref())
         );
         assert_eq!(verify("abc", &h), Ok(true));
         assert_eq!(verify("abd", &h), Ok(false));

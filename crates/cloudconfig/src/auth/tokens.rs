@@ -97,16 +97,20 @@ pub async fn create(
     }
 }
 
-/// The file a `token` command touches after it changed the table, beside the database, so that
-/// a running server reads the table again at once (it checks the file's time on each request).
+/// The file a `token` command writes after it changed the table, beside the database, so that
+/// a running server reads the table again at once (it compares the file's content, a stamp that
+/// differs at every write, on each request).
 pub(crate) const CHANGED_FILE: &str = "admin-tokens.changed";
 
 /// Marks the token table changed (see [`CHANGED_FILE`]); a failure only delays the server's
 /// noticing to its next periodic read.
 pub fn mark_changed(data_dir: &std::path::Path) {
-    let stamp = time::OffsetDateTime::now_utc()
-        .unix_timestamp_nanos()
-        .to_string();
+    // The time, and a random tail should two writes ever read the same clock.
+    let stamp = format!(
+        "{} {}",
+        time::OffsetDateTime::now_utc().unix_timestamp_nanos(),
+        crate::validation::random_alnum(8)
+    );
     let path = data_dir.join(CHANGED_FILE);
     if let Err(e) = std::fs::write(&path, stamp) {
         tracing::warn!(path = %path.display(), error = %e, "cannot mark the token table changed");
