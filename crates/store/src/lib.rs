@@ -253,6 +253,14 @@ pub trait ObjectStore: Send + Sync + 'static {
     ) -> Result<Option<Arc<Value>>, StoreError> {
         Ok(self.get(kind, namespace, name).await?.map(Arc::new))
     }
+    /// A counter of the writes of `kind` (creations, replacements, status writes, deletions):
+    /// the backend moves it before a reader can see the write, so a reader that made something of
+    /// objects of a few kinds may reuse it for as long as none of their counters has moved since
+    /// before it read them. `None` from a backend that keeps none (the default).
+    fn write_counter(&self, kind: &Kind) -> Option<Arc<std::sync::atomic::AtomicU64>> {
+        let _ = kind;
+        None
+    }
     async fn list(
         &self,
         kind: &Kind,

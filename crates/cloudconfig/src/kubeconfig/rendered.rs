@@ -50,10 +50,17 @@ pub(super) struct Served {
     pub(super) role_binding: Version,
     pub(super) cluster_role_binding: Version,
     pub(super) server: String,
+    /// The write counters of the four kinds, taken before the objects were read (`None`: the
+    /// store keeps none).
+    pub(super) writes: Option<Writes>,
     /// When the token stops working, if it has an end.
     pub(super) end: Option<time::OffsetDateTime>,
     pub(super) kubeconfig: Arc<Rendered>,
 }
+
+/// The write counters of ServiceAccounts, Secrets, RoleBindings and ClusterRoleBindings
+/// ([`crate::store::ObjectStore::write_counter`]).
+pub(super) type Writes = [u64; 4];
 
 /// A kubeconfig and the response bodies made of it, each encoded on first use.
 pub struct Rendered {
@@ -97,32 +104,52 @@ impl Rendered {
 /// The kubeconfigs GET served, by namespace and ServiceAccount name.
 #[derive(Default)]
 pub(super) struct ServedCache {
-    entries: Mutex<HashMap<(String, String), Arc<Served>>>,
+    entries: Mutex<Entries>,
+}
+
+/// Namespace → ServiceAccount name → entry (looked up by `&str`, no key built per GET).
+#[derive(Default)]
+struct Entries {
+    accounts: HashMap<String, HashMap<String, Arc<Served>>>,
+    len: usize,
 }
 
 impl ServedCache {
-    pub(super) fn get(&self, names: &AccountNames) -> Option<Arc<Served>> {
-        // Keyed by owned strings; a lookup builds the key once (no allocation-free borrow of a
-        // tuple of Strings).
-        let key = (names.namespace.clone(), names.service_account.clone());
-        lock(&self.entries).get(&key).cloned()
+    pub(super) fn get(&self, namespace: &str, service_account: &str) -> Option<Arc<Served>> {
+        lock(&self.entries)
+            .accounts
+            .get(namespace)?
+            .get(service_account)
+            .cloned()
     }
 
     /// Drops an account's entry (revoked, or found gone), so its token is not kept in memory
     /// longer than needed. Correctness never depends on it: an entry is only served while the
     /// objects it was made from are there unchanged.
     pub(super) fn forget(&self, namespace: &str, service_account: &str) {
-        lock(&self.entries).remove(&(namespace.to_string(), service_account.to_string()));
+        let entries = &mut *lock(&self.entries);
+        if let Some(accounts) = entries.accounts.get_mut(namespace) {
+            if accounts.remove(service_account).is_some() {
+                entries.len -= 1;
+            }
+            if accounts.is_empty() {
+                entries.accounts.remove(namespace);
+            }
+        }
     }
 
     pub(super) fn put(&self, names: &AccountNames, served: Served) {
-        let mut entries = lock(&self.entries);
-        if entries.len() >= CAPACITY {
-            entries.clear();
+        let entries = &mut *lock(&self.entries);
+        if entries.len >= CAPACITY {
+            *entries = Entries::default();
         }
-        entries.insert(
-            (names.namespace.clone(), names.service_account.clone()),
-            Arc::new(served),
-        );
+        let replaced = entries
+            .accounts
+            .entry(names.namespace.clone())
+            .or_default()
+            .insert(names.service_account.clone(), Arc::new(served));
+        if replaced.is_none() {
+            entries.len += 1;
+        }
     }
 }

@@ -4,13 +4,19 @@
 //! RoleBinding, ClusterRoleBinding), the server URL and this service's settings, except that a
 //! token with an end stops being served when its end comes. So each rendered kubeconfig is kept
 //! with the uid and resourceVersion of the four objects it was made from, the server URL and the
-//! token's end. A GET still reads the four objects from the store every time; when all four are
-//! the very versions an entry was made from, it serves the entry (after checking the end against
-//! the clock), and otherwise it judges and renders them afresh. Any write (a rotation, a
-//! revocation, an edited binding, a Secret recreated) changes a uid or a resourceVersion, so no
-//! entry outlives the objects it describes. Only successes are kept.
+//! token's end. A GET reads the four objects from the store; when all four are the very versions
+//! an entry was made from, it serves the entry (after checking the end against the clock), and
+//! otherwise it judges and renders them afresh. Any write (a rotation, a revocation, an edited
+//! binding, a Secret recreated) changes a uid or a resourceVersion, so no entry outlives the
+//! objects it describes. Only successes are kept.
+//!
+//! Where the store keeps write counters of kinds (the embedded backend), an entry also keeps the
+//! counters of the four kinds as they were before its objects were read, and while none of them has
+//! moved (no ServiceAccount, Secret, RoleBinding or ClusterRoleBinding of any account written
+//! since), GET serves it without reading the objects at all: they are still those versions. On
+//! the Kubernetes backend, each GET reads them from the API server.
 
-use std::sync::Arc;
+use std::sync::{Arc, atomic::Ordering};
 
 use k8s_openapi::api::{
     core::v1::{Secret, ServiceAccount},
@@ -22,7 +28,7 @@ use tracing::debug;
 use super::{
     naming::AccountNames,
     objects::{self, SecretCheck},
-    rendered::{Rendered, Served, Version},
+    rendered::{Rendered, Served, Version, Writes},
     request::AccountRequest,
     service::{
         CloudConfig, CloudConfigError, GET_CRB, GET_RB, GET_SA, judge_cluster_role_binding,
@@ -55,11 +61,42 @@ impl CloudConfig {
             .map_err(store_err(step))
     }
 
+    /// The write counters of the four kinds a kubeconfig is made of, where the store keeps them
+    /// (taken from the store on first use).
+    fn kind_writes(&self) -> Option<Writes> {
+        let counters = self.kind_writes.get_or_init(|| {
+            let counter = |kind: Kind| self.store.write_counter(&kind);
+            Some([
+                counter(Kind::of::<ServiceAccount>())?,
+                counter(Kind::of::<Secret>())?,
+                counter(Kind::of::<RoleBinding>())?,
+                counter(Kind::of::<ClusterRoleBinding>())?,
+            ])
+        });
+        counters
+            .as_ref()
+            .map(|c| c.each_ref().map(|c| c.load(Ordering::Acquire)))
+    }
+
     /// GET: the kubeconfig of an account that POST made; creates nothing.
     pub async fn fetch(&self, req: &AccountRequest) -> Result<Arc<Rendered>, CloudConfigError> {
-        let names = AccountNames::new(&req.namespace, &req.service_account);
         self.check_cluster_roles().await?;
         let server = self.server_url().await?;
+        // Counted before anything is read: a write after this moves them, and the entry put
+        // below with them is not served again.
+        let writes = self.kind_writes();
+        if let Some(writes) = writes
+            && let Some(c) = self.served.get(&req.namespace, &req.service_account)
+            && c.writes == Some(writes)
+            && c.server == server
+            && c.end
+                .is_none_or(|end| end > time::OffsetDateTime::now_utc())
+        {
+            // No ServiceAccount, Secret or binding of any account was written since the entry
+            // was made from its four objects: they are as they were.
+            return Ok(c.kubeconfig.clone());
+        }
+        let names = AccountNames::new(&req.namespace, &req.service_account);
         let ns = names.namespace.as_str();
         let not_found = |step, message| CloudConfigError::NotFound { step, message };
 
@@ -75,7 +112,7 @@ impl CloudConfig {
             })?;
         let cached = self
             .served
-            .get(&names)
+            .get(ns, &names.service_account)
             .filter(|c| c.server == server && c.service_account.is(&sa_value));
         let (sa, secret_name) = match &cached {
             Some(c) => (None, c.secret_name.clone()),
@@ -171,6 +208,7 @@ impl CloudConfig {
                     role_binding,
                     cluster_role_binding,
                     server,
+                    writes,
                     end: objects::expires_at(&secret),
                     kubeconfig: kubeconfig.clone(),
                 },

@@ -132,6 +132,8 @@ pub struct CloudConfig {
     vip_url: Mutex<Option<(Instant, String)>>,
     /// What GET rendered, by the versions of the objects it was made from.
     pub(super) served: super::rendered::ServedCache,
+    /// The store's write counters of the four kinds of an account, if it keeps them.
+    pub(super) kind_writes: std::sync::OnceLock<Option<[Arc<std::sync::atomic::AtomicU64>; 4]>>,
 }
 
 /// How long a positive answer about the ClusterRoles or the VIP is reused. Both change rarely, and
@@ -173,6 +175,7 @@ impl CloudConfig {
             roles_seen: Mutex::new(None),
             vip_url: Mutex::new(None),
             served: Default::default(),
+            kind_writes: Default::default(),
             sweep_now: tokio::sync::Notify::new(),
         }
     }

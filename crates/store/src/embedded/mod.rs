@@ -491,6 +491,15 @@ impl ObjectStore for EmbeddedStore {
         Ok(found)
     }
 
+    fn write_counter(&self, kind: &Kind) -> Option<Arc<std::sync::atomic::AtomicU64>> {
+        Some(
+            self.state
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .counter(&kind.api_version, &kind.kind),
+        )
+    }
+
     async fn list(
         &self,
         kind: &Kind,

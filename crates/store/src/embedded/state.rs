@@ -3,7 +3,10 @@
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use serde_json::Value;
@@ -97,6 +100,9 @@ pub struct State {
     pub unpublished: VecDeque<(Arc<Value>, Retained)>,
     /// Published changes retained for watches that resume from an older resourceVersion.
     pub history: History,
+    /// apiVersion → kind → the resourceVersion of its last write, for the kinds a reader asked
+    /// to follow ([`crate::ObjectStore::write_counter`]).
+    counters: HashMap<String, HashMap<String, Arc<AtomicU64>>>,
 }
 
 /// How many times its stored size a tree weighs in the history's bound (a `serde_json::Value`
@@ -187,6 +193,17 @@ impl State {
             },
             None => Box::new(namespaces.values().flat_map(|n| n.values())),
         }
+    }
+
+    /// The counter of the writes of a kind: the resourceVersion of its last write since the
+    /// counter was made (0 before any).
+    pub(crate) fn counter(&mut self, api_version: &str, kind: &str) -> Arc<AtomicU64> {
+        self.counters
+            .entry(api_version.to_string())
+            .or_default()
+            .entry(kind.to_string())
+            .or_default()
+            .clone()
     }
 
     /// The status patches stored of the object `uid` since it was stored whole.
@@ -323,6 +340,15 @@ impl State {
             }
         }
         self.rv = self.rv.max(row.rv);
+        // Raised while the write lock is held: a reader that sees the counter unmoved since
+        // before it read has read nothing this write changed.
+        if let Some(counter) = self
+            .counters
+            .get(&row.api_version)
+            .and_then(|k| k.get(&row.kind))
+        {
+            counter.store(row.rv, Ordering::Release);
+        }
         let weight = if held.is_tree() {
             bytes * TREE_WEIGHT
         } else {

@@ -504,3 +504,49 @@ async fn objects_written_whole_are_held_as_their_text() {
     assert_eq!(store.get(&k, "ns", "dep").await.unwrap(), None, "collected");
     assert!(store.read().dependents_of(owner_uid).is_empty());
 }
+
+/// A kind's write counter moves with every write of that kind (creation, replacement, status
+/// write, deletion), to the resourceVersion of the write, and with no write of another kind.
+#[tokio::test]
+async fn a_kind_s_write_counter_moves_with_each_of_its_writes() {
+    use std::sync::atomic::Ordering::Acquire;
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    let cms = store.write_counter(&cm_kind()).unwrap();
+    let widgets = store.write_counter(&widget_kind()).unwrap();
+    assert!(Arc::ptr_eq(&cms, &store.write_counter(&cm_kind()).unwrap()));
+    assert_eq!((cms.load(Acquire), widgets.load(Acquire)), (0, 0));
+
+    let made = store.create(&cm_kind(), mk_cm("a")).await.unwrap();
+    assert_eq!(cms.load(Acquire), rv(&made));
+    let mut changed = made.clone();
+    changed["data"]["k"] = json!("b");
+    let replaced = store.replace(&cm_kind(), changed).await.unwrap();
+    assert_eq!(cms.load(Acquire), rv(&replaced));
+    assert_eq!(widgets.load(Acquire), 0, "no widget was written");
+
+    let widget = json!({"apiVersion": "example.harvesterhci.io/v1", "kind": "Widget",
+        "metadata": {"name": "w", "namespace": "ns"}, "spec": {}});
+    let widget = store.create(&widget_kind(), widget).await.unwrap();
+    let at = store
+        .merge_status(
+            &widget_kind(),
+            "ns",
+            "w",
+            &rv(&widget).to_string(),
+            &json!({"phase": "Ready"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(widgets.load(Acquire).to_string(), at, "a status patch");
+    assert_eq!(cms.load(Acquire), rv(&replaced), "no ConfigMap was written");
+
+    store
+        .delete(&cm_kind(), "ns", "a", &Preconditions::default())
+        .await
+        .unwrap();
+    assert!(cms.load(Acquire) > widgets.load(Acquire), "the deletion");
+    assert_eq!(cms.load(Acquire), store.read().rv);
+}
