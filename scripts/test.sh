@@ -78,6 +78,29 @@ drop_go_scratch
 unset GOCACHE GOMODCACHE
 disk
 
+# The Dockerfile's build stage (the run's one release build, 630 s of a cold run alone) starts here
+# in the background, at the lowest CPU priority, and is waited for after schemathesis: it takes
+# only what the steps in between leave idle (the tests waiting on tokens' expiry, tunnels' pings and
+# restarts; the console's browser; schemathesis's one-threaded client), so they run as fast as
+# without it. It goes in its own session (so that one kill stops it and its compilers), and the
+# kernel's autogroup scheduling shares the CPU between sessions first and by nice value only within
+# one, so its session's autogroup is niced too. Started after the Go builds, whose caches are gone by
+# now: the disk's peak (the debug and release targets together) is the one it had when the stage
+# ran last. Its output is printed when it is waited for; a failed step before then stops it.
+step "hadolint Dockerfile"
+hadolint Dockerfile
+
+step "the Dockerfile's build stage, run as written on a clean copy of the context: started in the background, niced"
+build_stage_log="$(mktemp "${TMPDIR:-/tmp}/harvester-cloud-build-stage.XXXXXX")"
+setsid sh -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec nice -n 19 scripts/docker-build-check.py' \
+    >"$build_stage_log" 2>&1 &
+build_stage=$!
+stop_build_stage() {
+    kill -- "-$build_stage" 2>/dev/null || true
+    rm -f "$build_stage_log"
+}
+trap 'stop_build_stage; drop_go_scratch' EXIT
+
 step "cargo nextest run --workspace (Kubernetes tests against ${HARVESTER_CLOUD_CONTROL_PLANES_COUNT:-3} real control planes)"
 # Four tests at once on two cores: many wait (for a token's expiry, a tunnel's pings, a killed
 # process's restart), and with two at once the machine was 55% busy. The 780 tests took 455 s with
@@ -86,23 +109,6 @@ scripts/control-plane.sh with "${HARVESTER_CLOUD_CONTROL_PLANES_COUNT:-3}" \
     cargo nextest run --workspace --no-fail-fast --test-threads "${HARVESTER_CLOUD_TEST_THREADS:-4}"
 
 disk
-# The Dockerfile's build stage (the run's one release build, 630 s of a cold run) goes in the
-# background here, beside the next steps: the console's browser tests, the manual and schemathesis
-# (whose Python client is one thread) leave one of the two cores idle for about six minutes. Its
-# output is printed when it is waited for, after them; a failed step before then stops it.
-step "hadolint Dockerfile"
-hadolint Dockerfile
-
-step "the Dockerfile's build stage, run as written on a clean copy of the context: started in the background"
-build_stage_log="$(mktemp "${TMPDIR:-/tmp}/harvester-cloud-build-stage.XXXXXX")"
-setsid scripts/docker-build-check.py >"$build_stage_log" 2>&1 &
-build_stage=$!
-stop_build_stage() {
-    kill -- "-$build_stage" 2>/dev/null || true
-    rm -f "$build_stage_log"
-}
-trap 'stop_build_stage; drop_go_scratch' EXIT
-
 step "web console: node unit tests and browser tests in headless chromium (scripts/ui-test.sh)"
 scripts/ui-test.sh
 
