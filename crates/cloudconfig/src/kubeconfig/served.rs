@@ -85,9 +85,11 @@ impl CloudConfig {
         // Counted before anything is read: a write after this moves them, and the entry put
         // below with them is not served again.
         let writes = self.kind_writes();
-        if let Some(writes) = writes
-            && let Some(c) = self.served.get(&req.namespace, &req.service_account)
-            && c.writes == Some(writes)
+        // Looked up once: served as it is below, or checked against the objects read after.
+        let entry = self.served.get(&req.namespace, &req.service_account);
+        if let Some(c) = &entry
+            && writes.is_some()
+            && c.writes == writes
             && c.server == server
             && c.end
                 .is_none_or(|end| end > time::OffsetDateTime::now_utc())
@@ -110,10 +112,7 @@ impl CloudConfig {
                     format!("serviceaccounts \"{}\" not found", names.service_account),
                 )
             })?;
-        let cached = self
-            .served
-            .get(ns, &names.service_account)
-            .filter(|c| c.server == server && c.service_account.is(&sa_value));
+        let cached = entry.filter(|c| c.server == server && c.service_account.is(&sa_value));
         let (sa, secret_name) = match &cached {
             Some(c) => (None, c.secret_name.clone()),
             None => {
