@@ -58,7 +58,10 @@ use crate::{
         kinds::{VirtualMachine, VirtualMachineInstance, vmi_kind},
         lb_api, lb_kind, pool_api, pool_kind,
     },
-    store::{Api, Kind, ObjectStore, watcher::watcher},
+    store::{
+        Api, Kind, ObjectStore,
+        watcher::{screened_watcher, watcher},
+    },
     sync::lock,
 };
 
@@ -403,10 +406,16 @@ pub(crate) async fn run_controllers(
         (pool_reader.clone(), lb_reader.clone(), vm_reader.clone());
     // A pool task's own status writes (one per allocation round) are known to it: reconciling the
     // pool for each would read and decode its whole status again. A deleting pool's are not
-    // skipped: the release of its last address is what lets it go.
+    // skipped: the release of its last address is what lets it go. While its task's view of the
+    // pool stands, they are not even decoded into the cache ([`pools::Pools::screen`]).
     let pool_stream = reflector::reflector(
         pool_writer,
-        watcher::<IPPool>(store.clone(), pool_kind(), None),
+        screened_watcher::<IPPool>(
+            store.clone(),
+            pool_kind(),
+            None,
+            Some(pool_ctx.pools.screen()),
+        ),
     )
     .applied_objects()
     .filter({

@@ -436,11 +436,12 @@ fn pool_holding(lb: &LoadBalancer, ip: IpAddr, ctx: &LbCtx) -> Result<String, Re
         // load balancer may not have; unless the pool holds it for this very load balancer (held
         // from before the pool skipped it): the pool task keeps that.
         let skip = entry.options.skip().unwrap_or_default();
-        let own = pools
-            .iter()
-            .find(|p| p.name() == entry.name)
-            .and_then(|p| p.status.as_ref())
-            .is_some_and(|s| s.allocated.get(&ip.to_string()) == Some(&lb.applicant()));
+        let own = ctx.pools.holds(
+            &ctx.pool_cache,
+            entry.name,
+            &ip.to_string(),
+            &lb.applicant(),
+        );
         if ranges.with_skip(skip).is_skipped(ip) && !own {
             return Err(ctx.unmatched(
                 waiter,

@@ -17,12 +17,12 @@
 //! `ippool_usage_ratio` metric follows every durable change.
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{HashMap, HashSet},
     net::IpAddr,
     sync::{Arc, Mutex},
 };
 
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -37,6 +37,9 @@ use crate::{
     store::{Api, ObjectStore, StoreError},
     sync::lock,
 };
+
+mod known;
+use known::Known;
 
 /// Requests applied in one round (and one status write) at most.
 const ROUND: usize = 1024;
@@ -191,21 +194,12 @@ pub type Wake = mpsc::UnboundedSender<ObjectRef<LoadBalancer>>;
 pub struct Pools {
     store: Arc<dyn ObjectStore>,
     tasks: Mutex<HashMap<String, mpsc::UnboundedSender<Request>>>,
-    /// The versions each task last wrote its pool at.
-    written: Written,
+    /// The versions each task last wrote its pool at, and what it holds.
+    known: Arc<Known>,
     wake: Wake,
     events: Recorder,
     stop: CancellationToken,
 }
-
-/// The versions of each pool its task wrote last, newest at the back. More than the last one: the
-/// pool watch delivers a version after its task may have written the next round already, and a
-/// version not recognised as the task's own cost a pool reconcile, a sync and a fresh read and
-/// decode of the whole pool (a sixth of the CPU of a 100,000 load balancer convergence).
-type Written = Arc<Mutex<HashMap<String, VecDeque<String>>>>;
-
-/// How many of a pool's own versions are remembered: far more rounds than a watch lags behind.
-const WRITTEN: usize = 64;
 
 impl Pools {
     pub fn new(
@@ -217,7 +211,7 @@ impl Pools {
         Pools {
             store,
             tasks: Mutex::new(HashMap::new()),
-            written: Arc::default(),
+            known: Arc::default(),
             wake,
             events,
             stop,
@@ -228,12 +222,28 @@ impl Pools {
     /// change (a status write of an allocation round) is already known to the task and calls for
     /// no pool reconcile.
     pub fn wrote(&self, pool: &IPPool) -> bool {
-        let Some(version) = pool.metadata.resource_version.as_deref() else {
-            return false;
-        };
-        lock(&self.written)
-            .get(pool.name())
-            .is_some_and(|written| written.iter().any(|v| v == version))
+        pool.metadata
+            .resource_version
+            .as_deref()
+            .is_some_and(|version| self.known.wrote(pool.name(), version))
+    }
+
+    /// What the pool watch decodes ([`known`]): not the versions a task wrote while its view of
+    /// the pool stands.
+    pub fn screen(&self) -> crate::store::watcher::Screen {
+        let known = self.known.clone();
+        Arc::new(move |object, change| known.screen(object, change))
+    }
+
+    /// Whether `pool` holds `ip` for `who` as stored: as its task last read or wrote it while no
+    /// later version was seen, else as `cache` has it.
+    pub fn holds(&self, cache: &Store<IPPool>, pool: &str, ip: &str, who: &str) -> bool {
+        self.known.holds(pool, ip, who).unwrap_or_else(|| {
+            cache
+                .get(&ObjectRef::new(pool))
+                .and_then(|p| p.status.as_ref().and_then(|s| s.allocated.get(ip).cloned()))
+                .is_some_and(|id| id == who)
+        })
     }
 
     fn sender(&self, pool: &str) -> mpsc::UnboundedSender<Request> {
@@ -251,7 +261,7 @@ impl Pools {
             wake: self.wake.clone(),
             events: self.events.clone(),
             crowded: false,
-            written: self.written.clone(),
+            known: self.known.clone(),
         };
         tokio::spawn(
             task.run(rx, self.stop.clone())
@@ -279,7 +289,7 @@ impl Pools {
     /// Forgets a pool's task (after the pool is gone).
     pub fn forget(&self, pool: &str) {
         lock(&self.tasks).remove(pool);
-        lock(&self.written).remove(pool);
+        self.known.forget(pool);
     }
 }
 
@@ -307,7 +317,7 @@ struct PoolTask {
     /// The pool's usage was at or above [`USAGE_WARNING`] after the last durable change (and the
     /// Warning Event said so).
     crowded: bool,
-    written: Written,
+    known: Arc<Known>,
 }
 
 /// The outcome of applying one round, before the write.
@@ -362,7 +372,7 @@ impl PoolTask {
             if stop_after {
                 debug!("pool is gone; allocator stopped");
                 crate::metrics::remove_pool(&self.name);
-                lock(&self.written).remove(&self.name);
+                self.known.forget(&self.name);
                 break;
             }
         }
@@ -403,6 +413,9 @@ impl PoolTask {
         }
         let none = PoolStatus::default();
         let status = pool.status.as_ref().unwrap_or(&none);
+        if let Some(version) = pool.metadata.resource_version.as_deref() {
+            self.known.read(&self.name, version, pool.status.as_ref());
+        }
         let mut allocator = PoolAllocator::from_status(&self.name, &pool.spec.ranges, status);
         // What the pool skips comes with the pool object, so a change of the annotation (a new
         // resourceVersion) rebuilds the allocator too.
@@ -456,21 +469,24 @@ impl PoolTask {
                 self.finish(batch, applied.replies, applied.freed);
                 return applied.stop_after;
             };
-            let written = match status {
-                StatusWrite::Whole(status) => self.write_whole(status).await,
-                StatusWrite::Patch(patch) => self.write_patch(&patch).await,
+            let before = self
+                .loaded
+                .as_ref()
+                .and_then(|l| l.pool.metadata.resource_version.clone());
+            let (written, patch) = match status {
+                StatusWrite::Whole(status) => (self.write_whole(status).await, None),
+                StatusWrite::Patch(patch) => (self.write_patch(&patch).await, Some(patch)),
             };
             match written {
                 Ok(resource_version) => {
-                    {
-                        let mut written = lock(&self.written);
-                        let versions = written.entry(self.name.clone()).or_default();
-                        if versions.len() == WRITTEN {
-                            versions.pop_front();
-                        }
-                        versions.push_back(resource_version.clone());
-                    }
                     if let Some(loaded) = self.loaded.as_mut() {
+                        self.known.written(
+                            &self.name,
+                            before.as_deref(),
+                            &resource_version,
+                            patch.as_ref(),
+                            loaded.pool.status.as_ref(),
+                        );
                         loaded.pool.metadata.resource_version = Some(resource_version);
                         loaded.synced |= applied.synced;
                     }
@@ -920,6 +936,141 @@ mod tests {
             .insert("by".into(), "someone".into());
         let theirs = api.replace(&theirs).await.unwrap();
         assert!(!pools.wrote(&theirs));
+        stop.cancel();
+    }
+
+    /// On the real store and its watch: the task's own status writes reach the pool cache
+    /// undecoded only while its view answers for them; someone else's change takes the view down
+    /// and the cache answers, until the task writes again.
+    #[tokio::test]
+    async fn own_writes_skip_the_cache_and_the_view_answers_for_them() {
+        use futures::StreamExt;
+        use kube::runtime::{reflector, watcher::Event};
+
+        use crate::{
+            crd::{IPPool, pool_api, pool_kind},
+            ipam::{PoolSpec, RangeSpec},
+            store::{
+                embedded::{Durability, EmbeddedStore},
+                watcher::screened_watcher,
+            },
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .unwrap();
+        let api = pool_api(store.clone());
+        let pool = IPPool {
+            metadata: kube::api::ObjectMeta {
+                name: Some("p".into()),
+                ..Default::default()
+            },
+            spec: PoolSpec {
+                ranges: vec![RangeSpec {
+                    subnet: "10.9.0.0/24".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }
+            .into(),
+            status: None,
+        };
+        api.create(&pool).await.unwrap();
+        let stop = CancellationToken::new();
+        let (wake, _woken) = mpsc::unbounded_channel();
+        let pools = Pools::new(
+            store.clone(),
+            wake,
+            Recorder::start(store.clone(), "test", stop.clone()),
+            stop.clone(),
+        );
+        let (cache, writer) = reflector::store::<IPPool>();
+        let mut watch = Box::pin(reflector::reflector(
+            writer,
+            screened_watcher::<IPPool>(store.clone(), pool_kind(), None, Some(pools.screen())),
+        ));
+        // The list; the watch starts from it when next polled.
+        while !matches!(watch.next().await, Some(Ok(Event::InitDone))) {}
+        let allocate = |i: usize| {
+            pools.call(
+                "p",
+                PoolOp::Allocate {
+                    id: format!("default/lb{i}"),
+                    want: Want::Any(None),
+                    waiter: ObjectRef::new(&format!("lb{i}")).within("default"),
+                },
+            )
+        };
+        let ip = |reply| match reply {
+            Ok(PoolReply::Allocated(a)) => a.ip.to_string(),
+            other => panic!("{other:?}"),
+        };
+        let mut ips = Vec::new();
+        for i in 0..4 {
+            ips.push(ip(allocate(i).await));
+        }
+        pools
+            .call(
+                "p",
+                PoolOp::Release {
+                    id: "default/lb3".into(),
+                },
+            )
+            .await
+            .unwrap();
+        let nothing = reflector::store::<IPPool>().0;
+        // Answered by the view: an empty cache has nothing to say.
+        assert!(pools.holds(&nothing, "p", &ips[0], "default/lb0"));
+        assert!(pools.holds(&nothing, "p", &ips[2], "default/lb2"));
+        assert!(!pools.holds(&nothing, "p", &ips[2], "default/lb0"));
+        assert!(!pools.holds(&nothing, "p", &ips[3], "default/lb3"));
+
+        // Someone else's change: the watch yields it, and none of the task's versions before it.
+        let mut theirs = api.get("", "p").await.unwrap().unwrap();
+        theirs
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert("by".into(), "someone".into());
+        let theirs = api.replace(&theirs).await.unwrap();
+        let mut seen = Vec::new();
+        loop {
+            match watch.next().await {
+                Some(Ok(Event::Apply(p))) => {
+                    let version = p.metadata.resource_version.clone().unwrap();
+                    seen.push(version.clone());
+                    if Some(&version) == theirs.metadata.resource_version.as_ref() {
+                        break;
+                    }
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(seen, [theirs.metadata.resource_version.clone().unwrap()]);
+        // The view is down: the cache answers (and has every address, from their version).
+        assert!(!pools.holds(&nothing, "p", &ips[0], "default/lb0"));
+        assert!(pools.holds(&cache, "p", &ips[0], "default/lb0"));
+        assert!(!pools.holds(&cache, "p", &ips[3], "default/lb3"));
+
+        // The task's next write conflicts, reads their version, and stands its view again; that
+        // write is left out of the watch again.
+        ips.push(ip(allocate(4).await));
+        assert!(pools.holds(&nothing, "p", &ips[4], "default/lb4"));
+        assert!(pools.holds(&nothing, "p", &ips[1], "default/lb1"));
+        let mut again = api.get("", "p").await.unwrap().unwrap();
+        again
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert("by".into(), "again".into());
+        let again = api.replace(&again).await.unwrap();
+        match watch.next().await {
+            Some(Ok(Event::Apply(p))) => {
+                assert_eq!(p.metadata.resource_version, again.metadata.resource_version);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(pools.holds(&cache, "p", &ips[4], "default/lb4"));
         stop.cancel();
     }
 

@@ -32,11 +32,17 @@ enum State {
     },
 }
 
+/// Looks at each object before it is decoded: `false` leaves the object out of the stream (it is
+/// neither decoded nor yielded). Called with the change's type, or `None` for an object of a list
+/// (which is always yielded whatever the answer: a list is the whole state).
+pub type Screen = Arc<dyn Fn(&serde_json::Value, Option<ChangeType>) -> bool + Send + Sync>;
+
 struct Source {
     store: Arc<dyn ObjectStore>,
     kind: Kind,
     namespace: Option<String>,
     failures: u32,
+    screen: Option<Screen>,
 }
 
 impl Source {
@@ -98,11 +104,26 @@ pub fn watcher<K>(
 where
     K: Object + Debug,
 {
+    screened_watcher(store, kind, namespace, None)
+}
+
+/// [`watcher`], with each watched change left out, undecoded, when `screen` says so (the watch
+/// position still moves past it).
+pub fn screened_watcher<K>(
+    store: Arc<dyn ObjectStore>,
+    kind: Kind,
+    namespace: Option<String>,
+    screen: Option<Screen>,
+) -> impl Stream<Item = Result<Event<K>, WatchError>> + Send + 'static
+where
+    K: Object + Debug,
+{
     let source = Source {
         store,
         kind,
         namespace,
         failures: 0,
+        screen,
     };
     stream::unfold((source, State::Listing), |(mut source, state)| async move {
         let (items, next) = step::<K>(&mut source, state).await;
@@ -129,6 +150,9 @@ async fn step<K: Object + Debug>(
                         src.namespace.as_deref(),
                         &LabelSelector::everything(),
                         &mut |v| {
+                            if let Some(screen) = &src.screen {
+                                screen(&v, None);
+                            }
                             if let Some(k) = src.decode::<K>(&v) {
                                 events.push(Ok(Event::InitApply(k)));
                             }
@@ -209,6 +233,11 @@ async fn step<K: Object + Debug>(
 }
 
 fn event_of<K: Object + Debug>(source: &Source, change: &Change) -> Option<Event<K>> {
+    if let Some(screen) = &source.screen
+        && !screen(&change.object, Some(change.change))
+    {
+        return None;
+    }
     let object = source.decode::<K>(&change.object)?;
     Some(match change.change {
         ChangeType::Added | ChangeType::Modified => Event::Apply(object),

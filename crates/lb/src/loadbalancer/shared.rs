@@ -12,7 +12,7 @@ use super::{LbError, Refusal, mark_allocated, pool, release_from};
 use crate::{
     LbCtx,
     controller::events::EventType,
-    crd::{AllocatedAddress, IPPool, LoadBalancer, LoadBalancerStatus},
+    crd::{AllocatedAddress, LoadBalancer, LoadBalancerStatus},
     ipam::{PoolEntry, PoolIndex},
     pools::{PoolOp, PoolReply},
     sharing::{HANDED_OVER, Held, SHARING_REFUSED, decide, group_id, ports, sharing_key},
@@ -85,13 +85,17 @@ fn held_address(ctx: &LbCtx, group: &str, members: &[LoadBalancer]) -> Option<He
         if address.ip_pool.is_empty() || address.ip.is_empty() {
             return None;
         }
-        let pool = ctx
-            .pool_cache
-            .get(&ObjectRef::<IPPool>::new(&address.ip_pool))?;
-        (pool.allocated().get(&address.ip) == Some(&m.applicant())).then(|| Held {
-            holder: m.applicant(),
-            address,
-        })
+        ctx.pools
+            .holds(
+                &ctx.pool_cache,
+                &address.ip_pool,
+                &address.ip,
+                &m.applicant(),
+            )
+            .then(|| Held {
+                holder: m.applicant(),
+                address,
+            })
     })
 }
 
@@ -202,9 +206,8 @@ pub async fn apply(
             // balancer. A status left from sharing an address that is no one's now is not its own.
             None => {
                 let pool_holds_it = |address: &AllocatedAddress| {
-                    ctx.pool_cache
-                        .get(&ObjectRef::<IPPool>::new(&address.ip_pool))
-                        .is_some_and(|p| p.allocated().get(&address.ip) == Some(&me))
+                    ctx.pools
+                        .holds(&ctx.pool_cache, &address.ip_pool, &address.ip, &me)
                 };
                 if !status.allocated_address.ip_pool.is_empty()
                     && !pool_holds_it(&status.allocated_address)
@@ -290,10 +293,9 @@ fn holding(ctx: &LbCtx, lb: &LoadBalancer) -> Option<(String, AllocatedAddress)>
     }
     let key = sharing_key(lb).ok().flatten()?;
     let address = lb.status.as_ref()?.allocated_address.clone();
-    let pool = ctx
-        .pool_cache
-        .get(&ObjectRef::<IPPool>::new(&address.ip_pool))?;
-    (pool.allocated().get(&address.ip) == Some(&me)).then_some((key, address))
+    ctx.pools
+        .holds(&ctx.pool_cache, &address.ip_pool, &address.ip, &me)
+        .then_some((key, address))
 }
 
 /// Hands `address`, which `lb` holds for group `group_key` of its namespace, to the group's next
