@@ -577,8 +577,10 @@ impl PoolTask {
             .resource_version
             .clone()
             .unwrap_or_default();
+        // The new version is known for the task's own before the watch can deliver it.
+        let planned = |v: &str| self.known.planned(&self.name, v);
         self.store
-            .merge_status(self.api.kind(), "", &self.name, &version, patch)
+            .merge_status_planned(self.api.kind(), "", &self.name, &version, patch, &planned)
             .await
     }
 

@@ -203,6 +203,20 @@ impl<A: Admit> ObjectStore for Admitted<A> {
             .await
     }
 
+    async fn merge_status_planned(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        patch: &Value,
+        planned: &(dyn for<'v> Fn(&'v str) + Send + Sync),
+    ) -> Result<String, StoreError> {
+        self.inner
+            .merge_status_planned(kind, namespace, name, resource_version, patch, planned)
+            .await
+    }
+
     async fn delete(
         &self,
         kind: &Kind,

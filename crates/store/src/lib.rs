@@ -358,6 +358,27 @@ pub trait ObjectStore: Send + Sync + 'static {
             .unwrap_or_default()
             .to_string())
     }
+    /// [`Self::merge_status`], calling `planned` with the resourceVersion the write is to have
+    /// before any watch can deliver that version, on a backend that can (the embedded one); else
+    /// once it is written. A version handed to `planned` whose write then fails is never used by
+    /// another write. Not called when the patch changes nothing.
+    async fn merge_status_planned(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        patch: &Value,
+        planned: &(dyn for<'v> Fn(&'v str) + Send + Sync),
+    ) -> Result<String, StoreError> {
+        let written = self
+            .merge_status(kind, namespace, name, resource_version, patch)
+            .await?;
+        if written != resource_version {
+            planned(&written);
+        }
+        Ok(written)
+    }
     async fn delete(
         &self,
         kind: &Kind,

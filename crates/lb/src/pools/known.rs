@@ -16,6 +16,11 @@
 //! order, until the task reads or writes the pool next. Watch events of one object come in order,
 //! so the cache catches up through every version the view covered. A list, a deletion and a
 //! deleting pool's versions are always decoded.
+//!
+//! A task learns each patch's version as the store plans the write
+//! ([`crate::store::ObjectStore::merge_status_planned`]), before any watch can deliver it: the
+//! embedded store publishes a change before its writer hears back, so a version learnt only from
+//! the answer would mostly reach the watch first, be decoded, and take the view down.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -36,6 +41,18 @@ struct Pool {
     /// watch delivers a version after its task may have written the next round already.
     written: VecDeque<String>,
     view: Option<View>,
+}
+
+impl Pool {
+    fn remember(&mut self, version: &str) {
+        if self.written.back().is_some_and(|v| v == version) {
+            return;
+        }
+        if self.written.len() == WRITTEN {
+            self.written.pop_front();
+        }
+        self.written.push_back(version.to_string());
+    }
 }
 
 /// Who holds each address of a pool (`status.allocated`), as stored at `version`.
@@ -100,10 +117,7 @@ impl Known {
     ) {
         let mut known = lock(&self.0);
         let p = known.entry(pool.to_string()).or_default();
-        if p.written.len() == WRITTEN {
-            p.written.pop_front();
-        }
-        p.written.push_back(version.to_string());
+        p.remember(version);
         match (&mut p.view, patch) {
             (Some(view), Some(patch)) if Some(view.version.as_str()) == before => {
                 view.patch(patch);
@@ -111,6 +125,15 @@ impl Known {
             }
             _ => p.view = Some(View::of(version, status)),
         }
+    }
+
+    /// The task's write of `pool` is to have `version`: told before the watch can deliver it, so
+    /// that the watch knows it for the task's own.
+    pub fn planned(&self, pool: &str, version: &str) {
+        lock(&self.0)
+            .entry(pool.to_string())
+            .or_default()
+            .remember(version);
     }
 
     /// The task read `pool` at `version`, with `status`.

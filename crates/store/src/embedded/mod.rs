@@ -589,7 +589,20 @@ impl ObjectStore for EmbeddedStore {
         resource_version: &str,
         patch: &Value,
     ) -> Result<String, StoreError> {
-        self.merge_status_impl(kind, namespace, name, resource_version, patch)
+        self.merge_status_impl(kind, namespace, name, resource_version, patch, &|_| {})
+            .await
+    }
+
+    async fn merge_status_planned(
+        &self,
+        kind: &Kind,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        patch: &Value,
+        planned: &(dyn for<'v> Fn(&'v str) + Send + Sync),
+    ) -> Result<String, StoreError> {
+        self.merge_status_impl(kind, namespace, name, resource_version, patch, planned)
             .await
     }
 

@@ -127,7 +127,13 @@ impl Overlay {
 
     /// Forgets every queued row: they failed to commit.
     pub fn clear(&mut self) {
-        *self = Overlay::default();
+        // The versions of failed writes are not handed out again: a writer may have been told
+        // one before its write failed (`merge_status_planned`), and must not see it on another
+        // object's change.
+        *self = Overlay {
+            rv: self.rv,
+            ..Overlay::default()
+        };
     }
 }
 

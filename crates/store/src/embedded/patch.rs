@@ -42,6 +42,7 @@ impl EmbeddedStore {
         name: &str,
         resource_version: &str,
         patch: &Value,
+        planned: &(dyn for<'v> Fn(&'v str) + Send + Sync),
     ) -> Result<String, StoreError> {
         let namespace = if kind.namespaced { namespace } else { "" };
         let text = serde_json::to_string(patch).map_err(StoreError::backend)?;
@@ -75,7 +76,11 @@ impl EmbeddedStore {
                     patch: text,
                 };
             }
-            Ok((vec![row], rv.to_string()))
+            // Under the writer's plan lock: no watch has this version yet, and should the
+            // write fail, the version is not handed out again ([`super::overlay::Overlay::clear`]).
+            let rv = rv.to_string();
+            planned(&rv);
+            Ok((vec![row], rv))
         })
         .await
     }

@@ -220,9 +220,10 @@ async fn a_failed_transaction_fails_its_writes_and_leaves_no_trace() {
     assert!(matches!(dup, Err(StoreError::Backend(_))), "{dup:?}");
     assert_eq!(names(&store).await, vec![("before".to_string(), base)]);
     assert_eq!(store.read().rv, base, "memory is not ahead of the database");
-    // The store goes on, reusing the versions nobody saw.
+    // The store goes on, without handing out the failed writes' versions again: a writer may
+    // have been told one (`merge_status_planned`) and must not take another's change for its own.
     let next = store.create(&k, mk_cm("x2")).await.unwrap();
-    assert_eq!(rv(&next), base + 1);
+    assert_eq!(rv(&next), base + 4);
     let c = tokio::time::timeout(Duration::from_secs(5), watch.next())
         .await
         .unwrap()
@@ -230,7 +231,7 @@ async fn a_failed_transaction_fails_its_writes_and_leaves_no_trace() {
         .unwrap();
     assert_eq!(
         (c.change, c.resource_version),
-        (ChangeType::Added, base + 1)
+        (ChangeType::Added, base + 4)
     );
     let shown = names(&store).await;
     store.close().await;
@@ -243,7 +244,7 @@ async fn a_failed_transaction_fails_its_writes_and_leaves_no_trace() {
         shown,
         "the database is what memory was"
     );
-    assert_eq!(store.read().rv, base + 1);
+    assert_eq!(store.read().rv, base + 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -549,4 +550,66 @@ async fn a_kind_s_write_counter_moves_with_each_of_its_writes() {
         .unwrap();
     assert!(cms.load(Acquire) > widgets.load(Acquire), "the deletion");
     assert_eq!(cms.load(Acquire), store.read().rv);
+}
+
+/// A status patch's writer is told its version while the write is still queued (so before any
+/// watch has it), and a version told to a writer whose write then failed is never another's.
+#[tokio::test]
+async fn a_patch_s_version_is_told_before_it_is_committed_and_never_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    let widget = widget_kind();
+    let w = store
+        .create(
+            &widget,
+            json!({"apiVersion": "example.harvesterhci.io/v1", "kind": "Widget",
+                "metadata": {"name": "w", "namespace": "ns"}}),
+        )
+        .await
+        .unwrap();
+    let mut watch = store
+        .watch(&widget, None, &rv(&w).to_string())
+        .await
+        .unwrap();
+    let told: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let patch = |from: u64, value: &'static str| {
+        let (s, told, widget) = (store.clone(), told.clone(), widget.clone());
+        async move {
+            let note = move |v: &str| told.lock().unwrap().push(v.to_string());
+            s.merge_status_planned(
+                &widget,
+                "ns",
+                "w",
+                &from.to_string(),
+                &json!({"a": value}),
+                &note,
+            )
+            .await
+        }
+    };
+    let held = store.writer.lock().await;
+    let first = queue(&store, patch(rv(&w), "1")).await;
+    // Queued behind the held writer, so neither committed nor published: told already.
+    assert_eq!(*told.lock().unwrap(), [(rv(&w) + 1).to_string()]);
+    drop(held);
+    assert_eq!(first.await.unwrap().unwrap(), (rv(&w) + 1).to_string());
+    let c = watch.next().await.unwrap().unwrap();
+    assert_eq!(c.resource_version, rv(&w) + 1);
+
+    // A told version whose write fails is not handed out again.
+    store.inject_write_failures(0, 1);
+    assert!(patch(rv(&w) + 1, "2").await.is_err());
+    let failed = told.lock().unwrap().last().unwrap().clone();
+    assert_eq!(failed, (rv(&w) + 2).to_string());
+    let next = store.create(&cm_kind(), mk_cm("after")).await.unwrap();
+    assert!(rv(&next) > rv(&w) + 2, "{}", rv(&next));
+    // Nothing changed by a patch: nothing told.
+    let n = told.lock().unwrap().len();
+    assert_eq!(
+        patch(rv(&w) + 1, "1").await.unwrap(),
+        (rv(&w) + 1).to_string()
+    );
+    assert_eq!(told.lock().unwrap().len(), n);
 }
