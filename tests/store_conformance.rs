@@ -325,6 +325,39 @@ pub mod cases {
             .await
             .unwrap();
         assert_eq!(same, v1, "a patch that changes nothing writes nothing");
+        // `merge_status_planned` tells the writer the version its write has (before the watch
+        // delivers it where the backend can): exactly the one returned, and none for a write that
+        // changes nothing or fails.
+        let told = std::sync::Mutex::new(Vec::new());
+        let note = |v: &str| told.lock().unwrap().push(v.to_string());
+        let unchanged = s
+            .merge_status_planned(&k, "ns1", "m", &v1, &json!({"n": 1}), &note)
+            .await
+            .unwrap();
+        assert_eq!(unchanged, v1);
+        let stale = s
+            .merge_status_planned(&k, "ns1", "m", "999999999", &json!({"n": 5}), &note)
+            .await;
+        assert!(
+            matches!(stale, Err(StoreError::Conflict { .. })),
+            "{stale:?}"
+        );
+        assert!(told.lock().unwrap().is_empty(), "{told:?}");
+        let v1 = s
+            .merge_status_planned(&k, "ns1", "m", &v1, &json!({"planned": true}), &note)
+            .await
+            .unwrap();
+        assert_eq!(*told.lock().unwrap(), [v1.clone()]);
+        let ev = tokio::time::timeout(Duration::from_secs(5), watch.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(ev.object["metadata"]["resourceVersion"], v1.as_str());
+        let v1 = s
+            .merge_status(&k, "ns1", "m", &v1, &json!({"planned": null}))
+            .await
+            .unwrap();
 
         // Many rounds, removals as null, then a restart: what was patched is what is read.
         let mut version = v1;
