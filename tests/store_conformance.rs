@@ -347,7 +347,7 @@ pub mod cases {
             .merge_status_planned(&k, "ns1", "m", &v1, &json!({"planned": true}), &note)
             .await
             .unwrap();
-        assert_eq!(*told.lock().unwrap(), [v1.clone()]);
+        assert_eq!(told.lock().unwrap().as_slice(), std::slice::from_ref(&v1));
         let ev = tokio::time::timeout(Duration::from_secs(5), watch.next())
             .await
             .unwrap()
