@@ -436,13 +436,15 @@ fn pool_holding(lb: &LoadBalancer, ip: IpAddr, ctx: &LbCtx) -> Result<String, Re
         // load balancer may not have; unless the pool holds it for this very load balancer (held
         // from before the pool skipped it): the pool task keeps that.
         let skip = entry.options.skip().unwrap_or_default();
-        let own = ctx.pools.holds(
-            &ctx.pool_cache,
-            entry.name,
-            &ip.to_string(),
-            &lb.applicant(),
-        );
-        if ranges.with_skip(skip).is_skipped(ip) && !own {
+        let own = || {
+            ctx.pools.holds(
+                &ctx.pool_cache,
+                entry.name,
+                &ip.to_string(),
+                &lb.applicant(),
+            )
+        };
+        if ranges.with_skip(skip).is_skipped(ip) && !own() {
             return Err(ctx.unmatched(
                 waiter,
                 reason::REQUESTED_ADDRESS_UNAVAILABLE,

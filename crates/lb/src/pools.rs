@@ -218,7 +218,7 @@ impl Pools {
         }
     }
 
-    /// Whether `pool` is, exactly, a version its task wrote (one of the last [`WRITTEN`]): such a
+    /// Whether `pool` is, exactly, a version its task wrote (one of the last few): such a
     /// change (a status write of an allocation round) is already known to the task and calls for
     /// no pool reconcile.
     pub fn wrote(&self, pool: &IPPool) -> bool {
@@ -232,17 +232,18 @@ impl Pools {
     /// the pool stands.
     pub fn screen(&self) -> crate::store::watcher::Screen {
         let known = self.known.clone();
-        Arc::new(move |object, change| known.screen(object, change))
+        Arc::new(move |seen| known.screen(seen))
     }
 
     /// Whether `pool` holds `ip` for `who` as stored: as its task last read or wrote it while no
     /// later version was seen, else as `cache` has it.
     pub fn holds(&self, cache: &Store<IPPool>, pool: &str, ip: &str, who: &str) -> bool {
         self.known.holds(pool, ip, who).unwrap_or_else(|| {
-            cache
-                .get(&ObjectRef::new(pool))
-                .and_then(|p| p.status.as_ref().and_then(|s| s.allocated.get(ip).cloned()))
-                .is_some_and(|id| id == who)
+            cache.get(&ObjectRef::new(pool)).is_some_and(|p| {
+                p.status
+                    .as_ref()
+                    .is_some_and(|s| s.allocated.get(ip).is_some_and(|id| id == who))
+            })
         })
     }
 
@@ -394,6 +395,7 @@ impl PoolTask {
     /// Reads the pool; rebuilds the allocator from its status unless the pool is exactly the one the
     /// allocator was built from or last wrote (same resourceVersion).
     async fn load(&mut self) -> Result<(), PoolOpError> {
+        let mark = self.known.mark(&self.name);
         let pool = self
             .api
             .get("", &self.name)
@@ -405,6 +407,10 @@ impl PoolTask {
             .ok_or_else(|| PoolOpError::Missing {
                 pool: self.name.clone(),
             })?;
+        if let Some(version) = pool.metadata.resource_version.as_deref() {
+            self.known
+                .read(&self.name, mark, version, pool.status.as_ref());
+        }
         if let Some(loaded) = &self.loaded
             && loaded.pool.metadata.resource_version.is_some()
             && loaded.pool.metadata.resource_version == pool.metadata.resource_version
@@ -413,9 +419,6 @@ impl PoolTask {
         }
         let none = PoolStatus::default();
         let status = pool.status.as_ref().unwrap_or(&none);
-        if let Some(version) = pool.metadata.resource_version.as_deref() {
-            self.known.read(&self.name, version, pool.status.as_ref());
-        }
         let mut allocator = PoolAllocator::from_status(&self.name, &pool.spec.ranges, status);
         // What the pool skips comes with the pool object, so a change of the annotation (a new
         // resourceVersion) rebuilds the allocator too.
@@ -473,6 +476,7 @@ impl PoolTask {
                 .loaded
                 .as_ref()
                 .and_then(|l| l.pool.metadata.resource_version.clone());
+            let mark = self.known.mark(&self.name);
             let (written, patch) = match status {
                 StatusWrite::Whole(status) => (self.write_whole(status).await, None),
                 StatusWrite::Patch(patch) => (self.write_patch(&patch).await, Some(patch)),
@@ -480,13 +484,18 @@ impl PoolTask {
             match written {
                 Ok(resource_version) => {
                     if let Some(loaded) = self.loaded.as_mut() {
-                        self.known.written(
-                            &self.name,
-                            before.as_deref(),
-                            &resource_version,
-                            patch.as_ref(),
-                            loaded.pool.status.as_ref(),
-                        );
+                        // The same version back: the store found nothing to change, and that
+                        // version is not the task's own.
+                        if before.as_ref() != Some(&resource_version) {
+                            self.known.written(
+                                &self.name,
+                                mark,
+                                before.as_deref(),
+                                &resource_version,
+                                patch.as_ref(),
+                                loaded.pool.status.as_ref(),
+                            );
+                        }
                         loaded.pool.metadata.resource_version = Some(resource_version);
                         loaded.synced |= applied.synced;
                     }
@@ -1073,6 +1082,104 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(pools.holds(&cache, "p", &ips[4], "default/lb4"));
+        stop.cancel();
+    }
+
+    /// As the controller runs it: the pool watch polled all along, on another worker thread, while
+    /// the task writes. Each patch's version is told to the task as the store plans the write, so
+    /// the watch, however early it looks, knows it for the task's own: of the task's versions only
+    /// the first (written whole, after the task's first read, and told after the write) may reach
+    /// the cache.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watch_running_alongside_knows_each_patch_for_the_task_s_own() {
+        use futures::StreamExt;
+        use kube::runtime::{reflector, watcher::Event};
+
+        use crate::{
+            crd::{IPPool, pool_api, pool_kind},
+            ipam::{PoolSpec, RangeSpec},
+            store::{
+                embedded::{Durability, EmbeddedStore},
+                watcher::screened_watcher,
+            },
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .unwrap();
+        let api = pool_api(store.clone());
+        let pool = IPPool {
+            metadata: kube::api::ObjectMeta {
+                name: Some("p".into()),
+                ..Default::default()
+            },
+            spec: PoolSpec {
+                ranges: vec![RangeSpec {
+                    subnet: "10.9.0.0/24".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }
+            .into(),
+            status: None,
+        };
+        api.create(&pool).await.unwrap();
+        let stop = CancellationToken::new();
+        let (wake, _woken) = mpsc::unbounded_channel();
+        let pools = Arc::new(Pools::new(
+            store.clone(),
+            wake,
+            Recorder::start(store.clone(), "test", stop.clone()),
+            stop.clone(),
+        ));
+        let (_cache, writer) = reflector::store::<IPPool>();
+        let mut watch = Box::pin(reflector::reflector(
+            writer,
+            screened_watcher::<IPPool>(store.clone(), pool_kind(), None, Some(pools.screen())),
+        ));
+        while !matches!(watch.next().await, Some(Ok(Event::InitDone))) {}
+        let (seen_tx, mut seen) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(event) = watch.next().await {
+                if let Ok(Event::Apply(p)) = event {
+                    let _ = seen_tx.send(p.metadata.resource_version.unwrap_or_default());
+                }
+            }
+        });
+        let mut own = Vec::new();
+        for i in 0..40 {
+            pools
+                .call(
+                    "p",
+                    PoolOp::Allocate {
+                        id: format!("default/lb{i}"),
+                        want: Want::Any(None),
+                        waiter: ObjectRef::new(&format!("lb{i}")).within("default"),
+                    },
+                )
+                .await
+                .unwrap();
+            own.push(api.get("", "p").await.unwrap().unwrap());
+        }
+        let mut theirs = own.last().unwrap().clone();
+        theirs
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert("by".into(), "someone".into());
+        let theirs = api.replace(&theirs).await.unwrap();
+        let theirs = theirs.metadata.resource_version.unwrap();
+        let mut decoded = Vec::new();
+        while decoded.last() != Some(&theirs) {
+            decoded.push(seen.recv().await.unwrap());
+        }
+        let first = own[0].metadata.resource_version.clone().unwrap();
+        let later: Vec<&String> = decoded
+            .iter()
+            .filter(|v| **v != first && **v != theirs)
+            .collect();
+        assert!(later.is_empty(), "{later:?} of {decoded:?}");
+        assert!(own.iter().all(|p| pools.wrote(p)));
         stop.cancel();
     }
 

@@ -360,8 +360,8 @@ pub trait ObjectStore: Send + Sync + 'static {
     }
     /// [`Self::merge_status`], calling `planned` with the resourceVersion the write is to have
     /// before any watch can deliver that version, on a backend that can (the embedded one); else
-    /// once it is written. A version handed to `planned` whose write then fails is never used by
-    /// another write. Not called when the patch changes nothing.
+    /// once it is written. A version handed to `planned` whose write then fails is not used by
+    /// another write while the store stays open. Not called when the patch changes nothing.
     async fn merge_status_planned(
         &self,
         kind: &Kind,

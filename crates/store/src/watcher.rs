@@ -32,10 +32,21 @@ enum State {
     },
 }
 
-/// Looks at each object before it is decoded: `false` leaves the object out of the stream (it is
-/// neither decoded nor yielded). Called with the change's type, or `None` for an object of a list
-/// (which is always yielded whatever the answer: a list is the whole state).
-pub type Screen = Arc<dyn Fn(&serde_json::Value, Option<ChangeType>) -> bool + Send + Sync>;
+/// What a [`Screen`] is shown.
+#[derive(Clone, Copy, Debug)]
+pub enum Seen<'a> {
+    /// A list begins: what was known of every object may be gone (a deletion during a watch gap is
+    /// only an absence from the list).
+    Listing,
+    /// An object of the list (always yielded, whatever the answer: a list is the whole state).
+    Listed(&'a serde_json::Value),
+    /// A watched change.
+    Changed(&'a serde_json::Value, ChangeType),
+}
+
+/// Looks at each object before it is decoded: `false` leaves a watched change out of the stream
+/// (it is neither decoded nor yielded).
+pub type Screen = Arc<dyn Fn(Seen<'_>) -> bool + Send + Sync>;
 
 struct Source {
     store: Arc<dyn ObjectStore>,
@@ -142,6 +153,9 @@ async fn step<K: Object + Debug>(
             // Each object is decoded as the store hands it over and its JSON dropped at once: the
             // whole list as JSON beside the whole list decoded was the peak of a cold start.
             let mut events = vec![Ok(Event::Init)];
+            if let Some(screen) = &source.screen {
+                screen(Seen::Listing);
+            }
             let listed = {
                 let src = &*source;
                 src.store
@@ -151,7 +165,7 @@ async fn step<K: Object + Debug>(
                         &LabelSelector::everything(),
                         &mut |v| {
                             if let Some(screen) = &src.screen {
-                                screen(&v, None);
+                                screen(Seen::Listed(&v));
                             }
                             if let Some(k) = src.decode::<K>(&v) {
                                 events.push(Ok(Event::InitApply(k)));
@@ -234,7 +248,7 @@ async fn step<K: Object + Debug>(
 
 fn event_of<K: Object + Debug>(source: &Source, change: &Change) -> Option<Event<K>> {
     if let Some(screen) = &source.screen
-        && !screen(&change.object, Some(change.change))
+        && !screen(Seen::Changed(&change.object, change.change))
     {
         return None;
     }

@@ -15,7 +15,10 @@
 //! change, or one the watch delivers late), and from then on every version is decoded again, in
 //! order, until the task reads or writes the pool next. Watch events of one object come in order,
 //! so the cache catches up through every version the view covered. A list, a deletion and a
-//! deleting pool's versions are always decoded.
+//! deleting pool's versions are always decoded. A task stands its view afresh only if the watch
+//! decoded nothing of the pool since the task began the read or write the view comes from, but
+//! that very version: otherwise someone else's newer version may be in the cache already, and the
+//! view would be older than the cache (or the pool gone).
 //!
 //! A task learns each patch's version as the store plans the write
 //! ([`crate::store::ObjectStore::merge_status_planned`]), before any watch can deliver it: the
@@ -26,7 +29,11 @@ use std::collections::{HashMap, VecDeque};
 
 use serde_json::Value;
 
-use crate::{ipam::PoolStatus, store::ChangeType, sync::lock};
+use crate::{
+    ipam::PoolStatus,
+    store::{ChangeType, watcher::Seen},
+    sync::lock,
+};
 
 /// How many of a pool's own versions are remembered: far more rounds than a watch lags behind.
 const WRITTEN: usize = 64;
@@ -41,7 +48,18 @@ struct Pool {
     /// watch delivers a version after its task may have written the next round already.
     written: VecDeque<String>,
     view: Option<View>,
+    /// Bumped at each version of the pool the watch decodes that is not the view's, and at each
+    /// list. A task stands a view afresh only if nothing was decoded since it began the read or
+    /// write the view comes from, but that very version: else someone else's version, newer than
+    /// the task's, is in the cache (or the pool is gone) and the view would be older than the cache.
+    decoded: u64,
+    /// The version the watch decoded last.
+    last_decoded: Option<String>,
 }
+
+/// Where a pool's watch stood when its task began a read or a write ([`Known::mark`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Mark(u64);
 
 impl Pool {
     fn remember(&mut self, version: &str) {
@@ -52,6 +70,23 @@ impl Pool {
             self.written.pop_front();
         }
         self.written.push_back(version.to_string());
+    }
+
+    fn wrote(&self, version: &str) -> bool {
+        self.written.iter().any(|v| v == version)
+    }
+
+    /// Whether a view of `version` built from a read or write begun at `mark` may stand.
+    fn may_stand(&self, mark: Mark, version: &str) -> bool {
+        self.decoded == mark.0
+            || (self.decoded == mark.0 + 1 && self.last_decoded.as_deref() == Some(version))
+    }
+
+    /// The watch decoded `version` (`None`: not known).
+    fn decoded(&mut self, version: Option<&str>) {
+        self.view = None;
+        self.decoded += 1;
+        self.last_decoded = version.map(str::to_string);
     }
 }
 
@@ -100,31 +135,13 @@ impl View {
 impl Known {
     /// Whether `version` of `pool` is one its task wrote (one of the last [`WRITTEN`]).
     pub fn wrote(&self, pool: &str, version: &str) -> bool {
-        lock(&self.0)
-            .get(pool)
-            .is_some_and(|p| p.written.iter().any(|v| v == version))
+        lock(&self.0).get(pool).is_some_and(|p| p.wrote(version))
     }
 
-    /// The task wrote `pool` at `version`, over `before`: `patch` (a status merge patch) or the
-    /// whole status; `status` is the status now stored.
-    pub fn written(
-        &self,
-        pool: &str,
-        before: Option<&str>,
-        version: &str,
-        patch: Option<&Value>,
-        status: Option<&PoolStatus>,
-    ) {
-        let mut known = lock(&self.0);
-        let p = known.entry(pool.to_string()).or_default();
-        p.remember(version);
-        match (&mut p.view, patch) {
-            (Some(view), Some(patch)) if Some(view.version.as_str()) == before => {
-                view.patch(patch);
-                view.version = version.to_string();
-            }
-            _ => p.view = Some(View::of(version, status)),
-        }
+    /// Where `pool`'s watch stands now: taken before a read or a write whose version the task may
+    /// then stand its view at.
+    pub fn mark(&self, pool: &str) -> Mark {
+        Mark(lock(&self.0).get(pool).map_or(0, |p| p.decoded))
     }
 
     /// The task's write of `pool` is to have `version`: told before the watch can deliver it, so
@@ -136,12 +153,50 @@ impl Known {
             .remember(version);
     }
 
-    /// The task read `pool` at `version`, with `status`.
-    pub fn read(&self, pool: &str, version: &str, status: Option<&PoolStatus>) {
+    /// The task wrote `pool` at `version`, over `before`, in a write begun at `mark`: `patch` (a
+    /// status merge patch) or the whole status; `status` is the status now stored. A standing
+    /// view of `before` follows the patch; otherwise one is built from `status` (outside the lock:
+    /// the store tells versions under its own) and stands if [`Pool::may_stand`].
+    pub fn written(
+        &self,
+        pool: &str,
+        mark: Mark,
+        before: Option<&str>,
+        version: &str,
+        patch: Option<&Value>,
+        status: Option<&PoolStatus>,
+    ) {
+        {
+            let mut known = lock(&self.0);
+            let p = known.entry(pool.to_string()).or_default();
+            p.remember(version);
+            if let (Some(view), Some(patch)) = (&mut p.view, patch)
+                && Some(view.version.as_str()) == before
+            {
+                view.patch(patch);
+                view.version = version.to_string();
+                return;
+            }
+        }
+        self.stand(pool, mark, View::of(version, status));
+    }
+
+    /// The task read `pool` at `version`, with `status`, in a read begun at `mark`.
+    pub fn read(&self, pool: &str, mark: Mark, version: &str, status: Option<&PoolStatus>) {
+        let standing = lock(&self.0)
+            .get(pool)
+            .and_then(|p| p.view.as_ref())
+            .is_some_and(|v| v.version == version);
+        if !standing {
+            self.stand(pool, mark, View::of(version, status));
+        }
+    }
+
+    fn stand(&self, pool: &str, mark: Mark, view: View) {
         let mut known = lock(&self.0);
         let p = known.entry(pool.to_string()).or_default();
-        if p.view.as_ref().is_none_or(|v| v.version != version) {
-            p.view = Some(View::of(version, status));
+        if p.may_stand(mark, &view.version) {
+            p.view = Some(view);
         }
     }
 
@@ -153,10 +208,19 @@ impl Known {
         Some(view.allocated.get(ip).is_some_and(|id| id == who))
     }
 
-    /// Whether the watch must decode `object` (a change of type `change`, or `None`: listed):
-    /// not when its task wrote it and its view stands. A version decoded that is not the view's
-    /// takes the view down.
-    pub fn screen(&self, object: &Value, change: Option<ChangeType>) -> bool {
+    /// Whether the watch must decode what it has `seen`: not a change its task wrote while its
+    /// view stands. Any other version decoded takes the view down, as does a list.
+    pub fn screen(&self, seen: Seen<'_>) -> bool {
+        let (object, change) = match seen {
+            Seen::Listing => {
+                for p in lock(&self.0).values_mut() {
+                    p.decoded(None);
+                }
+                return true;
+            }
+            Seen::Listed(object) => (object, None),
+            Seen::Changed(object, change) => (object, Some(change)),
+        };
         let meta = object.get("metadata");
         let field = |f: &str| meta.and_then(|m| m.get(f));
         let Some(name) = field("name").and_then(Value::as_str) else {
@@ -165,28 +229,34 @@ impl Known {
         let version = field("resourceVersion").and_then(Value::as_str);
         let deleting = field("deletionTimestamp").is_some_and(|v| !v.is_null());
         let mut known = lock(&self.0);
+        if !known.contains_key(name) {
+            known.insert(name.to_string(), Pool::default());
+        }
         let Some(p) = known.get_mut(name) else {
             return true;
         };
         if change == Some(ChangeType::Modified)
             && !deleting
             && p.view.is_some()
-            && version.is_some_and(|v| p.written.iter().any(|w| w == v))
+            && version.is_some_and(|v| p.wrote(v))
         {
             return false;
         }
         if change == Some(ChangeType::Deleted)
-            || p.view
-                .as_ref()
-                .is_some_and(|view| Some(view.version.as_str()) != version)
+            || p.view.as_ref().map(|v| v.version.as_str()) != version
         {
-            p.view = None;
+            p.decoded(version);
         }
         true
     }
 
+    /// The pool is gone: what its task wrote and its view are forgotten; a read or write begun
+    /// before may not stand a view.
     pub fn forget(&self, pool: &str) {
-        lock(&self.0).remove(pool);
+        if let Some(p) = lock(&self.0).get_mut(pool) {
+            p.written.clear();
+            p.decoded(None);
+        }
     }
 }
 
@@ -210,27 +280,33 @@ mod tests {
         }
     }
 
-    const MODIFIED: Option<ChangeType> = Some(ChangeType::Modified);
+    fn modified(known: &Known, name: &str, rv: &str) -> bool {
+        known.screen(Seen::Changed(&version(name, rv), ChangeType::Modified))
+    }
 
-    /// A pool the task read at 10, then wrote at 11 and 12 by patches.
+    /// A pool the task read at 10, then wrote at 11 and 12 by patches (the versions told at plan
+    /// time, as the embedded store tells them).
     fn written_twice() -> Known {
         let known = Known::default();
-        known.read("p", "10", Some(&status(&[("10.0.0.1", "ns/a")])));
-        known.written(
+        known.read(
             "p",
-            Some("10"),
-            "11",
-            Some(&json!({"allocated": {"10.0.0.2": "ns/b"}})),
-            Some(&status(&[("10.0.0.1", "ns/a"), ("10.0.0.2", "ns/b")])),
+            known.mark("p"),
+            "10",
+            Some(&status(&[("10.0.0.1", "ns/a")])),
         );
-        known.written(
-            "p",
-            Some("11"),
-            "12",
-            Some(&json!({"allocated": {"10.0.0.1": null, "10.0.0.3": "ns/c"}})),
-            // What the task holds; the view follows the patch, not this.
-            None,
-        );
+        for (before, after, patch) in [
+            ("10", "11", json!({"allocated": {"10.0.0.2": "ns/b"}})),
+            (
+                "11",
+                "12",
+                json!({"allocated": {"10.0.0.1": null, "10.0.0.3": "ns/c"}}),
+            ),
+        ] {
+            let mark = known.mark("p");
+            known.planned("p", after);
+            // What the task holds is not read when its view follows the patch.
+            known.written("p", mark, Some(before), after, Some(&patch), None);
+        }
         known
     }
 
@@ -243,17 +319,21 @@ mod tests {
         assert_eq!(known.holds("p", "10.0.0.3", "ns/c"), Some(true));
         assert_eq!(known.holds("other", "10.0.0.3", "ns/c"), None);
         // An emptied map is written as null.
+        let mark = known.mark("p");
         known.written(
             "p",
+            mark,
             Some("12"),
             "13",
             Some(&json!({"allocated": null})),
             None,
         );
         assert_eq!(known.holds("p", "10.0.0.2", "ns/b"), Some(false));
-        // A patch over a version the view is not at rebuilds the view from the status.
+        // A patch over a version the view is not at: the view is built from the status.
+        let mark = known.mark("p");
         known.written(
             "p",
+            mark,
             Some("99"),
             "14",
             Some(&json!({"allocated": {"10.0.0.9": "ns/z"}})),
@@ -266,41 +346,116 @@ mod tests {
     #[test]
     fn the_task_s_own_versions_are_left_out_while_its_view_stands() {
         let known = written_twice();
-        assert!(!known.screen(&version("p", "11"), MODIFIED));
-        assert!(!known.screen(&version("p", "12"), MODIFIED));
-        // Not a version it wrote: decoded; the view's own version leaves it standing.
-        assert!(known.screen(&version("p", "10"), MODIFIED));
-        assert!(known.screen(&version("p", "12"), None));
-        // Another pool, a pool no task knows, an object without a name.
-        assert!(known.screen(&version("q", "11"), MODIFIED));
-        assert!(known.screen(&json!({}), MODIFIED));
+        assert!(!modified(&known, "p", "11"));
+        assert!(!modified(&known, "p", "12"));
+        // The view's own version, decoded (a list of it), leaves the view standing.
+        assert!(known.screen(Seen::Listed(&version("p", "12"))));
+        assert_eq!(known.holds("p", "10.0.0.3", "ns/c"), Some(true));
+        // Another pool, an object without a name.
+        assert!(modified(&known, "q", "11"));
+        assert!(known.screen(Seen::Changed(&json!({}), ChangeType::Modified)));
+        assert_eq!(known.holds("p", "10.0.0.3", "ns/c"), Some(true));
     }
 
     #[test]
     fn a_version_the_view_is_not_takes_it_down_until_the_task_reads_or_writes_again() {
         // Someone else's change.
         let known = written_twice();
-        assert!(known.screen(&version("p", "13"), MODIFIED));
+        assert!(modified(&known, "p", "13"));
         assert_eq!(known.holds("p", "10.0.0.2", "ns/b"), None);
         // From then on the task's own versions are decoded too, so the cache catches up.
-        assert!(known.screen(&version("p", "12"), MODIFIED));
+        assert!(modified(&known, "p", "12"));
         // Until the task reads (or writes) the pool again.
-        known.read("p", "13", Some(&status(&[("10.0.0.5", "ns/e")])));
+        known.read(
+            "p",
+            known.mark("p"),
+            "13",
+            Some(&status(&[("10.0.0.5", "ns/e")])),
+        );
         assert_eq!(known.holds("p", "10.0.0.5", "ns/e"), Some(true));
-        known.written("p", Some("13"), "14", Some(&json!({"allocated": {}})), None);
-        assert!(!known.screen(&version("p", "14"), MODIFIED));
+        let mark = known.mark("p");
+        known.planned("p", "14");
+        known.written(
+            "p",
+            mark,
+            Some("13"),
+            "14",
+            Some(&json!({"allocated": {}})),
+            None,
+        );
+        assert!(!modified(&known, "p", "14"));
 
         // An older version delivered late (the task read a newer one first): the versions after
         // it, its own included, are decoded.
         let known = written_twice();
-        assert!(known.screen(&version("p", "9"), MODIFIED));
-        assert!(known.screen(&version("p", "11"), MODIFIED));
+        assert!(modified(&known, "p", "9"));
+        assert!(modified(&known, "p", "11"));
         assert_eq!(known.holds("p", "10.0.0.3", "ns/c"), None);
 
-        // A list.
+        // A list, whatever it holds.
         let known = written_twice();
-        assert!(known.screen(&version("p", "11"), None));
+        assert!(known.screen(Seen::Listing));
         assert_eq!(known.holds("p", "10.0.0.3", "ns/c"), None);
+        assert!(modified(&known, "p", "12"));
+    }
+
+    /// A view stands afresh only if the watch decoded nothing since the read or write it comes
+    /// from began, but that very version: else someone else's newer version is in the cache and
+    /// the view would be older than the cache.
+    #[test]
+    fn a_view_does_not_stand_over_a_change_decoded_meanwhile() {
+        // The task's patch 13 is told and left out; someone else's 14 is decoded before the
+        // task hears back: no view at 13.
+        let known = written_twice();
+        let mark = known.mark("p");
+        known.planned("p", "13");
+        assert!(!modified(&known, "p", "13"));
+        assert!(modified(&known, "p", "14"));
+        known.written(
+            "p",
+            mark,
+            Some("12"),
+            "13",
+            Some(&json!({"allocated": {}})),
+            Some(&status(&[("10.0.0.2", "ns/b")])),
+        );
+        assert_eq!(known.holds("p", "10.0.0.2", "ns/b"), None);
+        // Nor from a read begun before 14 was decoded.
+        let known = written_twice();
+        assert!(modified(&known, "p", "13"));
+        let mark = known.mark("p");
+        assert!(modified(&known, "p", "14"));
+        known.read("p", mark, "13", Some(&status(&[("10.0.0.2", "ns/b")])));
+        assert_eq!(known.holds("p", "10.0.0.2", "ns/b"), None);
+        // The only version decoded meanwhile is the one written (told after the write, as the
+        // Kubernetes backend tells it): the view stands.
+        let known = written_twice();
+        assert!(modified(&known, "p", "13"));
+        let mark = known.mark("p");
+        assert!(modified(&known, "p", "14"));
+        known.written(
+            "p",
+            mark,
+            Some("13"),
+            "14",
+            None,
+            Some(&status(&[("10.0.0.7", "ns/g")])),
+        );
+        assert_eq!(known.holds("p", "10.0.0.7", "ns/g"), Some(true));
+        // Deleted meanwhile: no view, and none from a write begun before the pool was forgotten.
+        let known = written_twice();
+        let mark = known.mark("p");
+        known.planned("p", "13");
+        assert!(!modified(&known, "p", "13"));
+        assert!(known.screen(Seen::Changed(&version("p", "14"), ChangeType::Deleted)));
+        known.written("p", mark, Some("12"), "13", None, Some(&status(&[])));
+        assert_eq!(known.holds("p", "10.0.0.3", "ns/c"), None);
+        let known = written_twice();
+        let mark = known.mark("p");
+        known.forget("p");
+        known.written("p", mark, Some("12"), "13", None, Some(&status(&[])));
+        assert_eq!(known.holds("p", "10.0.0.3", "ns/c"), None);
+        assert!(!known.wrote("p", "12"));
     }
 
     #[test]
@@ -308,8 +463,8 @@ mod tests {
         let known = written_twice();
         let mut deleting = version("p", "12");
         deleting["metadata"]["deletionTimestamp"] = json!("2026-12-07T00:00:00Z");
-        assert!(known.screen(&deleting, MODIFIED));
-        assert!(known.screen(&version("p", "12"), Some(ChangeType::Deleted)));
+        assert!(known.screen(Seen::Changed(&deleting, ChangeType::Modified)));
+        assert!(known.screen(Seen::Changed(&version("p", "12"), ChangeType::Deleted)));
         assert_eq!(known.holds("p", "10.0.0.3", "ns/c"), None);
         known.forget("p");
         assert!(!known.wrote("p", "12"));
@@ -319,7 +474,7 @@ mod tests {
     fn only_the_last_versions_are_remembered() {
         let known = Known::default();
         for rv in 1..=(WRITTEN + 1) {
-            known.written("p", None, &rv.to_string(), None, None);
+            known.planned("p", &rv.to_string());
         }
         assert!(!known.wrote("p", "1"));
         assert!(known.wrote("p", "2"));

@@ -141,8 +141,8 @@ pub(super) fn create_data_dir(data_dir: &Path) -> Result<(), OpenError> {
 /// SQLite keeps a statement journal of the pages it changes (to undo the statement alone should it
 /// fail halfway), and past 64 KiB it spilled that journal to a temporary file: writing it was 6.6%
 /// of the server's CPU under POST load. In memory it costs a copy of those pages, as large as one
-/// commit's rows. The store sorts nothing in SQL (lists are served from memory), so no other
-/// temporary table grows with the data.
+/// commit's rows. Lists are served from memory; the store's few SQL sorts (at open) follow an index
+/// or are small, so no other temporary table grows with the data.
 pub(super) fn options(path: &Path, synchronous: SqliteSynchronous) -> SqliteConnectOptions {
     SqliteConnectOptions::new()
         .filename(path)

@@ -595,7 +595,11 @@ async fn a_patch_s_version_is_told_before_it_is_committed_and_never_reused() {
     assert_eq!(*told.lock().unwrap(), [(rv(&w) + 1).to_string()]);
     drop(held);
     assert_eq!(first.await.unwrap().unwrap(), (rv(&w) + 1).to_string());
-    let c = watch.next().await.unwrap().unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(5), watch.next())
+        .await
+        .expect("the change is published")
+        .unwrap()
+        .unwrap();
     assert_eq!(c.resource_version, rv(&w) + 1);
 
     // A told version whose write fails is not handed out again.
