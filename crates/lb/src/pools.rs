@@ -880,17 +880,67 @@ pub(crate) fn set_condition(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        crd::{IPPool, pool_api, pool_kind},
+        ipam::{PoolSpec, RangeSpec},
+        store::{
+            embedded::{Durability, EmbeddedStore},
+            watcher::screened_watcher,
+        },
+    };
 
-    /// Every version an allocation round wrote is known as the task's own, not only the last: the
-    /// pool watch delivers a version after the next round may have been written, and an earlier
-    /// own version taken for someone else's change costs a reconcile and a read of the whole pool.
-    #[tokio::test]
-    async fn earlier_versions_a_task_wrote_are_its_own() {
-        use crate::{
-            crd::{IPPool, pool_api},
-            ipam::{PoolSpec, RangeSpec},
-            store::embedded::{Durability, EmbeddedStore},
-        };
+    /// The pool "p" (10.9.0.0/24) on a fresh embedded store, and the pool tasks.
+    struct OnePool {
+        _dir: tempfile::TempDir,
+        store: Arc<dyn ObjectStore>,
+        api: Api<IPPool>,
+        pools: Arc<Pools>,
+        stop: CancellationToken,
+        _woken: mpsc::UnboundedReceiver<ObjectRef<LoadBalancer>>,
+    }
+
+    type Watch = std::pin::Pin<
+        Box<
+            dyn futures::Stream<
+                    Item = Result<
+                        kube::runtime::watcher::Event<IPPool>,
+                        kube::runtime::watcher::Error,
+                    >,
+                > + Send,
+        >,
+    >;
+
+    impl OnePool {
+        /// The pool watch as the controller runs it (screened, into a cache), listed: it watches
+        /// from the list when next polled.
+        async fn listed_watch(&self) -> (Store<IPPool>, Watch) {
+            use futures::StreamExt;
+            use kube::runtime::{reflector, watcher::Event};
+            let (cache, writer) = reflector::store::<IPPool>();
+            let mut watch: Watch = Box::pin(reflector::reflector(
+                writer,
+                screened_watcher::<IPPool>(
+                    self.store.clone(),
+                    pool_kind(),
+                    None,
+                    Some(self.pools.screen()),
+                ),
+            ));
+            while !matches!(watch.next().await, Some(Ok(Event::InitDone))) {}
+            (cache, watch)
+        }
+    }
+
+    /// Any address for the load balancer `default/lb<i>`.
+    fn allocation(i: usize) -> PoolOp {
+        PoolOp::Allocate {
+            id: format!("default/lb{i}"),
+            want: Want::Any(None),
+            waiter: ObjectRef::new(&format!("lb{i}")).within("default"),
+        }
+    }
+
+    async fn one_pool() -> OnePool {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
             .await
@@ -913,26 +963,34 @@ mod tests {
         };
         api.create(&pool).await.unwrap();
         let stop = CancellationToken::new();
-        let (wake, _woken) = mpsc::unbounded_channel();
-        let pools = Pools::new(
+        let (wake, woken) = mpsc::unbounded_channel();
+        let pools = Arc::new(Pools::new(
             store.clone(),
             wake,
             Recorder::start(store.clone(), "test", stop.clone()),
             stop.clone(),
-        );
+        ));
+        OnePool {
+            _dir: dir,
+            store,
+            api,
+            pools,
+            stop,
+            _woken: woken,
+        }
+    }
+
+    /// Every version an allocation round wrote is known as the task's own, not only the last: the
+    /// pool watch delivers a version after the next round may have been written, and an earlier
+    /// own version taken for someone else's change costs a reconcile and a read of the whole pool.
+    #[tokio::test]
+    async fn earlier_versions_a_task_wrote_are_its_own() {
+        let OnePool {
+            api, pools, stop, ..
+        } = one_pool().await;
         let mut versions = Vec::new();
         for i in 0..5 {
-            pools
-                .call(
-                    "p",
-                    PoolOp::Allocate {
-                        id: format!("default/lb{i}"),
-                        want: Want::Any(None),
-                        waiter: ObjectRef::new(&format!("lb{i}")).within("default"),
-                    },
-                )
-                .await
-                .unwrap();
+            pools.call("p", allocation(i)).await.unwrap();
             versions.push(api.get("", "p").await.unwrap().unwrap());
         }
         for v in &versions {
@@ -958,60 +1016,12 @@ mod tests {
         use futures::StreamExt;
         use kube::runtime::{reflector, watcher::Event};
 
-        use crate::{
-            crd::{IPPool, pool_api, pool_kind},
-            ipam::{PoolSpec, RangeSpec},
-            store::{
-                embedded::{Durability, EmbeddedStore},
-                watcher::screened_watcher,
-            },
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
-            .await
-            .unwrap();
-        let api = pool_api(store.clone());
-        let pool = IPPool {
-            metadata: kube::api::ObjectMeta {
-                name: Some("p".into()),
-                ..Default::default()
-            },
-            spec: PoolSpec {
-                ranges: vec![RangeSpec {
-                    subnet: "10.9.0.0/24".into(),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }
-            .into(),
-            status: None,
-        };
-        api.create(&pool).await.unwrap();
-        let stop = CancellationToken::new();
-        let (wake, _woken) = mpsc::unbounded_channel();
-        let pools = Pools::new(
-            store.clone(),
-            wake,
-            Recorder::start(store.clone(), "test", stop.clone()),
-            stop.clone(),
-        );
-        let (cache, writer) = reflector::store::<IPPool>();
-        let mut watch = Box::pin(reflector::reflector(
-            writer,
-            screened_watcher::<IPPool>(store.clone(), pool_kind(), None, Some(pools.screen())),
-        ));
-        // The list; the watch starts from it when next polled.
-        while !matches!(watch.next().await, Some(Ok(Event::InitDone))) {}
-        let allocate = |i: usize| {
-            pools.call(
-                "p",
-                PoolOp::Allocate {
-                    id: format!("default/lb{i}"),
-                    want: Want::Any(None),
-                    waiter: ObjectRef::new(&format!("lb{i}")).within("default"),
-                },
-            )
-        };
+        let fixture = one_pool().await;
+        let (cache, mut watch) = fixture.listed_watch().await;
+        let OnePool {
+            api, pools, stop, ..
+        } = fixture;
+        let allocate = |i: usize| pools.call("p", allocation(i));
         let ip = |reply| match reply {
             Ok(PoolReply::Allocated(a)) => a.ip.to_string(),
             other => panic!("{other:?}"),
@@ -1093,51 +1103,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_watch_running_alongside_knows_each_patch_for_the_task_s_own() {
         use futures::StreamExt;
-        use kube::runtime::{reflector, watcher::Event};
+        use kube::runtime::watcher::Event;
 
-        use crate::{
-            crd::{IPPool, pool_api, pool_kind},
-            ipam::{PoolSpec, RangeSpec},
-            store::{
-                embedded::{Durability, EmbeddedStore},
-                watcher::screened_watcher,
-            },
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
-            .await
-            .unwrap();
-        let api = pool_api(store.clone());
-        let pool = IPPool {
-            metadata: kube::api::ObjectMeta {
-                name: Some("p".into()),
-                ..Default::default()
-            },
-            spec: PoolSpec {
-                ranges: vec![RangeSpec {
-                    subnet: "10.9.0.0/24".into(),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }
-            .into(),
-            status: None,
-        };
-        api.create(&pool).await.unwrap();
-        let stop = CancellationToken::new();
-        let (wake, _woken) = mpsc::unbounded_channel();
-        let pools = Arc::new(Pools::new(
-            store.clone(),
-            wake,
-            Recorder::start(store.clone(), "test", stop.clone()),
-            stop.clone(),
-        ));
-        let (_cache, writer) = reflector::store::<IPPool>();
-        let mut watch = Box::pin(reflector::reflector(
-            writer,
-            screened_watcher::<IPPool>(store.clone(), pool_kind(), None, Some(pools.screen())),
-        ));
-        while !matches!(watch.next().await, Some(Ok(Event::InitDone))) {}
+        let fixture = one_pool().await;
+        let (_cache, mut watch) = fixture.listed_watch().await;
+        let OnePool {
+            api, pools, stop, ..
+        } = fixture;
         let (seen_tx, mut seen) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Some(event) = watch.next().await {
@@ -1148,17 +1120,7 @@ mod tests {
         });
         let mut own = Vec::new();
         for i in 0..40 {
-            pools
-                .call(
-                    "p",
-                    PoolOp::Allocate {
-                        id: format!("default/lb{i}"),
-                        want: Want::Any(None),
-                        waiter: ObjectRef::new(&format!("lb{i}")).within("default"),
-                    },
-                )
-                .await
-                .unwrap();
+            pools.call("p", allocation(i)).await.unwrap();
             own.push(api.get("", "p").await.unwrap().unwrap());
         }
         let mut theirs = own.last().unwrap().clone();
