@@ -35,8 +35,8 @@ enum State {
 /// What a [`Screen`] is shown.
 #[derive(Clone, Copy, Debug)]
 pub enum Seen<'a> {
-    /// A list begins: what was known of every object may be gone (a deletion during a watch gap is
-    /// only an absence from the list).
+    /// A list begins, and again once it is taken: what was known of every object may be gone (a
+    /// deletion during a watch gap is only an absence from the list).
     Listing,
     /// An object of the list (always yielded, whatever the answer: a list is the whole state).
     Listed(&'a serde_json::Value),
@@ -177,6 +177,11 @@ async fn step<K: Object + Debug>(
             match listed {
                 Ok(resource_version) => {
                     source.failures = 0;
+                    // Again once listed: an object deleted while the list was being taken is only
+                    // absent from it.
+                    if let Some(screen) = &source.screen {
+                        screen(Seen::Listing);
+                    }
                     debug!(kind = %source.kind.kind, objects = events.len() - 1, %resource_version, "listed");
                     events.push(Ok(Event::InitDone));
                     (
@@ -326,6 +331,49 @@ mod tests {
             seen.push(events.next().await.expect("event").expect("ok"));
         }
         assert_eq!(names(&seen), ["apply:b", "delete:a"]);
+    }
+
+    /// A screen sees a list begin and end around its objects, and each change before it is
+    /// decoded; a change it refuses is not yielded, and the watch goes on past it.
+    #[tokio::test]
+    async fn a_screen_sees_lists_whole_and_leaves_out_what_it_refuses() {
+        let (_dir, dyn_store) = open().await;
+        let api = Api::<ConfigMap>::new(dyn_store.clone());
+        api.create(&mk_cm("a")).await.expect("create");
+        api.create(&mk_cm("b")).await.expect("create");
+        let shown = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let screen: Screen = {
+            let shown = shown.clone();
+            Arc::new(move |seen| {
+                let (tag, name) = match seen {
+                    Seen::Listing => ("listing", String::new()),
+                    Seen::Listed(o) => ("listed", super::super::object_key(o).1),
+                    Seen::Changed(o, _) => ("changed", super::super::object_key(o).1),
+                };
+                shown.lock().unwrap().push(format!("{tag}:{name}"));
+                name != "refused"
+            })
+        };
+        let events =
+            screened_watcher::<ConfigMap>(dyn_store, Kind::of::<ConfigMap>(), None, Some(screen));
+        tokio::pin!(events);
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            seen.push(events.next().await.expect("event").expect("ok"));
+        }
+        assert_eq!(
+            names(&seen),
+            ["init", "initapply:a", "initapply:b", "initdone"]
+        );
+        assert_eq!(
+            *shown.lock().unwrap(),
+            ["listing:", "listed:a", "listed:b", "listing:"]
+        );
+        api.create(&mk_cm("refused")).await.expect("create");
+        api.create(&mk_cm("c")).await.expect("create");
+        let next = events.next().await.expect("event").expect("ok");
+        assert_eq!(names(&[next]), ["apply:c"]);
+        assert_eq!(shown.lock().unwrap()[4..], ["changed:refused", "changed:c"]);
     }
 
     /// What the watcher yields (and so what every cache keeps) has no managedFields, listed or

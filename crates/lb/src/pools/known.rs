@@ -48,8 +48,9 @@ struct Pool {
     /// watch delivers a version after its task may have written the next round already.
     written: VecDeque<String>,
     view: Option<View>,
-    /// Bumped at each version of the pool the watch decodes that is not the view's, and at each
-    /// list. A task stands a view afresh only if nothing was decoded since it began the read or
+    /// Bumped at each version of the pool the watch decodes that is neither the view's nor one the
+    /// task wrote, at each deletion, at the start and the end of each list, and when the pool is
+    /// forgotten. A task stands a view afresh only if nothing was decoded since it began the read or
     /// write the view comes from, but that very version: else someone else's version, newer than
     /// the task's, is in the cache (or the pool is gone) and the view would be older than the cache.
     decoded: u64,
@@ -141,7 +142,8 @@ impl Known {
     /// Where `pool`'s watch stands now: taken before a read or a write whose version the task may
     /// then stand its view at.
     pub fn mark(&self, pool: &str) -> Mark {
-        Mark(lock(&self.0).get(pool).map_or(0, |p| p.decoded))
+        // Made here if need be, so that a list after this mark counts against it.
+        Mark(lock(&self.0).entry(pool.to_string()).or_default().decoded)
     }
 
     /// The task's write of `pool` is to have `version`: told before the watch can deliver it, so
@@ -235,16 +237,17 @@ impl Known {
         let Some(p) = known.get_mut(name) else {
             return true;
         };
-        if change == Some(ChangeType::Modified)
-            && !deleting
-            && p.view.is_some()
-            && version.is_some_and(|v| p.wrote(v))
+        if change == Some(ChangeType::Modified) && !deleting && version.is_some_and(|v| p.wrote(v))
         {
-            return false;
+            // The task's own: left out while its view stands. Decoded otherwise (the view is
+            // down), but not counted against a read or write of the task's: its writes are
+            // sequential and conditional, so an own version decoded after its mark is no newer
+            // than what that read or write will see.
+            return p.view.is_none();
         }
-        if change == Some(ChangeType::Deleted)
-            || p.view.as_ref().map(|v| v.version.as_str()) != version
-        {
+        if change == Some(ChangeType::Deleted) {
+            p.decoded(None);
+        } else if p.view.as_ref().map(|v| v.version.as_str()) != version {
             p.decoded(version);
         }
         true
@@ -348,9 +351,17 @@ mod tests {
         let known = written_twice();
         assert!(!modified(&known, "p", "11"));
         assert!(!modified(&known, "p", "12"));
-        // The view's own version, decoded (a list of it), leaves the view standing.
-        assert!(known.screen(Seen::Listed(&version("p", "12"))));
-        assert_eq!(known.holds("p", "10.0.0.3", "ns/c"), Some(true));
+        // The view's own version, decoded (someone else wrote it; the task read it), leaves the
+        // view standing.
+        let read = Known::default();
+        read.read(
+            "r",
+            read.mark("r"),
+            "10",
+            Some(&status(&[("10.0.0.1", "ns/a")])),
+        );
+        assert!(modified(&read, "r", "10"));
+        assert_eq!(read.holds("r", "10.0.0.1", "ns/a"), Some(true));
         // Another pool, an object without a name.
         assert!(modified(&known, "q", "11"));
         assert!(known.screen(Seen::Changed(&json!({}), ChangeType::Modified)));
@@ -456,6 +467,32 @@ mod tests {
         known.written("p", mark, Some("12"), "13", None, Some(&status(&[])));
         assert_eq!(known.holds("p", "10.0.0.3", "ns/c"), None);
         assert!(!known.wrote("p", "12"));
+    }
+
+    /// The task's own versions the watch delivers late (its view down) are decoded but do not
+    /// keep the view from standing again; a list begun after the mark does.
+    #[test]
+    fn late_own_versions_do_not_keep_a_view_down_but_a_list_does() {
+        let known = written_twice();
+        assert!(modified(&known, "p", "13"));
+        let mark = known.mark("p");
+        assert!(modified(&known, "p", "11"));
+        assert!(modified(&known, "p", "12"));
+        known.read("p", mark, "13", Some(&status(&[("10.0.0.5", "ns/e")])));
+        assert_eq!(known.holds("p", "10.0.0.5", "ns/e"), Some(true));
+
+        let known = written_twice();
+        assert!(modified(&known, "p", "13"));
+        let mark = known.mark("p");
+        assert!(known.screen(Seen::Listing));
+        known.read("p", mark, "13", Some(&status(&[("10.0.0.5", "ns/e")])));
+        assert_eq!(known.holds("p", "10.0.0.5", "ns/e"), None);
+        // Nor for a pool the watch had not shown yet when the task marked it.
+        let known = Known::default();
+        let mark = known.mark("new");
+        assert!(known.screen(Seen::Listing));
+        known.read("new", mark, "3", None);
+        assert_eq!(known.holds("new", "10.0.0.5", "ns/e"), None);
     }
 
     #[test]
