@@ -76,6 +76,11 @@ impl Source {
         )
     }
 
+    /// What the screen, if any, says of `seen` (`true`: decode it).
+    fn show(&self, seen: Seen<'_>) -> bool {
+        self.screen.as_ref().is_none_or(|screen| screen(seen))
+    }
+
     fn decode<K: Object>(&self, value: &serde_json::Value) -> Option<K> {
         // Decoded from the shared change by reference: a copy of the JSON first would cost as much
         // again (a pool status holds thousands of entries).
@@ -153,9 +158,7 @@ async fn step<K: Object + Debug>(
             // Each object is decoded as the store hands it over and its JSON dropped at once: the
             // whole list as JSON beside the whole list decoded was the peak of a cold start.
             let mut events = vec![Ok(Event::Init)];
-            if let Some(screen) = &source.screen {
-                screen(Seen::Listing);
-            }
+            source.show(Seen::Listing);
             let listed = {
                 let src = &*source;
                 src.store
@@ -164,9 +167,7 @@ async fn step<K: Object + Debug>(
                         src.namespace.as_deref(),
                         &LabelSelector::everything(),
                         &mut |v| {
-                            if let Some(screen) = &src.screen {
-                                screen(Seen::Listed(&v));
-                            }
+                            src.show(Seen::Listed(&v));
                             if let Some(k) = src.decode::<K>(&v) {
                                 events.push(Ok(Event::InitApply(k)));
                             }
@@ -179,9 +180,7 @@ async fn step<K: Object + Debug>(
                     source.failures = 0;
                     // Again once listed: an object deleted while the list was being taken is only
                     // absent from it.
-                    if let Some(screen) = &source.screen {
-                        screen(Seen::Listing);
-                    }
+                    source.show(Seen::Listing);
                     debug!(kind = %source.kind.kind, objects = events.len() - 1, %resource_version, "listed");
                     events.push(Ok(Event::InitDone));
                     (
@@ -252,9 +251,7 @@ async fn step<K: Object + Debug>(
 }
 
 fn event_of<K: Object + Debug>(source: &Source, change: &Change) -> Option<Event<K>> {
-    if let Some(screen) = &source.screen
-        && !screen(Seen::Changed(&change.object, change.change))
-    {
+    if !source.show(Seen::Changed(&change.object, change.change)) {
         return None;
     }
     let object = source.decode::<K>(&change.object)?;
