@@ -113,7 +113,13 @@ async fn harvester(
     let reconcilers = tokio::spawn({
         let (store, stop) = (b.service_store(), stop.clone());
         async move {
-            lb::run(store, lb::Settings::default(), Arc::new(AlwaysLeader), stop).await;
+            // The service's own default on this backend (`--lb-concurrency` unset); until
+            // 2026-12-07 this took the embedded one (then 1,024).
+            let settings = lb::Settings {
+                concurrency: lb::CONCURRENCY_KUBE,
+                ..lb::Settings::default()
+            };
+            lb::run(store, settings, Arc::new(AlwaysLeader), stop).await;
         }
     });
     let pool = json!({

@@ -308,7 +308,7 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
         lbs as f64 / took.as_secs_f64()
     );
     println!(
-        "  CPU from the reopen to converged: {cpu:.2} s, {:.3} ms per load balancer",
+        "  CPU from the reopen to converged: {cpu:.3} s, {:.3} ms per load balancer",
         1000.0 * cpu / lbs as f64
     );
     println!("  {events} Events stored when the last load balancer converged");

@@ -346,7 +346,7 @@ pub struct ServeArgs {
     #[arg(long, env = "HARVESTER_CLOUD_DURABILITY", value_enum, default_value_t = Durability::Full)]
     pub durability: Durability,
     /// How many LoadBalancers the reconciler works on at once. Many in flight let the store and
-    /// each pool batch their writes. Default: 1024 on the embedded store, 128 on the Kubernetes
+    /// each pool batch their writes. Default: 4096 on the embedded store, 128 on the Kubernetes
     /// backend, where the API server's write latency bounds the rate and more in flight only cost
     /// memory and draw 429s.
     #[arg(long, env = "HARVESTER_CLOUD_LB_CONCURRENCY")]
@@ -513,7 +513,7 @@ mod tests {
         assert!(parse_ip("not-an-ip").is_err());
     }
 
-    /// `--lb-concurrency` unset: 1024 on the embedded store, 128 on Kubernetes; given, it wins on
+    /// `--lb-concurrency` unset: 4096 on the embedded store, 128 on Kubernetes; given, it wins on
     /// either.
     #[test]
     fn lb_concurrency_defaults_by_backend() {
@@ -524,8 +524,8 @@ mod tests {
             };
             args.lb_concurrency()
         };
-        assert_eq!(serve(&[]), 1024);
-        assert_eq!(serve(&["--backend", "embedded"]), 1024);
+        assert_eq!(serve(&[]), 4096);
+        assert_eq!(serve(&["--backend", "embedded"]), 4096);
         assert_eq!(serve(&["--backend", "kube"]), 128);
         assert_eq!(
             serve(&["--backend", "kube", "--lb-concurrency", "2000"]),
