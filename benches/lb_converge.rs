@@ -311,7 +311,16 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
         "  CPU from the reopen to converged: {cpu:.3} s, {:.3} ms per load balancer",
         1000.0 * cpu / lbs as f64
     );
-    println!("  {events} Events stored when the last load balancer converged");
+    // …and how many the recorder dropped, its queue full (counted since the reopen; none are
+    // recorded before it).
+    let dropped: f64 = harvester_cloud::metrics::encode()
+        .lines()
+        .filter(|l| l.starts_with("harvester_cloud_events_dropped_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    println!(
+        "  {events} Events stored when the last load balancer converged, {dropped} dropped (queue full)"
+    );
     // A watcher further behind than the store's history lists its kind again, and its controller
     // then reconciles every object of it once more: the relists show where that happened.
     let metrics = harvester_cloud::metrics::encode();

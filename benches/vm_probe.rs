@@ -7,8 +7,8 @@
 //! (each selecting three VMIs, health check every second, thresholds 2/2) written to a fresh store,
 //! then the reconcilers, until every EndpointSlice has its three endpoints ready (that time is
 //! printed too). Measured: over the next `seconds` (default 20) the probes finished
-//! (`harvester_cloud_lb_probes_total`) and the process's CPU time (user + system, from
-//! `/proc/self/stat`). The listeners do no work: half-open probes never reach `accept`. Loopback
+//! (`harvester_cloud_lb_probes_total`) and the process's CPU time (user + system, from its
+//! CPU clock). The listeners do no work: half-open probes never reach `accept`. Loopback
 //! is allowed to the prober (`--probe-allow-cidr 127.0.0.0/8`), which refuses it by default.
 //!
 //! `cargo bench --bench vm_probe` (optionally `-- <load balancers> <seconds>`).

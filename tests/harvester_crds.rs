@@ -31,6 +31,8 @@ fn run_reconcilers(store: Arc<dyn ObjectStore>) -> Reconcilers {
         store,
         lb::Settings {
             identity: "harvester-crds-test".into(),
+            // The service's default on this backend.
+            concurrency: lb::CONCURRENCY_KUBE,
             ..lb::Settings::default()
         },
     )

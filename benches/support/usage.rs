@@ -38,6 +38,14 @@ pub fn usage(pid: u32) -> Usage {
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(0.0)
     };
+    Usage {
+        cpu: (tick(11) + tick(12)) / clock_ticks(),
+        peak_rss_mib: peak_rss_mib(pid),
+    }
+}
+
+/// `VmHWM` of process `pid` (`/proc/<pid>/status`), in MiB; zero once it is gone.
+fn peak_rss_mib(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let hwm_kb = status
         .lines()
@@ -45,20 +53,17 @@ pub fn usage(pid: u32) -> Usage {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|kb| kb.parse::<f64>().ok())
         .unwrap_or(0.0);
-    Usage {
-        cpu: (tick(11) + tick(12)) / clock_ticks(),
-        peak_rss_mib: hwm_kb / 1024.0,
-    }
+    hwm_kb / 1024.0
 }
 
-/// [`usage`] of this process, with its CPU time from the process's CPU clock: to the nanosecond
-/// and counting threads that have ended, where `/proc/<pid>/stat` counts in clock ticks (10 ms,
-/// a twentieth of a 1,000-LoadBalancer convergence).
+/// [`usage`] of this process, with its CPU time from the process's CPU clock, to the nanosecond:
+/// `/proc/<pid>/stat` counts in clock ticks of 10 ms, each about a twentieth of the CPU a
+/// 1,000-LoadBalancer convergence takes.
 pub fn own() -> Usage {
     let now = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     Usage {
         cpu: now.tv_sec as f64 + now.tv_nsec as f64 / 1e9,
-        ..usage(std::process::id())
+        peak_rss_mib: peak_rss_mib(std::process::id()),
     }
 }
 

@@ -132,7 +132,7 @@ impl Recorder {
         &self,
         object: &K,
         kind: EventType,
-        reason: &str,
+        reason: &'static str,
         message: String,
     ) {
         let meta = object.meta();
@@ -170,9 +170,11 @@ impl Recorder {
         match self.tx.try_send(event) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
+                harvester_cloud_metrics::event_dropped(reason);
                 warn!(%reason, "event queue full; dropping event");
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {
+                harvester_cloud_metrics::event_dropped(reason);
                 debug!(%reason, "event writer stopped; dropping event");
             }
         }
@@ -450,6 +452,34 @@ mod tests {
         .await;
         assert_eq!(written.load(Ordering::Relaxed), 20);
         assert!(tx.is_closed(), "later records are refused");
+    }
+
+    /// An Event recorded when the queue is full, or after the writers stopped, is dropped and
+    /// counted by its reason (`harvester_cloud_events_dropped_total`), not lost unseen.
+    #[tokio::test]
+    async fn dropped_events_are_counted_by_reason() {
+        // A reason of this test's own: the registry is the process's, shared with other tests.
+        const REASON: &str = "TestQueueFull";
+        let dropped = || {
+            harvester_cloud_metrics::sample(
+                &harvester_cloud_metrics::encode(),
+                &format!("harvester_cloud_events_dropped_total{{reason=\"{REASON}\"}}"),
+            )
+            .unwrap_or(0.0)
+        };
+        let (recorder, rx) = Recorder::capture("test", "test");
+        let object = about("web", "");
+        for i in 0..QUEUE {
+            recorder.record(&object, EventType::Normal, REASON, format!("queued {i}"));
+        }
+        assert_eq!(dropped(), 0.0, "a queue of {QUEUE} holds them all");
+        for i in 0..3 {
+            recorder.record(&object, EventType::Normal, REASON, format!("over {i}"));
+        }
+        assert_eq!(dropped(), 3.0, "the queue is full");
+        drop(rx);
+        recorder.record(&object, EventType::Normal, REASON, "stopped".into());
+        assert_eq!(dropped(), 4.0, "the writers stopped");
     }
 
     #[tokio::test]

@@ -90,10 +90,11 @@ pub struct ClusterRevocation {
 /// How the reconcilers run.
 /// LoadBalancers reconciled at once by default on the embedded store, which batches many writes
 /// into one transaction (at most 256 writes or 4 MiB each, however many wait), and each pool task
-/// allocates for all its waiting reconciles in one status write: so many in flight help it. 4,096
-/// rather than 1,024 since 2026-12-07: with 100 pools, 1,024 in flight left about ten per pool
-/// round, and 4,096 took 15% less CPU per LoadBalancer at 10,000 and at 100,000 for 15 to 30 MiB
-/// more peak RSS (`benches/lb-results.md`).
+/// allocates for up to 1,024 waiting reconciles in one status write: so many in flight help it.
+/// 4,096 rather than 1,024 since 2026-12-07: with 100 pools, 1,024 in flight left about ten per
+/// pool round; 4,096 took about 18% less CPU per LoadBalancer at 100,000 / 100 and 10 to 14% less
+/// at 10,000 / 10, for about 30 MiB more peak RSS at 10,000 and no consistent difference at
+/// 100,000 (`benches/lb-results.md`).
 pub const CONCURRENCY_EMBEDDED: u16 = 4096;
 /// …and on the Kubernetes backend, where each write is a request whose latency bounds the rate:
 /// more in flight only hold memory and trip the API server's rate limits (429s).

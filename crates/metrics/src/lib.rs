@@ -32,6 +32,7 @@
 //! | `lb_probes_total` | `result` (`success`, `failure`) | [`probe_done`] (VM load balancers' prober) |
 //! | `lb_probe_targets` | none | [`set_probe_targets`] (backends the prober probes) |
 //! | `kubeconfig_accounts_cleaned_up_total` | none | [`accounts_cleaned_up`] (guest-cluster cleanup: accounts of a removed guest cluster revoked) |
+//! | `events_dropped_total` | `reason` (the Event's reason, a fixed set) | [`event_dropped`] (the Event recorder, when its queue is full or its writers have stopped) |
 //! | `build_info` | `version` | always 1 |
 #![forbid(unsafe_code)]
 
@@ -145,6 +146,7 @@ struct Metrics {
     probes: Family<ResultLabels, Counter>,
     probe_targets: Gauge,
     accounts_cleaned_up: Counter,
+    events_dropped: Family<ReasonLabels, Counter>,
 }
 
 impl Metrics {
@@ -174,6 +176,7 @@ impl Metrics {
             probes: Family::default(),
             probe_targets: Gauge::default(),
             accounts_cleaned_up: Counter::default(),
+            events_dropped: Family::default(),
         };
         registry.register(
             "http_requests",
@@ -287,6 +290,11 @@ impl Metrics {
             "Cloud-config accounts revoked because Rancher removed their guest cluster",
             m.accounts_cleaned_up.clone(),
         );
+        registry.register(
+            "events_dropped",
+            "Kubernetes Events the reconcilers recorded but did not write: their queue was full (a burst), or their writers had stopped",
+            m.events_dropped.clone(),
+        );
         let build_info = Family::<VersionLabels, Gauge>::default();
         build_info
             .get_or_create(&VersionLabels {
@@ -373,6 +381,14 @@ pub fn cloud_config_failed(operation: &'static str, reason: &'static str) {
 /// One cloud-config account revoked because Rancher removed its guest cluster.
 pub fn accounts_cleaned_up() {
     METRICS.accounts_cleaned_up.inc();
+}
+
+/// One Event of `reason` (one of the recorder's fixed reasons) recorded but not written.
+pub fn event_dropped(reason: &'static str) {
+    METRICS
+        .events_dropped
+        .get_or_create(&ReasonLabels { reason })
+        .inc();
 }
 
 /// A request refused by authentication; `reason` is [`crate::auth::AuthError::reason`].

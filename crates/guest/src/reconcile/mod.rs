@@ -290,7 +290,14 @@ impl Ctx {
     }
 
     /// Records an Event unless it repeats the last one about this Service.
-    fn report(&self, svc: &Service, key: &str, kind: EventType, reason: &str, message: String) {
+    fn report(
+        &self,
+        svc: &Service,
+        key: &str,
+        kind: EventType,
+        reason: &'static str,
+        message: String,
+    ) {
         {
             let mut reported = lock(&self.reported);
             let last = (reason.to_string(), message.clone());
