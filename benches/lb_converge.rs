@@ -297,6 +297,13 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
         .parse::<u64>()
         .expect("a number")
         - listed.parse::<u64>().expect("a number");
+    // …and how many the recorder dropped, its queue full, by then (none are recorded before the
+    // reopen); those still queued are in neither count.
+    let dropped: f64 = harvester_cloud::metrics::encode()
+        .lines()
+        .filter(|l| l.starts_with("harvester_cloud_events_dropped_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
     stop.cancel();
     reconcilers.await.expect("reconcilers stop");
     store.close().await;
@@ -311,15 +318,8 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
         "  CPU from the reopen to converged: {cpu:.3} s, {:.3} ms per load balancer",
         1000.0 * cpu / lbs as f64
     );
-    // …and how many the recorder dropped, its queue full (counted since the reopen; none are
-    // recorded before it).
-    let dropped: f64 = harvester_cloud::metrics::encode()
-        .lines()
-        .filter(|l| l.starts_with("harvester_cloud_events_dropped_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
     println!(
-        "  {events} Events stored when the last load balancer converged, {dropped} dropped (queue full)"
+        "  {events} Events stored when the last load balancer converged, {dropped} dropped by then (queue full)"
     );
     // A watcher further behind than the store's history lists its kind again, and its controller
     // then reconciles every object of it once more: the relists show where that happened.

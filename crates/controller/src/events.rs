@@ -4,14 +4,16 @@
 //! one.
 //!
 //! Events are best effort, as in Kubernetes: they are queued and written by a background task so a
-//! reconcile never waits for one, and dropped (with a warning) if the queue is full. Kubernetes deletes
+//! reconcile never waits for one, and dropped if the queue is full (a warning per burst, and
+//! `harvester_cloud_events_dropped_total` counts each). At the stop, the Events queued are still
+//! written for up to 5 s. Kubernetes deletes
 //! Events after an hour; the embedded store has no such TTL, so the writer also deletes its own Events
 //! older than [`EVENT_TTL`] (on Kubernetes that only anticipates the API server).
 
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -83,6 +85,9 @@ pub struct Recorder {
     component: Arc<str>,
     instance: Arc<str>,
     sequence: Arc<AtomicU64>,
+    /// Whether the last Event was dropped for a full queue: a burst warns once, not per Event
+    /// (`harvester_cloud_events_dropped_total` counts each).
+    dropping: Arc<AtomicBool>,
 }
 
 impl Recorder {
@@ -111,6 +116,7 @@ impl Recorder {
             component: component.into(),
             instance: instance.into(),
             sequence: Arc::new(AtomicU64::new(0)),
+            dropping: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -123,6 +129,7 @@ impl Recorder {
             component: component.into(),
             instance: instance.into(),
             sequence: Arc::new(AtomicU64::new(0)),
+            dropping: Arc::new(AtomicBool::new(false)),
         };
         (recorder, rx)
     }
@@ -168,10 +175,12 @@ impl Recorder {
             ..Default::default()
         };
         match self.tx.try_send(event) {
-            Ok(()) => {}
+            Ok(()) => self.dropping.store(false, Ordering::Relaxed),
             Err(mpsc::error::TrySendError::Full(_)) => {
                 harvester_cloud_metrics::event_dropped(reason);
-                warn!(%reason, "event queue full; dropping event");
+                if !self.dropping.swap(true, Ordering::Relaxed) {
+                    warn!(%reason, "event queue full; dropping events until it has room (harvester_cloud_events_dropped_total counts them)");
+                }
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {
                 harvester_cloud_metrics::event_dropped(reason);
@@ -198,7 +207,9 @@ async fn write_events(
             let mut tick = tokio::time::interval(PRUNE_EVERY);
             loop {
                 tokio::select! {
-                    _ = stop.cancelled() => return,
+                    // Pruning stops, but the writer ends the task: after the stop it still
+                    // writes what was queued (`write_in_lanes`), which ending here would cut off.
+                    _ = stop.cancelled() => return std::future::pending().await,
                     _ = tick.tick() => prune_old(&api).await,
                 }
             }
@@ -452,6 +463,35 @@ mod tests {
         .await;
         assert_eq!(written.load(Ordering::Relaxed), 20);
         assert!(tx.is_closed(), "later records are refused");
+    }
+
+    /// With pruning on (the reconcilers' recorder), the Events queued at the stop are still
+    /// written: the pruning task ending at the stop does not end the writer with it.
+    #[tokio::test]
+    async fn queued_events_are_stored_after_the_stop_with_pruning_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .expect("opens");
+        let (tx, rx) = mpsc::channel(QUEUE);
+        for i in 0..20 {
+            tx.send(mk_event(&format!("e-{i}"), Duration::from_secs(5), true))
+                .await
+                .expect("queued");
+        }
+        let stop = CancellationToken::new();
+        stop.cancel();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            write_events(store.clone(), rx, true, stop),
+        )
+        .await
+        .expect("the writer ends after its drain");
+        let stored = Api::<Event>::new(store)
+            .list(None, &LabelSelector::everything())
+            .await
+            .expect("lists");
+        assert_eq!(stored.len(), 20);
     }
 
     /// An Event recorded when the queue is full, or after the writers stopped, is dropped and

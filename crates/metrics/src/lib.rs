@@ -32,7 +32,7 @@
 //! | `lb_probes_total` | `result` (`success`, `failure`) | [`probe_done`] (VM load balancers' prober) |
 //! | `lb_probe_targets` | none | [`set_probe_targets`] (backends the prober probes) |
 //! | `kubeconfig_accounts_cleaned_up_total` | none | [`accounts_cleaned_up`] (guest-cluster cleanup: accounts of a removed guest cluster revoked) |
-//! | `events_dropped_total` | `reason` (the Event's reason, a fixed set) | [`event_dropped`] (the Event recorder, when its queue is full or its writers have stopped) |
+//! | `events_dropped_total` | `reason` (the Event's reason, a fixed set) | [`event_dropped`] (the Event recorder, when its queue is full or its writers have stopped; not failed writes) |
 //! | `build_info` | `version` | always 1 |
 #![forbid(unsafe_code)]
 
@@ -292,7 +292,7 @@ impl Metrics {
         );
         registry.register(
             "events_dropped",
-            "Kubernetes Events the reconcilers recorded but did not write: their queue was full (a burst), or their writers had stopped",
+            "Kubernetes Events the reconcilers recorded but dropped unwritten: their queue was full (a burst), or their writers had stopped (failed writes, and Events still queued 5 s after a stop, are logged, not counted)",
             m.events_dropped.clone(),
         );
         let build_info = Family::<VersionLabels, Gauge>::default();
@@ -520,6 +520,7 @@ mod tests {
         auth_failed("invalid");
         set_pool_addresses("unit-names", 4.0, 3.0, 1.0);
         observe_reconcile("unit-names", Duration::from_millis(1), Some("unit"));
+        event_dropped("UnitNames");
         let text = encode();
         for name in [
             "harvester_cloud_http_requests_total",
@@ -532,6 +533,7 @@ mod tests {
             "harvester_cloud_ippool_allocated_addresses",
             "harvester_cloud_reconcile_duration_seconds",
             "harvester_cloud_reconcile_errors_total",
+            "harvester_cloud_events_dropped_total",
             "harvester_cloud_leader",
             "harvester_cloud_guest_clusters",
             "harvester_cloud_build_info",
