@@ -299,11 +299,10 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
         - listed.parse::<u64>().expect("a number");
     // …and how many the recorder dropped, its queue full, by then (none are recorded before the
     // reopen); those still queued are in neither count.
-    let dropped: f64 = harvester_cloud::metrics::encode()
-        .lines()
-        .filter(|l| l.starts_with("harvester_cloud_events_dropped_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let dropped = series_sum(
+        &harvester_cloud::metrics::encode(),
+        "harvester_cloud_events_dropped_total{",
+    );
     stop.cancel();
     reconcilers.await.expect("reconcilers stop");
     store.close().await;
@@ -345,14 +344,10 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
                 sample(&format!(
                     "harvester_cloud_reconcile_duration_seconds_count{{controller=\"{c}\"}}"
                 )),
-                metrics
-                    .lines()
-                    .filter(|l| l.starts_with(&format!(
-                        "harvester_cloud_reconcile_errors_total{{controller=\"{c}\""
-                    )))
-                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                    .map(|n| n as u64)
-                    .sum::<u64>()
+                series_sum(
+                    &metrics,
+                    &format!("harvester_cloud_reconcile_errors_total{{controller=\"{c}\""),
+                )
             )
         })
         .collect();
@@ -361,4 +356,15 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
         reconciles.join(", "),
         writes as f64 / lbs as f64
     );
+}
+
+/// The sum of the values of every series in Prometheus text `metrics` whose line starts with
+/// `prefix` (a family's name and the start of its labels).
+fn series_sum(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        // Not `sum()`: an empty float sum is -0, printed "-0".
+        .fold(0.0, |total, v| total + v)
 }

@@ -111,6 +111,18 @@ impl Recorder {
         tokio::spawn(
             write_events(store, rx, prune, stop).instrument(info_span!("event_writer", component)),
         );
+        Self::sending_to(tx, component, instance)
+    }
+
+    /// A recorder whose Events go to the returned receiver, in the order recorded, instead of a
+    /// store: for tests that call a reconcile directly and read what it reported.
+    pub fn capture(component: &str, instance: &str) -> (Self, mpsc::Receiver<Event>) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        (Self::sending_to(tx, component, instance), rx)
+    }
+
+    /// A recorder that queues its Events on `tx`.
+    fn sending_to(tx: mpsc::Sender<Event>, component: &str, instance: &str) -> Self {
         Recorder {
             tx,
             component: component.into(),
@@ -118,20 +130,6 @@ impl Recorder {
             sequence: Arc::new(AtomicU64::new(0)),
             dropping: Arc::new(AtomicBool::new(false)),
         }
-    }
-
-    /// A recorder whose Events go to the returned receiver, in the order recorded, instead of a
-    /// store: for tests that call a reconcile directly and read what it reported.
-    pub fn capture(component: &str, instance: &str) -> (Self, mpsc::Receiver<Event>) {
-        let (tx, rx) = mpsc::channel(QUEUE);
-        let recorder = Recorder {
-            tx,
-            component: component.into(),
-            instance: instance.into(),
-            sequence: Arc::new(AtomicU64::new(0)),
-            dropping: Arc::new(AtomicBool::new(false)),
-        };
-        (recorder, rx)
     }
 
     /// Records an event about `object`.
@@ -378,6 +376,15 @@ mod tests {
     use super::*;
     use crate::store::embedded::{Durability, EmbeddedStore};
 
+    /// An embedded store in a directory of its own (kept while the store is used).
+    async fn store() -> (tempfile::TempDir, Arc<EmbeddedStore>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .expect("opens");
+        (dir, store)
+    }
+
     fn mk_event(name: &str, age: Duration, ours: bool) -> Event {
         let at = Timestamp::now() - k8s_openapi::jiff::SignedDuration::try_from(age).expect("fits");
         Event {
@@ -469,10 +476,7 @@ mod tests {
     /// written: the pruning task ending at the stop does not end the writer with it.
     #[tokio::test]
     async fn queued_events_are_stored_after_the_stop_with_pruning_on() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = EmbeddedStore::open(dir.path(), Durability::Normal)
-            .await
-            .expect("opens");
+        let (_dir, store) = store().await;
         let (tx, rx) = mpsc::channel(QUEUE);
         for i in 0..20 {
             tx.send(mk_event(&format!("e-{i}"), Duration::from_secs(5), true))
@@ -524,10 +528,7 @@ mod tests {
 
     #[tokio::test]
     async fn only_own_events_older_than_the_ttl_are_pruned() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = EmbeddedStore::open(dir.path(), Durability::Normal)
-            .await
-            .expect("opens");
+        let (_dir, store) = store().await;
         let api = Api::<Event>::new(store);
         for (name, age, ours) in [
             ("old", EVENT_TTL * 2, true),
