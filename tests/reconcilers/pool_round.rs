@@ -4,12 +4,11 @@
 use std::{net::IpAddr, sync::Arc};
 
 use harvester_cloud::{
-    controller::events::{self, Recorder},
+    controller::events::{self, Recorded, Recorder},
     crd::{IPPool, LoadBalancer, pool_api},
     lb::pools::{PoolOp, PoolOpError, PoolReply, Pools, Want},
     store::{Api, ObjectStore, Preconditions},
 };
-use k8s_openapi::api::core::v1::Event;
 use kube::runtime::reflector::ObjectRef;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -25,7 +24,7 @@ struct PoolWorld {
     _dir: tempfile::TempDir,
     store: Arc<dyn ObjectStore>,
     pools: Pools,
-    events: mpsc::Receiver<Event>,
+    events: mpsc::Receiver<Recorded>,
     woken: mpsc::UnboundedReceiver<ObjectRef<LoadBalancer>>,
     stop: CancellationToken,
 }

@@ -9,7 +9,7 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use harvester_cloud::{
-    controller::events::{self, Recorder},
+    controller::events::{self, Recorded, Recorder},
     crd::{IPPool, LoadBalancer, lb_api, pool_api},
     guest::{
         clusters::{ClusterKey, ClusterStore},
@@ -120,10 +120,10 @@ pub fn warning(about: &str, reason: &str, message: &str) -> Reported {
 }
 
 /// Every Event recorded since the last call.
-fn drain(events: &mut mpsc::Receiver<Event>) -> Vec<Reported> {
+fn drain(events: &mut mpsc::Receiver<Recorded>) -> Vec<Reported> {
     let mut out = Vec::new();
     while let Ok(e) = events.try_recv() {
-        out.push(reported(e));
+        out.push(reported(e.into_event()));
     }
     out
 }
@@ -158,7 +158,7 @@ pub struct LbWorld {
     pub store: Arc<dyn ObjectStore>,
     pub ctx: Contexts,
     pool_cache: Writer<IPPool>,
-    events: mpsc::Receiver<Event>,
+    events: mpsc::Receiver<Recorded>,
     woken: mpsc::UnboundedReceiver<ObjectRef<LoadBalancer>>,
     stop: CancellationToken,
 }
@@ -364,7 +364,7 @@ pub struct GuestWorld {
     ctx: Arc<guest_reconcile::Ctx>,
     svc_cache: Writer<Service>,
     lb_cache: Writer<LoadBalancer>,
-    events: mpsc::Receiver<Event>,
+    events: mpsc::Receiver<Recorded>,
     woken: mpsc::UnboundedReceiver<ObjectRef<Service>>,
 }
 

@@ -5,8 +5,8 @@
 //!
 //! Events are best effort, as in Kubernetes: they are queued and written by a background task so a
 //! reconcile never waits for one, and dropped if the queue is full (a warning per burst, and
-//! `harvester_cloud_events_dropped_total` counts each). At the stop, the Events queued are still
-//! written for up to 5 s. Kubernetes deletes
+//! `harvester_cloud_events_dropped_total` counts each; `harvester_cloud_events_queued` is the
+//! backlog). At the stop, the Events queued are still written for up to 5 s. Kubernetes deletes
 //! Events after an hour; the embedded store has no such TTL, so the writer also deletes its own Events
 //! older than [`EVENT_TTL`] (on Kubernetes that only anticipates the API server).
 
@@ -41,10 +41,12 @@ pub(crate) const EVENT_TTL: Duration = Duration::from_secs(3600);
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
 /// Events waiting to be written; beyond this they are dropped.
 const QUEUE: usize = 16_384;
-/// Events written at once (each in its own lane: see [`write_in_lanes`]).
+/// Lanes written at once (see [`write_in_lanes`]).
 const WRITERS: usize = 8;
 /// Events a lane holds before the queue waits for it.
 const LANE: usize = 256;
+/// The most Events a lane writes at once (the embedded store commits them as one write).
+const BATCH: usize = 256;
 /// How long the writer keeps writing the Events queued when it is stopped.
 const DRAIN: Duration = Duration::from_secs(5);
 
@@ -78,10 +80,41 @@ impl EventType {
     }
 }
 
+/// An Event recorded and not yet written. It counts in `harvester_cloud_events_queued` for as
+/// long as it exists, so whichever way it goes (written, failed, dropped, given up at a stop) it
+/// leaves the backlog exactly once.
+pub struct Recorded(Event);
+
+impl Recorded {
+    pub fn new(event: Event) -> Self {
+        harvester_cloud_metrics::events_queued(1);
+        Recorded(event)
+    }
+
+    /// The Event (it leaves the backlog).
+    pub fn into_event(mut self) -> Event {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl std::ops::Deref for Recorded {
+    type Target = Event;
+
+    fn deref(&self) -> &Event {
+        &self.0
+    }
+}
+
+impl Drop for Recorded {
+    fn drop(&mut self) {
+        harvester_cloud_metrics::events_queued(-1);
+    }
+}
+
 /// Queues Events for the writer task. Cheap to clone.
 #[derive(Clone)]
 pub struct Recorder {
-    tx: mpsc::Sender<Event>,
+    tx: mpsc::Sender<Recorded>,
     component: Arc<str>,
     instance: Arc<str>,
     sequence: Arc<AtomicU64>,
@@ -116,13 +149,13 @@ impl Recorder {
 
     /// A recorder whose Events go to the returned receiver, in the order recorded, instead of a
     /// store: for tests that call a reconcile directly and read what it reported.
-    pub fn capture(component: &str, instance: &str) -> (Self, mpsc::Receiver<Event>) {
+    pub fn capture(component: &str, instance: &str) -> (Self, mpsc::Receiver<Recorded>) {
         let (tx, rx) = mpsc::channel(QUEUE);
         (Self::sending_to(tx, component, instance), rx)
     }
 
     /// A recorder that queues its Events on `tx`.
-    fn sending_to(tx: mpsc::Sender<Event>, component: &str, instance: &str) -> Self {
+    fn sending_to(tx: mpsc::Sender<Recorded>, component: &str, instance: &str) -> Self {
         Recorder {
             tx,
             component: component.into(),
@@ -172,7 +205,7 @@ impl Recorder {
             reporting_instance: Some(self.instance.to_string()),
             ..Default::default()
         };
-        match self.tx.try_send(event) {
+        match self.tx.try_send(Recorded::new(event)) {
             Ok(()) => self.dropping.store(false, Ordering::Relaxed),
             Err(mpsc::error::TrySendError::Full(_)) => {
                 harvester_cloud_metrics::event_dropped(reason);
@@ -190,11 +223,11 @@ impl Recorder {
 
 async fn write_events(
     store: Arc<dyn ObjectStore>,
-    rx: mpsc::Receiver<Event>,
+    rx: mpsc::Receiver<Recorded>,
     prune: bool,
     stop: CancellationToken,
 ) {
-    let api = Api::<Event>::new(store);
+    let api = Api::<Event>::new(store.clone());
     let prune = {
         let api = api.clone();
         let stop = stop.clone();
@@ -213,25 +246,48 @@ async fn write_events(
             }
         }
     };
-    let write_one = |event: Event| {
-        let api = api.clone();
+    let kind = crate::store::Kind::of::<Event>();
+    let write_batch = |events: Vec<Recorded>| {
+        let (store, kind) = (store.clone(), kind.clone());
         async move {
-            if let Err(e) = api.create(&event).await {
-                warn!(reason = event.reason.as_deref().unwrap_or_default(), error = %e, "cannot write event");
+            let mut objects = Vec::with_capacity(events.len());
+            let mut reasons = Vec::with_capacity(events.len());
+            for event in &events {
+                match crate::store::to_stored(&**event) {
+                    Ok((_, object)) => {
+                        objects.push(object);
+                        reasons.push(event.reason.as_deref().unwrap_or_default());
+                    }
+                    Err(e) => {
+                        warn!(reason = event.reason.as_deref().unwrap_or_default(), error = %e, "cannot write event");
+                    }
+                }
             }
+            for (written, reason) in store
+                .create_each(&kind, objects)
+                .await
+                .into_iter()
+                .zip(reasons)
+            {
+                if let Err(e) = written {
+                    warn!(%reason, error = %e, "cannot write event");
+                }
+            }
+            // The batch leaves the backlog only now, written or not.
+            drop(events);
         }
     };
     // The writer ends when every Recorder is gone (or on `stop`); pruning goes with it.
     tokio::select! {
         _ = prune => {},
-        _ = write_in_lanes(rx, stop, write_one) => {},
+        _ = write_in_lanes(rx, stop, write_batch) => {},
     }
     debug!("event writer stopped");
 }
 
 /// The lane an Event is written in: one per involved object, so that object's Events are stored
 /// (and get their resourceVersions) in the order they were recorded.
-fn lane_of(event: &Event) -> usize {
+fn lane_of(event: &Recorded) -> usize {
     use std::hash::{Hash, Hasher};
     let o = &event.involved_object;
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -239,25 +295,27 @@ fn lane_of(event: &Event) -> usize {
     (h.finish() % WRITERS as u64) as usize
 }
 
-/// Writes the queued Events with `write`, [`WRITERS`] at once but one at a time per object: the
+/// Writes the queued Events with `write`, in [`WRITERS`] lanes at once, each lane a batch (up to
+/// [`BATCH`] Events, in the order recorded) at a time, and each object's Events in one lane: the
 /// Events of one object must list in the order they happened, and with timestamps of whole seconds
 /// only the store's order tells two of one second apart (a "deleted" written before the "ensured"
 /// it follows would read backwards). On `stop`, what was recorded until then is still written, for
 /// up to [`DRAIN`]; later records are refused.
-async fn write_in_lanes<F, Fut>(mut rx: mpsc::Receiver<Event>, stop: CancellationToken, write: F)
+async fn write_in_lanes<F, Fut>(mut rx: mpsc::Receiver<Recorded>, stop: CancellationToken, write: F)
 where
-    F: Fn(Event) -> Fut,
+    F: Fn(Vec<Recorded>) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     let mut lanes = Vec::with_capacity(WRITERS);
     let mut writers = futures::stream::FuturesUnordered::new();
     for _ in 0..WRITERS {
-        let (tx, mut lane) = mpsc::channel::<Event>(LANE);
+        let (tx, mut lane) = mpsc::channel::<Recorded>(LANE);
         lanes.push(tx);
         let write = &write;
         writers.push(async move {
-            while let Some(event) = lane.recv().await {
-                write(event).await;
+            let mut batch = Vec::with_capacity(BATCH);
+            while lane.recv_many(&mut batch, BATCH).await > 0 {
+                write(std::mem::take(&mut batch)).await;
             }
         });
     }
@@ -376,6 +434,9 @@ mod tests {
     use super::*;
     use crate::store::embedded::{Durability, EmbeddedStore};
 
+    /// Held by the tests that read `harvester_cloud_events_queued` or record Events, which moves it.
+    static BACKLOG_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     /// An embedded store in a directory of its own (kept while the store is used).
     async fn store() -> (tempfile::TempDir, Arc<EmbeddedStore>) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -418,9 +479,12 @@ mod tests {
     /// slow, while another object's Event does not wait for them.
     #[tokio::test]
     async fn one_object_s_events_are_written_in_order() {
+        let _alone = BACKLOG_TESTS.lock().await;
         let other = (0..)
             .map(|i| format!("other-{i}"))
-            .find(|o| lane_of(&about(o, "")) != lane_of(&about("web", "")))
+            .find(|o| {
+                lane_of(&Recorded::new(about(o, ""))) != lane_of(&Recorded::new(about("web", "")))
+            })
             .expect("some name takes another lane");
         let (tx, rx) = mpsc::channel(QUEUE);
         for event in [
@@ -428,18 +492,20 @@ mod tests {
             about("web", "Deleted"),
             about(&other, "Other"),
         ] {
-            tx.send(event).await.expect("queued");
+            tx.send(Recorded::new(event)).await.expect("queued");
         }
         drop(tx);
         let written = std::sync::Mutex::new(Vec::new());
-        write_in_lanes(rx, CancellationToken::new(), |event: Event| {
+        write_in_lanes(rx, CancellationToken::new(), |events: Vec<Recorded>| {
             let written = &written;
             async move {
-                let reason = event.reason.expect("reason");
-                if reason == "Ensured" {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                for event in events {
+                    let reason = event.into_event().reason.expect("reason");
+                    if reason == "Ensured" {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    written.lock().expect("not poisoned").push(reason);
                 }
-                written.lock().expect("not poisoned").push(reason);
             }
         })
         .await;
@@ -452,19 +518,20 @@ mod tests {
     /// On stop, the Events already queued are still written; the writer then ends.
     #[tokio::test]
     async fn queued_events_are_written_after_the_stop() {
+        let _alone = BACKLOG_TESTS.lock().await;
         let (tx, rx) = mpsc::channel(QUEUE);
         for i in 0..20 {
-            tx.send(about(&format!("svc-{i}"), "Ensured"))
+            tx.send(Recorded::new(about(&format!("svc-{i}"), "Ensured")))
                 .await
                 .expect("queued");
         }
         let stop = CancellationToken::new();
         stop.cancel();
         let written = AtomicU64::new(0);
-        write_in_lanes(rx, stop, |_| {
+        write_in_lanes(rx, stop, |events: Vec<Recorded>| {
             let written = &written;
             async move {
-                written.fetch_add(1, Ordering::Relaxed);
+                written.fetch_add(events.len() as u64, Ordering::Relaxed);
             }
         })
         .await;
@@ -476,12 +543,17 @@ mod tests {
     /// written: the pruning task ending at the stop does not end the writer with it.
     #[tokio::test]
     async fn queued_events_are_stored_after_the_stop_with_pruning_on() {
+        let _alone = BACKLOG_TESTS.lock().await;
         let (_dir, store) = store().await;
         let (tx, rx) = mpsc::channel(QUEUE);
         for i in 0..20 {
-            tx.send(mk_event(&format!("e-{i}"), Duration::from_secs(5), true))
-                .await
-                .expect("queued");
+            tx.send(Recorded::new(mk_event(
+                &format!("e-{i}"),
+                Duration::from_secs(5),
+                true,
+            )))
+            .await
+            .expect("queued");
         }
         let stop = CancellationToken::new();
         stop.cancel();
@@ -498,10 +570,76 @@ mod tests {
         assert_eq!(stored.len(), 20);
     }
 
+    /// The backlog gauge (`harvester_cloud_events_queued`) counts an Event from its record until
+    /// it is written, dropped for a full queue, or given up after the drain at a stop.
+    #[tokio::test(start_paused = true)]
+    async fn the_backlog_counts_each_event_until_it_leaves() {
+        // The gauge is the process's: no other test of this binary may record meanwhile.
+        let _alone = BACKLOG_TESTS.lock().await;
+        let queued = || {
+            harvester_cloud_metrics::sample(
+                &harvester_cloud_metrics::encode(),
+                "harvester_cloud_events_queued",
+            )
+            .expect("registered")
+        };
+        let before = queued();
+        let service = |name: &str| k8s_openapi::api::core::v1::Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                uid: Some(format!("uid-{name}")),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let (recorder, mut rx) = Recorder::capture("test", "test");
+        let mut lane = |name: &str| {
+            recorder.record(&service(name), EventType::Normal, "Test", name.into());
+            lane_of(&rx.try_recv().expect("recorded"))
+        };
+        let stuck = lane("stuck");
+        let written_name = (0..)
+            .map(|i| format!("written-{i}"))
+            .find(|n| lane(n) != stuck)
+            .expect("some name takes another lane");
+        for name in [written_name.as_str(), "stuck"] {
+            recorder.record(&service(name), EventType::Normal, "Test", name.into());
+        }
+        assert_eq!(queued(), before + 2.0, "recorded, none written");
+        let stop = CancellationToken::new();
+        stop.cancel();
+        let written = AtomicU64::new(0);
+        // One write never ends: the drain gives it up after its 5 s (paused time runs them out).
+        write_in_lanes(rx, stop, |events: Vec<Recorded>| {
+            let written = &written;
+            async move {
+                if events.iter().any(|e| e.message.as_deref() == Some("stuck")) {
+                    std::future::pending::<()>().await;
+                }
+                written.fetch_add(events.len() as u64, Ordering::Relaxed);
+            }
+        })
+        .await;
+        assert_eq!(written.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            queued(),
+            before,
+            "written or given up, each left the backlog"
+        );
+        recorder.record(&service("late"), EventType::Normal, "Test", "late".into());
+        assert_eq!(
+            queued(),
+            before,
+            "an Event refused by stopped writers never joins it"
+        );
+    }
+
     /// An Event recorded when the queue is full, or after the writers stopped, is dropped and
     /// counted by its reason (`harvester_cloud_events_dropped_total`), not lost unseen.
     #[tokio::test]
     async fn dropped_events_are_counted_by_reason() {
+        let _alone = BACKLOG_TESTS.lock().await;
         // A reason of this test's own: the registry is the process's, shared with other tests.
         const REASON: &str = "TestQueueFull";
         let dropped = || {

@@ -33,6 +33,7 @@
 //! | `lb_probe_targets` | none | [`set_probe_targets`] (backends the prober probes) |
 //! | `kubeconfig_accounts_cleaned_up_total` | none | [`accounts_cleaned_up`] (guest-cluster cleanup: accounts of a removed guest cluster revoked) |
 //! | `events_dropped_total` | `reason` (the Event's reason, a fixed set) | [`event_dropped`] (the Event recorder, when its queue is full or its writers have stopped; not failed writes) |
+//! | `events_queued` | none | [`events_queued`] (the Event recorders' backlog: recorded, not yet written, failed or dropped) |
 //! | `build_info` | `version` | always 1 |
 #![forbid(unsafe_code)]
 
@@ -147,6 +148,7 @@ struct Metrics {
     probe_targets: Gauge,
     accounts_cleaned_up: Counter,
     events_dropped: Family<ReasonLabels, Counter>,
+    events_queued: Gauge,
 }
 
 impl Metrics {
@@ -177,6 +179,7 @@ impl Metrics {
             probe_targets: Gauge::default(),
             accounts_cleaned_up: Counter::default(),
             events_dropped: Family::default(),
+            events_queued: Gauge::default(),
         };
         registry.register(
             "http_requests",
@@ -295,6 +298,11 @@ impl Metrics {
             "Kubernetes Events the reconcilers recorded but dropped unwritten: their queue was full (a burst), or their writers had stopped (failed writes, and Events still queued 5 s after a stop, are logged, not counted)",
             m.events_dropped.clone(),
         );
+        registry.register(
+            "events_queued",
+            "Kubernetes Events the reconcilers recorded that are not yet written: queued, or being written (a write that fails, or an Event given up at a stop, leaves it)",
+            m.events_queued.clone(),
+        );
         let build_info = Family::<VersionLabels, Gauge>::default();
         build_info
             .get_or_create(&VersionLabels {
@@ -389,6 +397,12 @@ pub fn event_dropped(reason: &'static str) {
         .events_dropped
         .get_or_create(&ReasonLabels { reason })
         .inc();
+}
+
+/// The Event recorders' backlog grew (`delta` > 0: recorded) or shrank (written, failed, or given
+/// up at a stop).
+pub fn events_queued(delta: i64) {
+    METRICS.events_queued.inc_by(delta);
 }
 
 /// A request refused by authentication; `reason` is [`crate::auth::AuthError::reason`].
@@ -534,6 +548,7 @@ mod tests {
             "harvester_cloud_reconcile_duration_seconds",
             "harvester_cloud_reconcile_errors_total",
             "harvester_cloud_events_dropped_total",
+            "harvester_cloud_events_queued",
             "harvester_cloud_leader",
             "harvester_cloud_guest_clusters",
             "harvester_cloud_build_info",

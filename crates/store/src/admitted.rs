@@ -173,6 +173,23 @@ impl<A: Admit> ObjectStore for Admitted<A> {
         self.inner.create(kind, object).await
     }
 
+    /// Objects of a judged kind are each admitted and created in turn; others go to the inner
+    /// store together.
+    async fn create_each(
+        &self,
+        kind: &Kind,
+        objects: Vec<Value>,
+    ) -> Vec<Result<Value, StoreError>> {
+        if !self.admission.judges(kind) {
+            return self.inner.create_each(kind, objects).await;
+        }
+        let mut out = Vec::with_capacity(objects.len());
+        for object in objects {
+            out.push(self.create(kind, object).await);
+        }
+        out
+    }
+
     async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
         if !self.admission.judges(kind) {
             return self.inner.replace(kind, object).await;

@@ -292,6 +292,21 @@ pub trait ObjectStore: Send + Sync + 'static {
     async fn create_buffered(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
         self.create(kind, object).await
     }
+    /// Creates each of `objects` (all of `kind`) as [`Self::create_buffered`] would, in order and
+    /// each on its own: one refused does not stop the others. Answers each one's result, in
+    /// order. For a writer of many small objects that need not exist together (Events): the
+    /// embedded backend plans and commits them as one write. By default one create after another.
+    async fn create_each(
+        &self,
+        kind: &Kind,
+        objects: Vec<Value>,
+    ) -> Vec<Result<Value, StoreError>> {
+        let mut out = Vec::with_capacity(objects.len());
+        for object in objects {
+            out.push(self.create_buffered(kind, object).await);
+        }
+        out
+    }
     /// Creates `owner` and the objects `dependents` makes once the owner's uid is known, in one
     /// step: all of them or none (`AlreadyExists` if any name is taken). Buffered as
     /// [`Self::create_buffered`] is. `Ok(None)` from a backend that cannot (the default): the

@@ -393,21 +393,7 @@ impl EmbeddedStore {
         kind: &Kind,
         mut object: Value,
     ) -> Result<Value, StoreError> {
-        // generateName: Kubernetes appends five random characters.
-        {
-            let meta = meta_mut(kind, &mut object)?;
-            let has_name = meta
-                .get("name")
-                .and_then(Value::as_str)
-                .is_some_and(|n| !n.is_empty());
-            if !has_name && let Some(prefix) = meta.get("generateName").and_then(Value::as_str) {
-                let name = format!("{prefix}{}", crate::validation::random_alnum(5));
-                meta.insert("name".into(), Value::from(name));
-            }
-        }
-        let (namespace, name) = checked_key(kind, &mut object)?;
-        semantics::validate_new_meta(kind, &name, &object)?;
-        let uid = uuid::Uuid::new_v4().to_string();
+        let (namespace, name, uid) = named_new(kind, &mut object)?;
         let minted = if kind.api_version == "v1" && kind.kind == "Secret" {
             meta_mut(kind, &mut object)?.insert("uid".into(), Value::from(uid.clone()));
             self.premint(&object, None)
@@ -454,6 +440,25 @@ impl Drop for EmbeddedStore {
         self.sync_wanted.notify_one();
         self.commit_wanted.notify_one();
     }
+}
+
+/// A new object's key and uid: named (`generateName`: Kubernetes appends five random
+/// characters), its key and metadata checked.
+fn named_new(kind: &Kind, object: &mut Value) -> Result<(String, String, String), StoreError> {
+    {
+        let meta = meta_mut(kind, object)?;
+        let has_name = meta
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty());
+        if !has_name && let Some(prefix) = meta.get("generateName").and_then(Value::as_str) {
+            let name = format!("{prefix}{}", crate::validation::random_alnum(5));
+            meta.insert("name".into(), Value::from(name));
+        }
+    }
+    let (namespace, name) = checked_key(kind, object)?;
+    semantics::validate_new_meta(kind, &name, object)?;
+    Ok((namespace, name, uuid::Uuid::new_v4().to_string()))
 }
 
 #[async_trait]
@@ -555,6 +560,14 @@ impl ObjectStore for EmbeddedStore {
 
     async fn create_buffered(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
         self.create_as(Ack::Stored, kind, object).await
+    }
+
+    async fn create_each(
+        &self,
+        kind: &Kind,
+        objects: Vec<Value>,
+    ) -> Vec<Result<Value, StoreError>> {
+        self.create_each_impl(kind, objects).await
     }
 
     async fn create_together(

@@ -103,6 +103,103 @@ impl EmbeddedStore {
     }
 }
 
+impl EmbeddedStore {
+    /// [`crate::ObjectStore::create_each`]: the objects that pass the checks a create makes are
+    /// planned in order and committed in one write (answered once stored, as
+    /// [`crate::ObjectStore::create_buffered`] is); each refused one gets its own error.
+    pub(super) async fn create_each_impl(
+        &self,
+        kind: &Kind,
+        objects: Vec<Value>,
+    ) -> Vec<Result<Value, StoreError>> {
+        // A token Secret is signed before its write takes the writer: one create each.
+        if kind.api_version == "v1" && kind.kind == "Secret" {
+            let mut out = Vec::with_capacity(objects.len());
+            for object in objects {
+                out.push(self.create_as(Ack::Stored, kind, object).await);
+            }
+            return out;
+        }
+        // Each object's answer, in the objects' order: the refused ones' now, the others' once
+        // their write is answered.
+        let mut out: Vec<Option<Result<Value, StoreError>>> = Vec::with_capacity(objects.len());
+        let mut named = Vec::with_capacity(objects.len());
+        for (i, mut object) in objects.into_iter().enumerate() {
+            match super::named_new(kind, &mut object) {
+                Ok(key) => {
+                    named.push((i, object, key));
+                    out.push(None);
+                }
+                Err(e) => out.push(Some(Err(e))),
+            }
+        }
+        let kind = kind.clone();
+        let planned = self
+            .write_as(Ack::Stored, move |state| {
+                let mut taken = std::collections::HashSet::new();
+                let mut rows = Vec::with_capacity(named.len());
+                let mut answers = Vec::with_capacity(named.len());
+                let mut rv = state.rv;
+                for (i, mut object, (namespace, name, uid)) in named {
+                    let fresh = !state.contains(&kind.api_version, &kind.kind, &namespace, &name)
+                        && taken.insert((namespace.clone(), name.clone()));
+                    if !fresh {
+                        answers.push((
+                            i,
+                            Err(StoreError::AlreadyExists {
+                                kind: kind.singular(),
+                                name,
+                            }),
+                        ));
+                        continue;
+                    }
+                    if let Err(e) = stamp_created(&kind, &mut object, &uid, rv + 1) {
+                        answers.push((i, Err(e)));
+                        continue;
+                    }
+                    rv += 1;
+                    rows.push(row_of(
+                        &kind,
+                        &namespace,
+                        &name,
+                        &uid,
+                        rv,
+                        ChangeType::Added,
+                        object.clone(),
+                    ));
+                    // As a single create: a dependent none of whose owners exists is deleted
+                    // (after being created: watchers see both).
+                    if super::semantics::orphaned(state, &object) {
+                        rows.extend(self.plan_delete(state, &kind, &object, &mut rv));
+                    }
+                    answers.push((i, Ok(object)));
+                }
+                Ok((rows, answers))
+            })
+            .await;
+        let failed = match planned {
+            Ok(answers) => {
+                for (i, answer) in answers {
+                    out[i] = Some(answer);
+                }
+                None
+            }
+            Err(e) => Some(e.to_string()),
+        };
+        out.into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    // The write failed as a whole (the store closed, the commit failed): every
+                    // object planned in it shares the error.
+                    Err(StoreError::backend(std::io::Error::other(
+                        failed.clone().unwrap_or_default(),
+                    )))
+                })
+            })
+            .collect()
+    }
+}
+
 fn uid_of(v: &Value) -> &str {
     v.pointer("/metadata/uid")
         .and_then(Value::as_str)

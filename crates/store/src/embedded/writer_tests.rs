@@ -617,3 +617,82 @@ async fn a_patch_s_version_is_told_before_it_is_committed_and_never_reused() {
     );
     assert_eq!(told.lock().unwrap().len(), n);
 }
+
+/// `create_each` plans its objects in order as one write (one transaction, consecutive versions),
+/// answers each on its own (a taken name, one repeated in the batch or an invalid one is refused
+/// alone), and what it stored survives a reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_created_each_are_one_write_answered_one_by_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    let k = cm_kind();
+    store.create(&k, mk_cm("taken")).await.unwrap();
+    let base = store.read().rv;
+    let mut watch = store.watch(&k, None, "").await.unwrap();
+    let (tx0, w0) = counts(&store);
+    let answers = store
+        .create_each(
+            &k,
+            vec![
+                mk_cm("a"),
+                mk_cm("taken"),
+                mk_cm("Not_A_Name"),
+                mk_cm("a"),
+                json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"generateName": "gen-", "namespace": "ns"}}),
+                mk_cm("b"),
+            ],
+        )
+        .await;
+    assert_eq!(answers.len(), 6);
+    assert_eq!(rv(answers[0].as_ref().unwrap()), base + 1);
+    assert!(
+        matches!(&answers[1], Err(StoreError::AlreadyExists { name, .. }) if name == "taken"),
+        "{:?}",
+        answers[1]
+    );
+    assert!(
+        matches!(&answers[2], Err(StoreError::Invalid { .. })),
+        "{:?}",
+        answers[2]
+    );
+    assert!(
+        matches!(&answers[3], Err(StoreError::AlreadyExists { name, .. }) if name == "a"),
+        "repeated in the batch: {:?}",
+        answers[3]
+    );
+    let generated = answers[4].as_ref().unwrap();
+    assert!(
+        generated["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("gen-")
+    );
+    assert_eq!(rv(generated), base + 2);
+    assert_eq!(rv(answers[5].as_ref().unwrap()), base + 3);
+    assert_eq!(
+        counts(&store),
+        (tx0 + 1, w0 + 1),
+        "one write, one transaction"
+    );
+    for v in base + 1..=base + 3 {
+        let c = tokio::time::timeout(Duration::from_secs(5), watch.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!((c.change, c.resource_version), (ChangeType::Added, v));
+    }
+    // Answered once stored; durable with the next sync.
+    store.sync().await.unwrap();
+    let stored = names(&store).await;
+    store.close().await;
+    drop(store);
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    assert_eq!(names(&store).await, stored);
+    assert_eq!(stored.len(), 4, "taken, a, gen-…, b: {stored:?}");
+}
