@@ -314,7 +314,8 @@ async fn run(lbs: usize, pools: usize, concurrency: u16) {
         )
         .await
         .expect("lists");
-    // Every store write takes a resourceVersion: how many the convergence took.
+    // Every store write takes a resourceVersion: how many the convergence and its Events took
+    // (before d2799d7 the Events written after the convergence were not counted).
     let writes =
         events_listed.parse::<u64>().expect("a number") - listed.parse::<u64>().expect("a number");
     // …and how many the recorder dropped, its queue full (none are recorded before the reopen).

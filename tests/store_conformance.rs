@@ -703,6 +703,68 @@ pub mod cases {
         }
     }
 
+    /// Objects created each (the Event recorder's batches) are answered one by one, in order: a
+    /// taken name, one repeated in the batch or an invalid one is refused alone, the others are
+    /// stored in order (increasing versions), and there once `sync` returns.
+    pub async fn objects_created_each_are_answered_one_by_one<H: Harness>(h: H) {
+        let k = cm_kind();
+        let s = h.store();
+        s.create(&k, mk_cm("e-taken", "1")).await.unwrap();
+        let answers = s
+            .create_each(
+                &k,
+                vec![
+                    mk_cm("e-a", "1"),
+                    mk_cm("e-taken", "2"),
+                    mk_cm("E_Invalid", "1"),
+                    mk_cm("e-a", "2"),
+                    json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"generateName": "e-gen-", "namespace": "ns1"}}),
+                    mk_cm("e-b", "1"),
+                ],
+            )
+            .await;
+        assert_eq!(answers.len(), 6);
+        assert!(
+            matches!(&answers[1], Err(StoreError::AlreadyExists { .. })),
+            "{:?}",
+            answers[1]
+        );
+        assert!(
+            matches!(&answers[2], Err(StoreError::Invalid { .. })),
+            "{:?}",
+            answers[2]
+        );
+        assert!(
+            matches!(&answers[3], Err(StoreError::AlreadyExists { .. })),
+            "repeated in the batch: {:?}",
+            answers[3]
+        );
+        let made: Vec<&Value> = [0, 4, 5]
+            .iter()
+            .map(|&i| answers[i].as_ref().expect("created"))
+            .collect();
+        assert!(
+            made[1]["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("e-gen-")
+        );
+        assert!(
+            rv(made[0]) < rv(made[1]) && rv(made[1]) < rv(made[2]),
+            "stored in order"
+        );
+        assert_eq!(made[0]["data"]["k"], "1", "the first of the repeated name");
+        s.sync().await.unwrap();
+        drop(s);
+        let h = h.reopen().await;
+        let s = h.store();
+        for m in made {
+            let name = m["metadata"]["name"].as_str().unwrap();
+            assert_eq!(s.get(&k, "ns1", name).await.unwrap().as_ref(), Some(m));
+        }
+    }
+
     /// An owner and its dependents created together are there all together or not at all (a
     /// backend that cannot answers `None`, and its callers create them one by one).
     pub async fn created_together_or_not_at_all<H: Harness>(h: H) {
@@ -939,6 +1001,7 @@ suite!(
         restart_keeps_objects_and_versions,
         abandoned_writes_are_whole_or_absent,
         buffered_creates_are_durable_once_synced,
+        objects_created_each_are_answered_one_by_one,
         created_together_or_not_at_all,
         metadata_is_validated_as_the_api_server_does,
     ]

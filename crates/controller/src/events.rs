@@ -6,7 +6,9 @@
 //! Events are best effort, as in Kubernetes: they are queued and written by a background task so a
 //! reconcile never waits for one, and dropped if the queue is full (a warning per burst, and
 //! `harvester_cloud_events_dropped_total` counts each; `harvester_cloud_events_queued` is the
-//! backlog). At the stop, the Events queued are still written for up to 5 s. Kubernetes deletes
+//! backlog). They are written in batches (`ObjectStore::create_each`), which the embedded store
+//! answers once committed, before the fsync that makes them durable (the next write's, or the
+//! syncer's). At the stop, the Events queued are still written for up to 5 s. Kubernetes deletes
 //! Events after an hour; the embedded store has no such TTL, so the writer also deletes its own Events
 //! older than [`EVENT_TTL`] (on Kubernetes that only anticipates the API server).
 
@@ -39,7 +41,8 @@ pub const COMPONENT: &str = "harvester-cloud-lb";
 pub(crate) const EVENT_TTL: Duration = Duration::from_secs(3600);
 /// How often old Events are looked for.
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
-/// Events waiting to be written; beyond this they are dropped.
+/// Events waiting to be written (besides up to [`LANE`] + [`BATCH`] per lane); beyond this they
+/// are dropped.
 const QUEUE: usize = 16_384;
 /// Lanes written at once (see [`write_in_lanes`]).
 const WRITERS: usize = 8;
@@ -437,6 +440,15 @@ mod tests {
     /// Held by the tests that read `harvester_cloud_events_queued` or record Events, which moves it.
     static BACKLOG_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+    /// `harvester_cloud_events_queued` now.
+    fn backlog() -> f64 {
+        harvester_cloud_metrics::sample(
+            &harvester_cloud_metrics::encode(),
+            "harvester_cloud_events_queued",
+        )
+        .expect("registered")
+    }
+
     /// An embedded store in a directory of its own (kept while the store is used).
     async fn store() -> (tempfile::TempDir, Arc<EmbeddedStore>) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -545,6 +557,7 @@ mod tests {
     async fn queued_events_are_stored_after_the_stop_with_pruning_on() {
         let _alone = BACKLOG_TESTS.lock().await;
         let (_dir, store) = store().await;
+        let before = backlog();
         let (tx, rx) = mpsc::channel(QUEUE);
         for i in 0..20 {
             tx.send(Recorded::new(mk_event(
@@ -568,21 +581,21 @@ mod tests {
             .await
             .expect("lists");
         assert_eq!(stored.len(), 20);
+        assert_eq!(
+            backlog(),
+            before,
+            "written through the store, they left the backlog"
+        );
     }
 
     /// The backlog gauge (`harvester_cloud_events_queued`) counts an Event from its record until
-    /// it is written, dropped for a full queue, or given up after the drain at a stop.
+    /// it is written or given up after the drain at a stop (a full queue: see
+    /// `dropped_events_are_counted_by_reason`; the store's writer: the pruning test).
     #[tokio::test(start_paused = true)]
     async fn the_backlog_counts_each_event_until_it_leaves() {
         // The gauge is the process's: no other test of this binary may record meanwhile.
         let _alone = BACKLOG_TESTS.lock().await;
-        let queued = || {
-            harvester_cloud_metrics::sample(
-                &harvester_cloud_metrics::encode(),
-                "harvester_cloud_events_queued",
-            )
-            .expect("registered")
-        };
+        let queued = backlog;
         let before = queued();
         let service = |name: &str| k8s_openapi::api::core::v1::Service {
             metadata: ObjectMeta {
@@ -649,6 +662,7 @@ mod tests {
             )
             .unwrap_or(0.0)
         };
+        let before = backlog();
         let (recorder, rx) = Recorder::capture("test", "test");
         let object = about("web", "");
         for i in 0..QUEUE {
@@ -659,9 +673,16 @@ mod tests {
             recorder.record(&object, EventType::Normal, REASON, format!("over {i}"));
         }
         assert_eq!(dropped(), 3.0, "the queue is full");
+        assert_eq!(
+            backlog(),
+            before + QUEUE as f64,
+            "the dropped never joined the backlog"
+        );
         drop(rx);
+        assert_eq!(backlog(), before, "dropped with the queue, they left it");
         recorder.record(&object, EventType::Normal, REASON, "stopped".into());
         assert_eq!(dropped(), 4.0, "the writers stopped");
+        assert_eq!(backlog(), before);
     }
 
     #[tokio::test]

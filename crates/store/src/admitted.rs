@@ -173,6 +173,11 @@ impl<A: Admit> ObjectStore for Admitted<A> {
         self.inner.create(kind, object).await
     }
 
+    /// Waits for the inner store's buffered writes ([`Self::create_each`] passes some on).
+    async fn sync(&self) -> Result<(), StoreError> {
+        self.inner.sync().await
+    }
+
     /// Objects of a judged kind are each admitted and created in turn; others go to the inner
     /// store together.
     async fn create_each(
@@ -297,6 +302,78 @@ impl<A: Admit> ObjectStore for Admitted<A> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Judges ConfigMaps: refuses those named `bad-…`, labels the others.
+    struct Judge;
+
+    #[async_trait]
+    impl Admit for Judge {
+        fn judges(&self, kind: &Kind) -> bool {
+            kind.kind == "ConfigMap"
+        }
+
+        async fn create(&self, kind: &Kind, mut object: Value) -> Result<Value, StoreError> {
+            let name = object_key(&object).1;
+            if name.starts_with("bad-") {
+                return Err(StoreError::Invalid {
+                    kind: kind.singular(),
+                    name,
+                    reason: "refused".into(),
+                });
+            }
+            object["metadata"]["labels"] = json!({"admitted": "yes"});
+            Ok(object)
+        }
+
+        async fn update(
+            &self,
+            _kind: &Kind,
+            _current: Value,
+            object: Value,
+        ) -> Result<Value, StoreError> {
+            Ok(object)
+        }
+    }
+
+    /// `create_each` admits each object of a judged kind (a refused one refused alone, the
+    /// others as admission mutated them), and passes the kinds it does not judge through.
+    #[tokio::test]
+    async fn objects_created_each_are_each_admitted() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner =
+            crate::embedded::EmbeddedStore::open(dir.path(), crate::embedded::Durability::Full)
+                .await
+                .unwrap();
+        let store = Admitted::new(inner, Judge);
+        let object = |kind: &str, name: &str| json!({"apiVersion": "v1", "kind": kind, "metadata": {"name": name, "namespace": "ns"}});
+        let cms = store
+            .create_each(
+                &Kind::of::<k8s_openapi::api::core::v1::ConfigMap>(),
+                vec![object("ConfigMap", "good"), object("ConfigMap", "bad-one")],
+            )
+            .await;
+        assert_eq!(
+            cms[0].as_ref().unwrap()["metadata"]["labels"]["admitted"],
+            "yes"
+        );
+        assert!(
+            matches!(&cms[1], Err(StoreError::Invalid { .. })),
+            "{:?}",
+            cms[1]
+        );
+        let events = store
+            .create_each(
+                &Kind::of::<k8s_openapi::api::core::v1::Event>(),
+                vec![object("Event", "bad-but-not-judged")],
+            )
+            .await;
+        assert!(
+            events[0].as_ref().unwrap()["metadata"]
+                .get("labels")
+                .is_none()
+        );
+        store.sync().await.unwrap();
+    }
 
     #[test]
     fn a_create_is_judged_without_status_or_deletion_marks() {

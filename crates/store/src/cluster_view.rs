@@ -228,6 +228,50 @@ impl<S: ClusterScope> ObjectStore for ClusterView<S> {
         self.decoded(kind, created)
     }
 
+    /// Waits for the inner store's buffered writes ([`Self::create_each`] passes some on).
+    async fn sync(&self) -> Result<(), StoreError> {
+        self.inner.sync().await
+    }
+
+    /// Each object mapped to its record as [`Self::create`] maps it (one that does not map is
+    /// refused alone); the records are created together in the inner store.
+    async fn create_each(
+        &self,
+        kind: &Kind,
+        objects: Vec<Value>,
+    ) -> Vec<Result<Value, StoreError>> {
+        let mut out: Vec<Option<Result<Value, StoreError>>> = Vec::with_capacity(objects.len());
+        let (mut records, mut names) = (Vec::new(), Vec::new());
+        for object in objects {
+            match self
+                .check_kind(kind)
+                .and_then(|_| self.stored_object(kind, object))
+            {
+                Ok((record, owner)) => {
+                    records.push(record);
+                    names.push((out.len(), owner.name));
+                    out.push(None);
+                }
+                Err(e) => out.push(Some(Err(e))),
+            }
+        }
+        if let Ok(ik) = self.check_kind(kind)
+            && !records.is_empty()
+        {
+            let created = self.inner.create_each(&ik, records).await;
+            for ((i, name), created) in names.into_iter().zip(created) {
+                out[i] = Some(
+                    created
+                        .map_err(|e| cluster_error(e, &name))
+                        .and_then(|c| self.decoded(kind, c)),
+                );
+            }
+        }
+        out.into_iter()
+            .map(|answer| answer.expect("every object is answered"))
+            .collect()
+    }
+
     async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {
         let ik = self.check_kind(kind)?;
         let (record, owner) = self.stored_object(kind, object)?;

@@ -294,7 +294,8 @@ pub trait ObjectStore: Send + Sync + 'static {
     }
     /// Creates each of `objects` (all of `kind`) as [`Self::create_buffered`] would, in order and
     /// each on its own: one refused does not stop the others. Answers each one's result, in
-    /// order. For a writer of many small objects that need not exist together (Events): the
+    /// order (where the backend writes them as one and that write fails, each planned in it
+    /// fails). For a writer of many small objects that need not exist together (Events): the
     /// embedded backend plans and commits them as one write. By default one create after another.
     async fn create_each(
         &self,

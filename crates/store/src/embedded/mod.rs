@@ -99,7 +99,8 @@ pub enum OpenError {
 /// When a write is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ack {
-    /// Once it is on disk (every write of the port but [`ObjectStore::create_buffered`]).
+    /// Once it is on disk (every write of the port but [`ObjectStore::create_buffered`],
+    /// [`ObjectStore::create_each`] and [`ObjectStore::create_together`]).
     Durable,
     /// Once it is committed to the WAL; the caller syncs later ([`ObjectStore::sync`]).
     Stored,
@@ -407,28 +408,20 @@ impl EmbeddedStore {
                     name: name.clone(),
                 });
             }
-            let rv = state.rv + 1;
-            semantics::stamp_created(kind, &mut object, &uid, rv)?;
-            if kind.api_version == "v1" && kind.kind == "Secret" {
-                self.fill_token(state, None, &mut object, minted)?;
-            }
-            let row = row_of(
+            let mut rv = state.rv;
+            self.plan_created(
+                state,
                 kind,
-                &namespace,
-                &name,
-                &uid,
-                rv,
-                ChangeType::Added,
-                object.clone(),
-            );
-            let mut rows = vec![row];
-            // As Kubernetes' garbage collector does, a dependent none of whose owners exists is
-            // deleted (after being created: watchers see both).
-            if semantics::orphaned(state, &object) {
-                let mut next = rv;
-                rows.extend(self.plan_delete(state, kind, &object, &mut next));
-            }
-            Ok((rows, object))
+                (&namespace, &name, &uid),
+                object,
+                &mut rv,
+                |object| {
+                    if kind.api_version == "v1" && kind.kind == "Secret" {
+                        self.fill_token(state, None, object, minted)?;
+                    }
+                    Ok(())
+                },
+            )
         })
         .await
     }
@@ -439,6 +432,41 @@ impl Drop for EmbeddedStore {
         // Lets the syncer and committer tasks notice that the store is gone.
         self.sync_wanted.notify_one();
         self.commit_wanted.notify_one();
+    }
+}
+
+impl EmbeddedStore {
+    /// Plans the creation of `object` (its key and uid from [`named_new`], its name free) at the
+    /// version after `rv`, and moves `rv` past what it planned: its row, and, as Kubernetes'
+    /// garbage collector does, the deletion of a dependent none of whose owners exists (after its
+    /// creation: watchers see both). `fill` completes the stamped object before it is stored (a
+    /// token Secret's token).
+    fn plan_created(
+        &self,
+        state: &overlay::View,
+        kind: &Kind,
+        (namespace, name, uid): (&str, &str, &str),
+        mut object: Value,
+        rv: &mut u64,
+        fill: impl FnOnce(&mut Value) -> Result<(), StoreError>,
+    ) -> Result<(Vec<state::Row>, Value), StoreError> {
+        let created = *rv + 1;
+        semantics::stamp_created(kind, &mut object, uid, created)?;
+        fill(&mut object)?;
+        *rv = created;
+        let mut rows = vec![row_of(
+            kind,
+            namespace,
+            name,
+            uid,
+            created,
+            ChangeType::Added,
+            object.clone(),
+        )];
+        if semantics::orphaned(state, &object) {
+            rows.extend(self.plan_delete(state, kind, &object, rv));
+        }
+        Ok((rows, object))
     }
 }
 

@@ -136,11 +136,14 @@ impl EmbeddedStore {
         let kind = kind.clone();
         let planned = self
             .write_as(Ack::Stored, move |state| {
+                // Names planned in this batch: a later object of the same name is refused, even
+                // when the first was deleted in it for naming no owner that exists (Events, the
+                // batches' objects, have no owners).
                 let mut taken = std::collections::HashSet::new();
                 let mut rows = Vec::with_capacity(named.len());
                 let mut answers = Vec::with_capacity(named.len());
                 let mut rv = state.rv;
-                for (i, mut object, (namespace, name, uid)) in named {
+                for (i, object, (namespace, name, uid)) in named {
                     let fresh = !state.contains(&kind.api_version, &kind.kind, &namespace, &name)
                         && taken.insert((namespace.clone(), name.clone()));
                     if !fresh {
@@ -153,26 +156,14 @@ impl EmbeddedStore {
                         ));
                         continue;
                     }
-                    if let Err(e) = stamp_created(&kind, &mut object, &uid, rv + 1) {
-                        answers.push((i, Err(e)));
-                        continue;
+                    let key = (namespace.as_str(), name.as_str(), uid.as_str());
+                    match self.plan_created(state, &kind, key, object, &mut rv, |_| Ok(())) {
+                        Ok((planned, object)) => {
+                            rows.extend(planned);
+                            answers.push((i, Ok(object)));
+                        }
+                        Err(e) => answers.push((i, Err(e))),
                     }
-                    rv += 1;
-                    rows.push(row_of(
-                        &kind,
-                        &namespace,
-                        &name,
-                        &uid,
-                        rv,
-                        ChangeType::Added,
-                        object.clone(),
-                    ));
-                    // As a single create: a dependent none of whose owners exists is deleted
-                    // (after being created: watchers see both).
-                    if super::semantics::orphaned(state, &object) {
-                        rows.extend(self.plan_delete(state, &kind, &object, &mut rv));
-                    }
-                    answers.push((i, Ok(object)));
                 }
                 Ok((rows, answers))
             })
@@ -184,13 +175,14 @@ impl EmbeddedStore {
                 }
                 None
             }
-            Err(e) => Some(e.to_string()),
+            Err(e) => Some(super::writer::backend_message(&e)),
         };
         out.into_iter()
             .map(|answer| {
                 answer.unwrap_or_else(|| {
                     // The write failed as a whole (the store closed, the commit failed): every
-                    // object planned in it shares the error.
+                    // object planned in it shares the error, a refusal planned on writes that
+                    // failed with it too (as a single create's).
                     Err(StoreError::backend(std::io::Error::other(
                         failed.clone().unwrap_or_default(),
                     )))

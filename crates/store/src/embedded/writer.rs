@@ -23,7 +23,17 @@ use super::{
 };
 use crate::StoreError;
 
-/// At most this many writes in one transaction…
+/// What `error` says, for a backend error made of it (a backend error's own message: wrapped
+/// again it would read "store backend failed: store backend failed: …").
+pub(super) fn backend_message(error: &StoreError) -> String {
+    match error {
+        StoreError::Backend(source) => source.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// At most this many writes in one transaction (a write may hold many rows: a batch of
+/// [`crate::ObjectStore::create_each`] is one)…
 const BATCH_WRITES: usize = 256;
 /// …and at most about this many bytes of objects (a batch holds the writer for its whole
 /// commit: big objects, an IP pool's status, go in smaller batches).
@@ -265,7 +275,7 @@ impl EmbeddedStore {
         if writes > 0 {
             tracing::error!(%error, writes, "a write to the database failed; failing it and the writes queued with it");
         }
-        let message = error.to_string();
+        let message = backend_message(error);
         for job in jobs.into_iter().chain(queued) {
             let _ = job.done.send(Err(StoreError::backend(std::io::Error::other(
                 message.clone(),

@@ -696,3 +696,41 @@ async fn objects_created_each_are_one_write_answered_one_by_one() {
     assert_eq!(names(&store).await, stored);
     assert_eq!(stored.len(), 4, "taken, a, gen-…, b: {stored:?}");
 }
+
+/// A `create_each` whose write fails as a whole (a full disk) answers each object it planned with
+/// that failure (wrapped once), even one it refused as taken (planned on writes that may have
+/// failed with it, as a single create's refusal is), and one refused before planning (an invalid
+/// name) with its own; nothing of it is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_create_each_fails_its_objects_and_leaves_no_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), Durability::Full)
+        .await
+        .unwrap();
+    let k = cm_kind();
+    let taken = store.create(&k, mk_cm("taken")).await.unwrap();
+    store.inject_write_failures(0, 1);
+    let answers = store
+        .create_each(
+            &k,
+            vec![mk_cm("x"), mk_cm("taken"), mk_cm("y"), mk_cm("Not_A_Name")],
+        )
+        .await;
+    for i in [0, 1, 2] {
+        let e = answers[i].as_ref().unwrap_err();
+        assert!(matches!(e, StoreError::Backend(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "store backend failed: database or disk is full (injected)"
+        );
+    }
+    assert!(
+        matches!(&answers[3], Err(StoreError::Invalid { .. })),
+        "{:?}",
+        answers[3]
+    );
+    assert_eq!(names(&store).await, vec![("taken".to_string(), rv(&taken))]);
+    // The store goes on.
+    let again = store.create_each(&k, vec![mk_cm("x")]).await;
+    assert!(again[0].is_ok(), "{:?}", again[0]);
+}
