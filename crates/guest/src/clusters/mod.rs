@@ -543,6 +543,66 @@ mod tests {
         assert!(b.get("web", "svc").await.expect("reads").is_some());
     }
 
+    /// A batch (the Event recorder's) through a cluster's view: each object answered under its
+    /// own name and in its own cluster, a taken name refused alone, the others stored in order.
+    #[tokio::test]
+    async fn objects_created_each_stay_in_their_cluster() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn ObjectStore> = EmbeddedStore::open(dir.path(), Durability::Normal)
+            .await
+            .expect("opens");
+        let a: Arc<dyn ObjectStore> = Arc::new(ClusterStore::new(
+            store.clone(),
+            ClusterKey::new("default", "a").expect("valid"),
+        ));
+        let b = Api::<Service>::new(Arc::new(ClusterStore::new(
+            store.clone(),
+            ClusterKey::new("default", "b").expect("valid"),
+        )));
+        let kind = Kind::of::<Service>();
+        let object = |name: &str| {
+            crate::store::to_stored(&mk_service("web", name))
+                .expect("encodes")
+                .1
+        };
+        Api::<Service>::new(a.clone())
+            .create(&mk_service("web", "taken"))
+            .await
+            .expect("creates");
+        let answers = a
+            .create_each(&kind, vec![object("one"), object("taken"), object("two")])
+            .await;
+        let names: Vec<String> = answers
+            .iter()
+            .map(|r| match r {
+                Ok(v) => crate::store::object_key(v).1,
+                Err(e) => e.to_string(),
+            })
+            .collect();
+        assert_eq!(
+            names,
+            ["one", "service \"taken\" already exists", "two"],
+            "{answers:?}"
+        );
+        let rv = |i: usize| {
+            answers[i].as_ref().expect("created")["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse::<u64>().ok())
+                .expect("a version")
+        };
+        assert!(rv(0) < rv(2), "stored in order");
+        a.sync().await.expect("syncs");
+        assert!(
+            b.get("web", "one").await.expect("reads").is_none(),
+            "cluster b has none"
+        );
+        let listed = Api::<Service>::new(a)
+            .list(Some("web"), &LabelSelector::everything())
+            .await
+            .expect("lists");
+        assert_eq!(listed.len(), 3);
+    }
+
     #[tokio::test]
     async fn watch_shows_only_the_cluster() {
         let dir = tempfile::tempdir().expect("tempdir");
