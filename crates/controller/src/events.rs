@@ -290,7 +290,7 @@ async fn write_events(
 
 /// The lane an Event is written in: one per involved object, so that object's Events are stored
 /// (and get their resourceVersions) in the order they were recorded.
-fn lane_of(event: &Recorded) -> usize {
+fn lane_of(event: &Event) -> usize {
     use std::hash::{Hash, Hasher};
     let o = &event.involved_object;
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -494,9 +494,7 @@ mod tests {
         let _alone = BACKLOG_TESTS.lock().await;
         let other = (0..)
             .map(|i| format!("other-{i}"))
-            .find(|o| {
-                lane_of(&Recorded::new(about(o, ""))) != lane_of(&Recorded::new(about("web", "")))
-            })
+            .find(|o| lane_of(&about(o, "")) != lane_of(&about("web", "")))
             .expect("some name takes another lane");
         let (tx, rx) = mpsc::channel(QUEUE);
         for event in [

@@ -188,11 +188,9 @@ impl<A: Admit> ObjectStore for Admitted<A> {
         if !self.admission.judges(kind) {
             return self.inner.create_each(kind, objects).await;
         }
-        let mut out = Vec::with_capacity(objects.len());
-        for object in objects {
-            out.push(self.create(kind, object).await);
-        }
-        out
+        // Buffered as each of them: admitted, and created durably (`create_buffered` is `create`
+        // here).
+        crate::create_in_turn(self, kind, objects).await
     }
 
     async fn replace(&self, kind: &Kind, object: Value) -> Result<Value, StoreError> {

@@ -302,11 +302,7 @@ pub trait ObjectStore: Send + Sync + 'static {
         kind: &Kind,
         objects: Vec<Value>,
     ) -> Vec<Result<Value, StoreError>> {
-        let mut out = Vec::with_capacity(objects.len());
-        for object in objects {
-            out.push(self.create_buffered(kind, object).await);
-        }
-        out
+        create_in_turn(self, kind, objects).await
     }
     /// Creates `owner` and the objects `dependents` makes once the owner's uid is known, in one
     /// step: all of them or none (`AlreadyExists` if any name is taken). Buffered as
@@ -421,6 +417,20 @@ pub trait ObjectStore: Send + Sync + 'static {
 }
 
 /// Whether merging `patch` (RFC 7386) into `target` changes it; looks only at what the patch names.
+/// [`ObjectStore::create_each`] one [`ObjectStore::create_buffered`] after another: for a store
+/// that cannot write them as one, or objects it must write one by one.
+pub async fn create_in_turn<S: ObjectStore + ?Sized>(
+    store: &S,
+    kind: &Kind,
+    objects: Vec<Value>,
+) -> Vec<Result<Value, StoreError>> {
+    let mut out = Vec::with_capacity(objects.len());
+    for object in objects {
+        out.push(store.create_buffered(kind, object).await);
+    }
+    out
+}
+
 pub fn merge_changes(target: &Value, patch: &Value) -> bool {
     let Some(entries) = patch.as_object() else {
         return target != patch;

@@ -114,11 +114,7 @@ impl EmbeddedStore {
     ) -> Vec<Result<Value, StoreError>> {
         // A token Secret is signed before its write takes the writer: one create each.
         if kind.api_version == "v1" && kind.kind == "Secret" {
-            let mut out = Vec::with_capacity(objects.len());
-            for object in objects {
-                out.push(self.create_as(Ack::Stored, kind, object).await);
-            }
-            return out;
+            return crate::create_in_turn(self, kind, objects).await;
         }
         // Each object's answer, in the objects' order: the refused ones' now, the others' once
         // their write is answered.
@@ -168,26 +164,24 @@ impl EmbeddedStore {
                 Ok((rows, answers))
             })
             .await;
-        let failed = match planned {
+        match planned {
             Ok(answers) => {
                 for (i, answer) in answers {
                     out[i] = Some(answer);
                 }
-                None
             }
-            Err(e) => Some(super::writer::backend_message(&e)),
-        };
+            Err(e) => {
+                // The write failed as a whole (the store closed, the commit failed): every
+                // object planned in it shares the error, a refusal planned on writes that failed
+                // with it too (as a single create's).
+                let why = super::writer::backend_message(&e);
+                for answer in out.iter_mut().filter(|a| a.is_none()) {
+                    *answer = Some(Err(StoreError::backend(std::io::Error::other(why.clone()))));
+                }
+            }
+        }
         out.into_iter()
-            .map(|answer| {
-                answer.unwrap_or_else(|| {
-                    // The write failed as a whole (the store closed, the commit failed): every
-                    // object planned in it shares the error, a refusal planned on writes that
-                    // failed with it too (as a single create's).
-                    Err(StoreError::backend(std::io::Error::other(
-                        failed.clone().unwrap_or_default(),
-                    )))
-                })
-            })
+            .map(|answer| answer.expect("every object is answered"))
             .collect()
     }
 }
