@@ -22,7 +22,7 @@ use support::{
     Backend, EmbeddedBackend, KubeBackend, call, eventually,
     lb::{
         LBS, POOLS, Reconcilers, allocated, allocation_done, create_pool, global, gone, ip_of,
-        mk_pool, range, write_leak,
+        mk_pool, range, update_pool, write_leak,
     },
     ok,
 };
@@ -371,18 +371,12 @@ pub mod cases {
         assert_agrees(&answer, "p4", &status, &lbs);
 
         // Released as the openapi description says: the pool annotation.
-        eventually("the manual release to be taken", async || {
-            let mut p = ok(
-                call(&b, Method::GET, &format!("{POOLS}/p4"), None).await,
-                StatusCode::OK,
-            );
-            p["metadata"]["annotations"] =
-                json!({"loadbalancer.harvesterhci.io/manuallyReleaseIP": "10.0.0.18: default/ghost"});
-            // A 409 when the reconciler wrote the pool in between: read it again.
-            let r = call(&b, Method::PUT, &format!("{POOLS}/p4"), Some(p)).await;
-            (r.status != StatusCode::CONFLICT).then(|| ok(r, StatusCode::OK))
-        })
-        .await;
+        let release =
+            json!({"loadbalancer.harvesterhci.io/manuallyReleaseIP": "10.0.0.18: default/ghost"});
+        ok(
+            update_pool(&b, "p4", |p| p["metadata"]["annotations"] = release.clone()).await,
+            StatusCode::OK,
+        );
         eventually("the leak to be released", async || {
             let a = addresses(&b, "p4").await;
             a["addresses"]

@@ -56,11 +56,11 @@ async fn the_vlan_id_must_read() {
         );
     }
     // An update is judged the same way.
-    let mut a = pool(&b, "a").await;
-    a["spec"]["selector"]["network"] = json!("default/label-ten");
-    let m = call(&b, Method::PUT, &format!("{POOLS}/a"), Some(a))
-        .await
-        .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
+    let m = update_pool(&b, "a", |a| {
+        a["spec"]["selector"]["network"] = json!("default/label-ten")
+    })
+    .await
+    .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent");
     assert_eq!(m, "can't update IP pool a because invalid vlan ten");
     for p in probe {
         p.assert_none_refused();

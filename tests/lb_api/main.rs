@@ -29,7 +29,7 @@ use support::{
     Backend, EmbeddedBackend, KubeBackend, Reply, call, eventually,
     lb::{
         LBS, POOLS, Reconcilers, WAITING_FOR_KUBE_VIP, allocated, allocation_done, create_pool,
-        global, gone, ip_of, mk_pool, pool_of, range, ready, write_leak,
+        global, gone, ip_of, mk_pool, pool_of, range, ready, update_pool, write_leak,
     },
     ok,
 };

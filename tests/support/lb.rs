@@ -8,7 +8,7 @@ use axum::http::{Method, StatusCode};
 use harvester_cloud::{controller::leader::AlwaysLeader, lb, store::ObjectStore};
 use serde_json::{Value, json};
 
-use super::{Backend, PATIENCE, Task, eventually, ok};
+use super::{Backend, PATIENCE, Reply, Task, call, eventually, ok};
 
 pub const POOLS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.ippools";
 pub const LBS: &str = "/v1/harvester/loadbalancer.harvesterhci.io.loadbalancers";
@@ -120,6 +120,22 @@ pub async fn allocated<B: Backend>(b: &B, namespace: &str, name: &str) -> Value 
         },
     )
     .await
+}
+
+/// Updates pool `name` as `kubectl edit` does: reads it, applies `edit` and PUTs it, reading again
+/// on a 409. The pool reconciler writes the pool too (a round, or its status after an allocation),
+/// so a version read a moment ago may be stale. Answers the first reply that is not a conflict.
+pub async fn update_pool<B: Backend>(b: &B, name: &str, edit: impl Fn(&mut Value)) -> Reply {
+    let path = format!("{POOLS}/{name}");
+    for _ in 0..10 {
+        let mut p = ok(call(b, Method::GET, &path, None).await, StatusCode::OK);
+        edit(&mut p);
+        let r = call(b, Method::PUT, &path, Some(p)).await;
+        if r.status != StatusCode::CONFLICT {
+            return r;
+        }
+    }
+    panic!("pool {name} kept changing under the update");
 }
 
 /// Waits until a GET of `path` answers 404 (the test fails with the last answer after

@@ -475,10 +475,11 @@ pub async fn upstream_range_and_network_rules<B: Backend>(b: B) {
 
     // pkg/webhook/ippool/validator.go (checkAllocated): the gateway counts as inside the range,
     // so lb1's address may become the gateway; it stays held, and no longer counts.
-    let mut current = pool(&b, "mixed").await;
-    current["spec"]["ranges"][0]["gateway"] = json!("10.80.0.10");
     ok(
-        call(&b, Method::PUT, &format!("{POOLS}/mixed"), Some(current)).await,
+        update_pool(&b, "mixed", |p| {
+            p["spec"]["ranges"][0]["gateway"] = json!("10.80.0.10")
+        })
+        .await,
         StatusCode::OK,
     );
     eventually("the pool to be recounted", async || {
@@ -493,10 +494,12 @@ pub async fn upstream_range_and_network_rules<B: Backend>(b: B) {
     assert_eq!(p["status"]["available"], 0);
     assert_eq!(ip_of(&allocated(&b, "default", "lb1").await), "10.80.0.10");
     // Shrinking past it is still refused.
-    let mut shrunk = pool(&b, "mixed").await;
-    shrunk["spec"]["ranges"][0]["rangeStart"] = json!("10.80.0.11");
     assert_eq!(
-        refuse(Method::PUT, &format!("{POOLS}/mixed"), shrunk).await,
+        update_pool(&b, "mixed", |p| {
+            p["spec"]["ranges"][0]["rangeStart"] = json!("10.80.0.11")
+        })
+        .await
+        .error(StatusCode::UNPROCESSABLE_ENTITY, "InvalidBodyContent"),
         "can't update IP pool mixed because allocated IP 10.80.0.10 is excluded"
     );
 }

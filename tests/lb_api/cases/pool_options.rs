@@ -19,17 +19,13 @@ fn annotated_pool(name: &str, ranges: Value, selector: Value, annotations: Value
 /// Sets a pool's annotations with a PUT of the pool as read, reading again on a conflict (the pool
 /// reconciler writes the pool too), as kubectl does.
 async fn set_pool_annotations<B: Backend>(b: &B, name: &str, annotations: Value) {
-    for _ in 0..10 {
-        let mut p = pool(b, name).await;
-        p["metadata"]["annotations"] = annotations.clone();
-        let r = call(b, Method::PUT, &format!("{POOLS}/{name}"), Some(p)).await;
-        if r.status == StatusCode::CONFLICT {
-            continue;
-        }
-        ok(r, StatusCode::OK);
-        return;
-    }
-    panic!("pool {name} kept changing under the update");
+    ok(
+        update_pool(b, name, |p| {
+            p["metadata"]["annotations"] = annotations.clone()
+        })
+        .await,
+        StatusCode::OK,
+    );
 }
 
 /// The owners view's `(total, available)` of a pool.
