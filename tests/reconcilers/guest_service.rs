@@ -3,13 +3,13 @@
 //! its reconciler would write it): every way a Service is served, skipped, refused and cleaned up,
 //! with the Service and LoadBalancers it leaves, the Events on the Service and the action.
 
+use harvester_cloud::controller::Action;
 use harvester_cloud::{
     crd::{LoadBalancer, keys, kinds::VirtualMachine},
     guest::reconcile::FINALIZER,
     store::Api,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
 use crate::world::{GuestWorld, NS, normal, requeue, typed, warning};

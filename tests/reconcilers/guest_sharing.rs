@@ -3,13 +3,13 @@
 //! key, belonging to no one Service), who is admitted and who is refused, and what leaving a group
 //! leaves behind.
 
+use harvester_cloud::controller::Action;
 use harvester_cloud::{
     crd::{LoadBalancer, keys},
     guest::naming::shared_load_balancer_name,
     store::Preconditions,
 };
 use k8s_openapi::api::core::v1::Service;
-use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
 use crate::world::{CLUSTER, GuestWorld, NS, normal, requeue, warning};

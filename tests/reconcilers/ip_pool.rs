@@ -1,8 +1,8 @@
 //! One IPPool reconcile at a time (`lb::ippool::reconcile`): its finalizer, its status, the manual
 //! release annotation, and a deletion that waits for the pool's last address.
 
+use harvester_cloud::controller::Action;
 use harvester_cloud::{crd::POOL_FINALIZER, ipam::MANUALLY_RELEASE_IP};
-use kube::runtime::controller::Action;
 
 use crate::{
     load_balancer::{default_pool, mk_lb},

@@ -3,8 +3,8 @@
 //! clash or a disagreement is refused; the holder's going hands the address to the next member, and
 //! the last one's going releases it.
 
+use harvester_cloud::controller::Action;
 use harvester_cloud::crd::{LoadBalancer, keys};
-use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
 use crate::{

@@ -2,8 +2,8 @@
 //! reason a load balancer is refused an address, with the status, the Events and the action it
 //! ends in.
 
+use harvester_cloud::controller::Action;
 use harvester_cloud::crd::{LB_FINALIZER, LoadBalancer, keys};
-use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
 use crate::{

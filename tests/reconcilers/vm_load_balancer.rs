@@ -3,9 +3,9 @@
 //! reason it is not Ready that needs no VMI. (Backends from VMIs, their health and the prober are
 //! tests/vm_lb's, end to end with real listeners.)
 
+use harvester_cloud::controller::Action;
 use harvester_cloud::{crd::LoadBalancer, lb};
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
-use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
 use crate::{

@@ -8,6 +8,7 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
+use harvester_cloud::controller::Action;
 use harvester_cloud::{
     controller::events::{self, Recorded, Recorder},
     crd::{IPPool, LoadBalancer, lb_api, pool_api},
@@ -30,7 +31,6 @@ use harvester_cloud::{
 };
 use k8s_openapi::api::core::v1::{Event, Service};
 use kube::runtime::{
-    controller::Action,
     reflector::{self, ObjectRef, store::Writer},
     watcher,
 };

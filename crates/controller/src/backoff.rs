@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
-use kube::runtime::controller::Action;
+use crate::runner::Action;
 
 use crate::sync::lock;
 

@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use kube::runtime::controller::Action;
+use crate::runner::Action;
 
 use super::modify::{Modified, Target, modify};
 use crate::store::{Api, Object, StoreError};

@@ -1,6 +1,7 @@
 //! The kit every reconciler uses, on the store port of either backend: leader election
 //! ([`leader`]), Events ([`events`]), the back-off of failed objects ([`backoff`]), the finalizer that brackets a reconcile ([`mod@finalizer`]) and the
-//! read-modify-write with conflict retry that every write of a reconciler goes through ([`mod@modify`]).
+//! read-modify-write with conflict retry that every write of a reconciler goes through ([`mod@modify`]),
+//! and the controller loop they run in ([`runner`]).
 //!
 //! The load balancer reconcilers and the guest reconciler stand on it side by side; nothing here
 //! knows either.
@@ -16,10 +17,12 @@ pub mod events;
 pub mod finalizer;
 pub mod leader;
 pub mod modify;
+pub mod runner;
 
 pub use backoff::Backoff;
 pub use finalizer::{Event, FinalizerError, Release, finalizer, finalizer_when};
 pub use modify::{Modified, Target, modify};
+pub use runner::{Action, Controller};
 
 /// A fingerprint of what a reconcile of an object depends on, for the controller's predicate
 /// filter: its uid, labels, annotations, finalizers, the second it began to be deleted, its spec

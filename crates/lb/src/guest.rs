@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use kube::runtime::controller::Action;
+use crate::controller::Action;
 use tracing::info;
 
 use super::CleanupCtx;

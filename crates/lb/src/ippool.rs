@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use kube::runtime::controller::Action;
+use crate::controller::Action;
 use tracing::{info, warn};
 
 use super::{

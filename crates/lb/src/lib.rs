@@ -38,8 +38,7 @@ use std::{
 use futures::StreamExt;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::runtime::{
-    Controller, PredicateConfig, WatchStreamExt,
-    controller::{Action, Config},
+    PredicateConfig, WatchStreamExt,
     reflector::{self, ObjectRef, Store},
 };
 use tokio::sync::mpsc;
@@ -49,7 +48,7 @@ use tracing::{Instrument, debug, info_span, warn};
 use self::pools::{Pools, Wake};
 use crate::{
     controller::{
-        Backoff, default_identity,
+        Action, Backoff, Controller, default_identity,
         events::Recorder,
         leader::{self, LeaderElector},
     },
@@ -406,9 +405,6 @@ pub(crate) async fn run_controllers(
         async move { stop.cancelled().await }
     };
 
-    // Readers kept to tell, at shutdown, whether each cache ever filled (see `until_stopped`).
-    let (pool_cache, lb_cache, vm_cache) =
-        (pool_reader.clone(), lb_reader.clone(), vm_reader.clone());
     // A pool task's own status writes (one per allocation round) are known to it: reconciling the
     // pool for each would read and decode its whole status again. A deleting pool's are not
     // skipped: the release of its last address is what lets it go. While its task's view of the
@@ -432,7 +428,7 @@ pub(crate) async fn run_controllers(
             std::future::ready(!own)
         }
     });
-    let pools = Controller::for_stream(pool_stream, pool_reader)
+    let pools = Controller::for_stream("ippool", pool_stream, pool_reader)
         .graceful_shutdown_on(shutdown())
         .run(
             |pool, ctx| timed("ippool", ippool::reconcile(pool, ctx)),
@@ -444,8 +440,7 @@ pub(crate) async fn run_controllers(
                 )
             },
             pool_ctx.clone(),
-        )
-        .for_each(log_result("ippool"));
+        );
 
     // Status-only changes (this controller's own writes, mostly) do not call for a reconcile; waking
     // up for them would only find the cache one write behind.
@@ -478,8 +473,8 @@ pub(crate) async fn run_controllers(
         let (ctx, lbs) = (lb_ctx.clone(), lb_reader.clone());
         move |vmi: VirtualMachineInstance| ctx.vm.load_balancers_of(&vmi, &lbs)
     };
-    let controller = Controller::for_stream(lb_stream, lb_reader)
-        .with_config(Config::default().concurrency(settings.concurrency))
+    let controller = Controller::for_stream("loadbalancer", lb_stream, lb_reader)
+        .concurrency(settings.concurrency.into())
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
             wake_rx,
         ))
@@ -507,8 +502,7 @@ pub(crate) async fn run_controllers(
                 ctx.backoff.failed(&key, e.is_conflict())
             },
             lb_ctx.clone(),
-        )
-        .for_each(log_result("loadbalancer"));
+        );
     // Pool selection and cleanup read the pool cache, so load balancers wait for its first list.
     // Waiting here, once, rather than in every reconcile: kube-runtime's readiness signal wakes only
     // the last of several concurrent waiters.
@@ -529,7 +523,7 @@ pub(crate) async fn run_controllers(
         watcher::<VirtualMachine>(store.clone(), kind_of::<VirtualMachine>(), None),
     )
     .applied_objects();
-    let vms = Controller::for_stream(vm_stream, vm_reader)
+    let vms = Controller::for_stream("guestcluster", vm_stream, vm_reader)
         .graceful_shutdown_on(shutdown())
         .run(
             |vm, ctx| timed("guestcluster", guest::reconcile(vm, ctx)),
@@ -543,16 +537,12 @@ pub(crate) async fn run_controllers(
                 ctx.backoff.failed(&key, e.is_conflict())
             },
             cleanup_ctx,
-        )
-        .for_each(log_result("guestcluster"));
+        );
 
     tokio::join!(
-        until_stopped(pools, pool_cache, stop.clone())
-            .instrument(info_span!("controller", kind = "IPPool")),
-        until_stopped(lbs, lb_cache, stop.clone())
-            .instrument(info_span!("controller", kind = "LoadBalancer")),
-        until_stopped(vms, vm_cache, stop.clone())
-            .instrument(info_span!("controller", kind = "VirtualMachine")),
+        pools.instrument(info_span!("controller", kind = "IPPool")),
+        lbs.instrument(info_span!("controller", kind = "LoadBalancer")),
+        vms.instrument(info_span!("controller", kind = "VirtualMachine")),
     );
     debug!("controllers stopped");
 }
@@ -590,54 +580,4 @@ async fn timed<E: FailureReason>(
         result.as_ref().err().map(FailureReason::reason),
     );
     result
-}
-
-/// Runs a controller until it has shut down. One whose cache never filled (its kind is not served in
-/// this cluster, or its list keeps failing) is dropped at `stop` instead: kube-runtime holds such a
-/// controller's runner until the cache is ready, so its graceful shutdown would never finish, and it
-/// has no reconcile in flight to wait for.
-async fn until_stopped<K>(
-    run: impl Future<Output = ()>,
-    cache: reflector::Store<K>,
-    stop: CancellationToken,
-) where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    tokio::pin!(run);
-    tokio::select! {
-        _ = &mut run => return,
-        _ = stop.cancelled() => {}
-    }
-    if futures::FutureExt::now_or_never(cache.wait_until_ready()).is_some() {
-        run.await;
-    } else {
-        debug!("controller stopped before its cache filled");
-    }
-}
-
-/// What a controller's run stream yields.
-type RunResult<K, E1, E2> =
-    Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E1, E2>>;
-
-/// Logs what a controller reports; reconcile errors were already logged by the error policy.
-fn log_result<K, E1, E2>(
-    controller: &'static str,
-) -> impl FnMut(RunResult<K, E1, E2>) -> std::future::Ready<()>
-where
-    K: kube::Resource,
-    E1: std::error::Error + 'static,
-    E2: std::error::Error + 'static,
-{
-    move |result| {
-        match result {
-            Ok(_) => {}
-            Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
-            Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
-                debug!(controller, object = %obj, "object is gone");
-            }
-            Err(e) => warn!(controller, error = %e, "controller error"),
-        }
-        std::future::ready(())
-    }
 }

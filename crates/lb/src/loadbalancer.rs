@@ -18,7 +18,8 @@
 
 use std::{net::IpAddr, sync::Arc, time::Duration};
 
-use kube::runtime::{controller::Action, reflector::ObjectRef};
+use crate::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use tracing::{debug, info, trace, warn};
 
 use super::{

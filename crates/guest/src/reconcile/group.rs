@@ -7,11 +7,11 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
-use kube::runtime::{controller::Action, reflector::ObjectRef};
+use kube::runtime::reflector::ObjectRef;
 use tracing::info;
 
 use super::{
-    Ctx, SyncError, WAIT_RECHECK,
+    Action, Ctx, SyncError, WAIT_RECHECK,
     primary::{delete_own_lb, write_lb},
     reason, write_back,
 };

@@ -54,10 +54,7 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kube::runtime::{
-    controller::Action,
-    reflector::{ObjectRef, Store},
-};
+use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -72,7 +69,7 @@ use super::{
 };
 use crate::{
     controller::{
-        Backoff, Event, FinalizerError, Release, Target,
+        Action, Backoff, Event, FinalizerError, Release, Target,
         events::{EventType, Recorder},
         finalizer_when, modify,
     },

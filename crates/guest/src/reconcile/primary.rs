@@ -2,10 +2,12 @@
 //! their plans, and the addresses written back once they have them.
 
 use k8s_openapi::api::core::v1::Service;
-use kube::runtime::{controller::Action, reflector::ObjectRef};
+use kube::runtime::reflector::ObjectRef;
 use tracing::info;
 
-use super::{Ctx, SyncError, WAIT_RECHECK, missing, reason, report_address, retain, write_back};
+use super::{
+    Action, Ctx, SyncError, WAIT_RECHECK, missing, reason, report_address, retain, write_back,
+};
 use crate::{
     controller::{Target, events::EventType, modify},
     crd::{LoadBalancer, keys},

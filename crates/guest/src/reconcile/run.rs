@@ -14,8 +14,7 @@ use std::{sync::Arc, time::Duration};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::{
-    Controller, PredicateConfig, WatchStreamExt,
-    controller::Config,
+    PredicateConfig, WatchStreamExt,
     reflector::{self, ObjectRef},
     watcher::Event as WatchEvent,
 };
@@ -26,7 +25,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::{COMPONENT, Ctx, Ports, Settings, SyncError, group, reconcile, retain};
 use crate::{
-    controller::events::Recorder,
+    controller::{Controller, events::Recorder},
     crd::{LoadBalancer, keys, lb_kind},
     store::{Kind, Preconditions, watcher::watcher},
     sync::lock,
@@ -286,8 +285,10 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
                 let stop = stop.clone();
                 async move { stop.cancelled().await }
             };
-            Controller::for_stream(UnboundedReceiverStream::new(svc_rx).map(Ok), svc_cache)
-                .with_config(Config::default().concurrency(settings.concurrency))
+            let services =
+                UnboundedReceiverStream::new(svc_rx).map(Ok::<_, std::convert::Infallible>);
+            Controller::for_stream("service", services, svc_cache)
+                .concurrency(settings.concurrency.into())
                 .reconcile_on(UnboundedReceiverStream::new(wake_rx))
                 .graceful_shutdown_on(shutdown)
                 .run(
@@ -303,16 +304,6 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
                     },
                     ctx,
                 )
-                .for_each(|r| {
-                    match r {
-                        Ok(_) | Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
-                        Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
-                            debug!(object = %obj, "service is gone");
-                        }
-                        Err(e) => warn!(error = %e, "controller error"),
-                    }
-                    std::future::ready(())
-                })
                 .await;
         }
     };
