@@ -10,12 +10,16 @@
 //! - nothing starts before the cache is filled, and an object gone from the cache is not reconciled;
 //! - at the graceful shutdown nothing new starts and the reconciles in flight finish.
 //!
-//! What it does not keep is kube-runtime's cost at scale: its runner polls every reconcile in flight
-//! on each wake-up (`FutureHashMap`), so each completion costs as many polls as there are
-//! reconciles in flight, and the queue of objects waiting for a slot is a hash set scanned from the
-//! start for each one taken. Here the reconciles in flight are a `FuturesUnordered` (only those woken
-//! are polled), the running objects a hash map, and the waiting ones a FIFO: each trigger, start and
-//! completion costs the same at 100 or 100,000 objects.
+//! One difference: a reconcile that panics is logged and runs again after [`AFTER_PANIC`] (kube-runtime
+//! resumes the panic in the controller, which ends it).
+//!
+//! What it does not keep is kube-runtime's cost at scale: on each wake-up its runner polls the
+//! reconciles in flight in turn until one is ready (`FutureHashMap`; every one of them when none is,
+//! as after each start), so a completion costs up to as many polls as there are reconciles in
+//! flight, and the objects waiting for a slot are a hash set scanned from its start for each one
+//! taken. Here the reconciles in flight are a `FuturesUnordered` (only those woken are polled), the
+//! running objects a hash map, and the waiting ones a FIFO: each trigger, start and completion costs
+//! the same at 100 or 100,000 objects.
 
 use std::{
     collections::{HashMap, VecDeque, hash_map::Entry},
@@ -250,9 +254,10 @@ where
                     };
                     queue.running.insert(key.clone(), None);
                     let span = info_span!("reconciling object", "object.ref" = %key, object.reason = %reason);
-                    let task = tokio::spawn(reconcile(obj.clone(), ctx.clone()).instrument(span));
+                    let task =
+                        tokio::spawn(reconcile(obj.clone(), ctx.clone()).instrument(span.clone()));
                     let task = tokio_util::task::AbortOnDropHandle::new(task);
-                    in_flight.push(async move { (key, obj, task.await) });
+                    in_flight.push(async move { (key, obj, span, task.await) });
                 }
             }
             if !triggers_open && in_flight.is_empty() {
@@ -260,33 +265,39 @@ where
             }
             tokio::select! {
                 biased;
-                Some((key, obj, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
+                Some((key, obj, span, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
                     let (action, reason) = match outcome {
                         Ok(Ok(action)) => (action, Reason::ReconcilerRequestedRetry),
-                        Ok(Err(e)) => (error_policy(obj, &e, ctx.clone()), Reason::ErrorPolicyRequestedRetry),
+                        // In the reconcile's span, so that what the policy logs names the object.
+                        Ok(Err(e)) => (
+                            span.in_scope(|| error_policy(obj, &e, ctx.clone())),
+                            Reason::ErrorPolicyRequestedRetry,
+                        ),
                         Err(e) => {
                             error!(controller = name, object = %key, error = %e, "reconcile panicked");
                             (Action::requeue(AFTER_PANIC), Reason::ErrorPolicyRequestedRetry)
                         }
                     };
+                    // After the shutdown nothing runs again (the start above is closed too).
                     let retry = action.requeue_after().filter(|_| triggers_open);
                     queue.finished(key, retry.map(|after| (after, reason)));
                 }
                 Some(expired) = queue.delayed.next(), if !queue.delayed.is_empty() && triggers_open => {
                     queue.expired(expired.into_inner());
                 }
-                trigger = triggers.next(), if triggers_open => match trigger {
-                    Some(Ok((key, reason))) => queue.now(key, reason),
-                    Some(Err(e)) => warn!(controller = name, error = %e, "controller trigger failed"),
-                    None => {
-                        triggers_open = false;
-                        queue.clear();
-                    }
-                },
                 filled = &mut ready, if !is_ready => match filled {
                     Ok(()) => is_ready = true,
                     Err(e) => {
                         warn!(controller = name, error = %e, "the cache will never fill; stopping");
+                        triggers_open = false;
+                        queue.clear();
+                    }
+                },
+                trigger = triggers.next(), if triggers_open => match trigger {
+                    Some(Ok((key, reason))) => queue.now(key, reason),
+                    // The stream logged it and retries on its own (the store's watcher does).
+                    Some(Err(e)) => debug!(controller = name, error = %e, "a trigger stream failed"),
+                    None => {
                         triggers_open = false;
                         queue.clear();
                     }
@@ -355,7 +366,9 @@ where
         self.ready.push_back(key);
     }
 
-    /// `key` is to be reconciled after `after`, unless something queues it sooner.
+    /// `key` is to be reconciled after `after`, unless something queues it sooner. (Called for a
+    /// key that just finished, which is in neither `ready` nor `due`; an earlier requeue would be
+    /// kept, as kube-runtime's scheduler keeps the earliest.)
     fn later(&mut self, key: ObjectRef<K>, after: Duration, reason: Reason) {
         let when = Instant::now() + after.min(MAX_REQUEUE);
         match self.due.entry(key) {
@@ -401,7 +414,8 @@ where
         }
     }
 
-    /// Forgets what waits (at the shutdown); what runs is left to finish.
+    /// Forgets what waits (at the shutdown); what runs is left to finish, and not run again (the
+    /// start is closed too: this is belt and braces).
     fn clear(&mut self) {
         self.ready.clear();
         self.waiting.clear();
@@ -465,11 +479,14 @@ mod tests {
         active: HashMap<String, u32>,
         most_at_once: usize,
         failed_with: Vec<String>,
+        /// Objects seen reconciled twice at once.
+        overlaps: Vec<String>,
     }
 
-    /// How each test's reconcile behaves: how long it runs, and what it answers on its nth run of
-    /// an object (0-based).
+    /// How each test's reconcile behaves: what it answers on its nth run of an object (0-based),
+    /// and how long that run lasts.
     type Answer = fn(&str, usize) -> Result<Action, String>;
+    type RunFor = fn(&str, usize) -> Duration;
 
     struct World {
         log: Arc<Mutex<Log>>,
@@ -483,7 +500,7 @@ mod tests {
         fn start(
             reader: Store<ConfigMap>,
             concurrency: usize,
-            run_for: Duration,
+            run_for: RunFor,
             answer: Answer,
         ) -> World {
             let log = Arc::new(Mutex::new(Log::default()));
@@ -508,12 +525,14 @@ mod tests {
                         l.started.push((name.clone(), began.elapsed()));
                         let a = l.active.entry(name.clone()).or_default();
                         *a += 1;
-                        assert_eq!(*a, 1, "{name} reconciled twice at once");
+                        if *a > 1 {
+                            l.overlaps.push(name.clone());
+                        }
                         let running: u32 = l.active.values().sum();
                         l.most_at_once = l.most_at_once.max(running as usize);
                         nth
                     };
-                    sleep(run_for).await;
+                    sleep(run_for(&name, nth)).await;
                     let mut l = log.lock().unwrap();
                     *l.active.get_mut(&name).unwrap() -= 1;
                     l.ended.push(name.clone());
@@ -551,13 +570,15 @@ mod tests {
             self.starts().into_iter().map(|(n, _)| n).collect()
         }
 
-        fn at(&self) -> Duration {
-            self.began.elapsed()
-        }
-
+        /// Stops the controller and waits for its end; no object was reconciled twice at once.
         async fn stop(self) -> Arc<Mutex<Log>> {
             self.stop.cancel();
-            self.run.await.expect("the controller ends");
+            tokio::time::timeout(Duration::from_secs(600), self.run)
+                .await
+                .expect("the controller ends after the shutdown")
+                .expect("the controller does not panic");
+            let overlaps = self.log.lock().unwrap().overlaps.clone();
+            assert_eq!(overlaps, Vec::<String>::new(), "reconciled twice at once");
             self.log
         }
     }
@@ -569,7 +590,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_object_runs_once_at_a_time_and_once_more_after_a_change_meanwhile() {
         let (reader, _writer) = cache(&["a", "b"]);
-        let w = World::start(reader, 0, Duration::from_secs(1), done);
+        let w = World::start(reader, 0, |_, _| Duration::from_secs(1), done);
         w.trigger("a");
         w.trigger("a");
         sleep(Duration::from_millis(100)).await;
@@ -600,7 +621,7 @@ mod tests {
         let names: Vec<String> = (0..10).map(|i| format!("o{i}")).collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let (reader, _writer) = cache(&refs);
-        let w = World::start(reader, 3, Duration::from_secs(1), done);
+        let w = World::start(reader, 3, |_, _| Duration::from_secs(1), done);
         for n in &refs {
             w.trigger(n);
         }
@@ -626,7 +647,7 @@ mod tests {
             })
         }
         let (reader, _writer) = cache(&["a", "b"]);
-        let w = World::start(reader, 0, Duration::ZERO, requeue_first);
+        let w = World::start(reader, 0, |_, _| Duration::ZERO, requeue_first);
         w.trigger("a");
         w.trigger("b");
         sleep(Duration::from_secs(5)).await;
@@ -660,7 +681,7 @@ mod tests {
             }
         }
         let (reader, _writer) = cache(&["a"]);
-        let w = World::start(reader, 0, Duration::ZERO, fail_first);
+        let w = World::start(reader, 0, |_, _| Duration::ZERO, fail_first);
         w.trigger("a");
         sleep(Duration::from_secs(5)).await;
         let starts: Vec<u64> = w.starts().into_iter().map(|(_, t)| t.as_secs()).collect();
@@ -679,7 +700,7 @@ mod tests {
             }
         }
         let (reader, _writer) = cache(&["a", "b"]);
-        let w = World::start(reader, 0, Duration::ZERO, panic_first);
+        let w = World::start(reader, 0, |_, _| Duration::ZERO, panic_first);
         w.trigger("a");
         sleep(Duration::from_secs(1)).await;
         w.trigger("b");
@@ -703,7 +724,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn nothing_runs_before_the_cache_is_filled_nor_once_the_object_is_gone() {
         let (reader, mut writer) = reflector::store::<ConfigMap>();
-        let w = World::start(reader, 0, Duration::ZERO, done);
+        let w = World::start(reader, 0, |_, _| Duration::ZERO, done);
         w.trigger("a");
         w.trigger("gone");
         sleep(Duration::from_secs(1)).await;
@@ -730,17 +751,104 @@ mod tests {
             Ok(Action::requeue(Duration::from_secs(1)))
         }
         let (reader, _writer) = cache(&["a", "b"]);
-        let w = World::start(reader, 1, Duration::from_secs(3), requeue);
+        let w = World::start(reader, 1, |_, _| Duration::from_secs(3), requeue);
         w.trigger("a");
         w.trigger("b");
         sleep(Duration::from_secs(1)).await;
+        // Taken while a runs: a is to run again after it.
         w.trigger("a");
-        let stopped_at = w.at();
+        sleep(Duration::from_millis(100)).await;
+        let began = w.began;
         let log = w.stop().await;
+        // The run waited for a to finish (at 3 s), and nothing ran after it: its requeue and the
+        // trigger meanwhile are dropped; b, waiting, never started.
+        assert_eq!(began.elapsed().as_secs(), 3);
         let log = log.lock().unwrap();
-        // a finished (its requeue and the trigger meanwhile dropped); b, waiting, never started.
         assert_eq!(log.ended, ["a"]);
         assert_eq!(log.started.len(), 1);
-        assert_eq!(stopped_at.as_secs(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shutdown_before_the_cache_fills_ends_the_run() {
+        let (reader, _writer) = reflector::store::<ConfigMap>();
+        let w = World::start(reader, 0, |_, _| Duration::ZERO, done);
+        w.trigger("a");
+        sleep(Duration::from_secs(1)).await;
+        let log = w.stop().await;
+        assert!(log.lock().unwrap().started.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_requeue_due_while_every_slot_is_taken_waits_its_turn() {
+        fn requeue_a(name: &str, nth: usize) -> Result<Action, String> {
+            Ok(if name == "a" && nth == 0 {
+                Action::requeue(Duration::from_secs(1))
+            } else {
+                Action::await_change()
+            })
+        }
+        fn b_is_long(name: &str, _: usize) -> Duration {
+            Duration::from_secs(if name == "b" { 5 } else { 0 })
+        }
+        let (reader, _writer) = cache(&["a", "b"]);
+        let w = World::start(reader, 1, b_is_long, requeue_a);
+        w.trigger("a");
+        w.trigger("b");
+        sleep(Duration::from_secs(10)).await;
+        let starts: Vec<(String, u64)> = w
+            .starts()
+            .into_iter()
+            .map(|(n, t)| (n, t.as_secs()))
+            .collect();
+        assert_eq!(starts, [("a".into(), 0), ("b".into(), 0), ("a".into(), 5)]);
+        w.stop().await;
+    }
+
+    /// The objects a related stream names are reconciled (its failures are left to it), and the
+    /// run ends, after the reconciles in flight, once every trigger stream has ended.
+    #[tokio::test(start_paused = true)]
+    async fn related_objects_trigger_their_owners_and_the_run_ends_with_its_streams() {
+        let (reader, _writer) = cache(&["a", "b", "c"]);
+        let (objects, own) = mpsc::unbounded_channel::<ConfigMap>();
+        let (related, rel) = mpsc::unbounded_channel::<Result<String, String>>();
+        let started = Arc::new(Mutex::new(Vec::new()));
+        let controller = Controller::for_stream(
+            "test",
+            UnboundedReceiverStream::new(own).map(Ok::<_, String>),
+            reader,
+        )
+        .watches_stream(UnboundedReceiverStream::new(rel), |owners: String| {
+            owners.split(',').map(key).collect::<Vec<_>>()
+        });
+        let run = tokio::spawn(controller.run(
+            |obj: Arc<ConfigMap>, started: Arc<Mutex<Vec<String>>>| async move {
+                started
+                    .lock()
+                    .unwrap()
+                    .push(obj.metadata.name.clone().unwrap_or_default());
+                sleep(Duration::from_secs(2)).await;
+                Ok::<_, String>(Action::await_change())
+            },
+            |_, _, _| Action::await_change(),
+            started.clone(),
+        ));
+        related.send(Err("a watch failed".into())).unwrap();
+        related.send(Ok("b,c".into())).unwrap();
+        objects.send(cm("a")).unwrap();
+        sleep(Duration::from_secs(1)).await;
+        let mut names = started.lock().unwrap().clone();
+        names.sort();
+        assert_eq!(names, ["a", "b", "c"]);
+        drop((objects, related));
+        let began = Instant::now();
+        tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .expect("the run ends with its streams")
+            .expect("no panic");
+        assert_eq!(
+            began.elapsed().as_secs(),
+            1,
+            "after the reconciles in flight"
+        );
     }
 }

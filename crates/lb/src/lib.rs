@@ -3,7 +3,7 @@
 //!
 //! Everything runs on the store port, so the same code serves the embedded and the Kubernetes
 //! backend: each kind is listed and watched through [`crate::store::watcher`], cached in a kube-runtime
-//! reflector, and driven by `kube::runtime::Controller::for_stream`. Allocation state lives only in
+//! reflector, and driven by our controller loop ([`crate::controller::Controller`]). Allocation state lives only in
 //! IPPool statuses; [`pools`] serialises each pool's writes in-process.
 //!
 //! Entry point: [`run`], which waits for leadership, runs the controllers until leadership is lost or

@@ -1,7 +1,8 @@
 //! kube-runtime watcher events from the store port: list, then watch from the list's resourceVersion,
 //! and list again when the watch says the version is too old (`Gone`), exactly as kube-runtime's own
-//! watcher does against the Kubernetes API. The stream feeds a reflector and
-//! `kube::runtime::Controller::for_stream`, so one controller driver serves every backend.
+//! watcher does against the Kubernetes API. The stream feeds a reflector and the controller loop
+//! (`harvester_cloud_controller::Controller::for_stream`), so one controller driver serves every
+//! backend.
 //!
 //! The stream never ends on its own: failures are reported as items (the controller logs them) and
 //! retried with a capped exponential back-off; a watch that simply ends (Kubernetes closes watches
