@@ -140,6 +140,29 @@ async fn a_load_balancer_service_gets_the_finalizer_and_a_load_balancer_and_wait
     assert_eq!(w.events(), []);
 }
 
+/// Its finalizer's own change brings a Service back at once, often before the LoadBalancer watch
+/// shows the LoadBalancer the first pass made: it is found as written, not created again into an
+/// AlreadyExists and a read. Once the cache is newer (the address allocated), the cache is read.
+#[tokio::test]
+async fn a_service_back_before_the_watch_shows_its_load_balancer_does_not_create_it_again() {
+    let mut w = GuestWorld::new().await;
+    w.add(mk_svc("web", &[80], &[])).await;
+    assert_eq!(w.reconcile("default", "web").await, requeue(30));
+    let made = w.harvester_writes();
+    assert_eq!(made, 1, "the first pass creates the load balancer");
+
+    assert_eq!(
+        w.reconcile_before_the_lb_watch("default", "web").await,
+        requeue(30)
+    );
+    assert_eq!(w.harvester_writes(), made, "nothing written again");
+
+    let lb = w.lb_of("default", "web").await;
+    w.allocate(&lb, "192.168.0.10").await;
+    assert_eq!(w.reconcile("default", "web").await, Action::await_change());
+    assert_eq!(ingress(&w.svc("default", "web").await), ["192.168.0.10"]);
+}
+
 #[tokio::test]
 async fn the_address_of_its_load_balancer_is_written_back_to_the_service() {
     let mut w = GuestWorld::new().await;

@@ -39,6 +39,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::support::faulty::{Hooked, KillAfter};
+
 /// An embedded store in its own temporary directory.
 pub async fn open_store() -> (tempfile::TempDir, Arc<dyn ObjectStore>) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -366,15 +368,21 @@ pub struct GuestWorld {
     lb_cache: Writer<LoadBalancer>,
     events: mpsc::Receiver<Recorded>,
     woken: mpsc::UnboundedReceiver<ObjectRef<Service>>,
+    /// Counts the writes to the Harvester side (each create, replace and delete tried).
+    harvester_writes: Arc<Hooked<KillAfter>>,
 }
 
 impl GuestWorld {
     pub async fn new() -> Self {
         let (dir, raw) = open_store().await;
         let key = ClusterKey::new(NS, CLUSTER).expect("valid names");
+        let harvester_writes = KillAfter::new(
+            Arc::new(admitted(raw.clone(), NetworkCheck::Skip)),
+            usize::MAX,
+        );
         let ports = Ports {
             guest: Arc::new(ClusterStore::new(raw.clone(), key.clone())),
-            harvester: Arc::new(admitted(raw.clone(), NetworkCheck::Skip)),
+            harvester: harvester_writes.clone(),
         };
         let cluster = key.context();
         let (svc_reader, svc_cache) = reflector::store();
@@ -399,9 +407,15 @@ impl GuestWorld {
             lb_cache,
             events,
             woken,
+            harvester_writes,
         };
         world.sync().await;
         world
+    }
+
+    /// How many writes to the Harvester side the reconciles tried so far.
+    pub fn harvester_writes(&self) -> usize {
+        self.harvester_writes.writes_made()
     }
 
     pub fn services(&self) -> Api<Service> {
@@ -577,6 +591,21 @@ impl GuestWorld {
         self.sync().await;
         let svc = self.svc(ns, name).await;
         guest_reconcile::reconcile(Arc::new(svc), self.ctx.clone()).await
+    }
+
+    /// One reconcile of the stored Service with the LoadBalancer cache left as it was, as when the
+    /// LoadBalancer watch lags behind the reconciler's own writes.
+    pub async fn reconcile_before_the_lb_watch(&mut self, ns: &str, name: &str) -> Action {
+        let services = self
+            .services()
+            .list(None, &LabelSelector::everything())
+            .await
+            .expect("lists services");
+        relist(&mut self.svc_cache, services);
+        let svc = self.svc(ns, name).await;
+        guest_reconcile::reconcile(Arc::new(svc), self.ctx.clone())
+            .await
+            .unwrap_or_else(|e| panic!("reconcile of {ns}/{name} failed: {e}"))
     }
 
     /// One reconcile, which must succeed.

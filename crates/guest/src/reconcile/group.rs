@@ -135,9 +135,7 @@ pub(super) async fn member(
     let svc = &current;
     let group_lock = ctx.group_lock(&group);
     let held = group_lock.lock().await;
-    let cached = ctx
-        .lb_cache
-        .get(&ObjectRef::new(&group).within(ctx.lb_namespace()));
+    let cached = ctx.lb_as_known(&group);
     if cached
         .as_ref()
         .is_some_and(|lb| lb.metadata.deletion_timestamp.is_some())

@@ -78,6 +78,11 @@ use crate::{
     sync::lock,
 };
 
+/// An object's resourceVersion as the integer both backends give, if it is one.
+fn version(lb: &LoadBalancer) -> Option<u64> {
+    lb.metadata.resource_version.as_deref()?.parse().ok()
+}
+
 /// The finalizer on guest Services, Kubernetes' service controller's own (so Services that
 /// upstream's cloud provider finalized are released here too).
 pub const FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
@@ -205,6 +210,9 @@ pub struct Ctx {
     /// The Services this process admitted to a sharing group (key → the group's LoadBalancer and
     /// the Service's UID), whose record the cache may not show yet.
     members: Mutex<HashMap<String, (String, Option<String>)>>,
+    /// The LoadBalancers this process wrote (by name), each as the write answered, until the
+    /// LoadBalancer watch delivers that version ([`Ctx::lb_as_known`]).
+    written: Mutex<HashMap<String, Arc<LoadBalancer>>>,
     /// Share-IP checks of one primary's secondaries run one at a time.
     share_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     status_forbidden: AtomicBool,
@@ -238,6 +246,7 @@ impl Ctx {
             accepted: Mutex::new(Accepted::default()),
             group_index: Mutex::new(GroupIndex::default()),
             members: Mutex::new(HashMap::new()),
+            written: Mutex::new(HashMap::new()),
             share_locks: Mutex::new(HashMap::new()),
             status_forbidden: AtomicBool::new(false),
             backoff: Backoff::default(),
@@ -267,11 +276,69 @@ impl Ctx {
 
     /// Deletes the LoadBalancer `name` of the guest cluster's namespace: true when this call
     /// deleted it, false when it was already gone.
+    /// LoadBalancer `name` as this process last wrote it while the cache shows an older version
+    /// (or none), else as the cache shows it. A Service reconciled again soon after it made its
+    /// LoadBalancer (its finalizer's own change brings it back at once) so finds it, instead of
+    /// creating it again into a 409 and a read. Versions are compared as the integers both backends
+    /// give (etcd's revisions, the embedded store's counter); one that is not an integer leaves the
+    /// cache as the one view.
+    fn lb_as_known(&self, name: &str) -> Option<Arc<LoadBalancer>> {
+        let cached = self
+            .lb_cache
+            .get(&ObjectRef::new(name).within(self.lb_namespace()));
+        let mut written = lock(&self.written);
+        let ours = written.get(name)?;
+        let newer = match (&cached, version(ours)) {
+            (None, Some(_)) => true,
+            (Some(cached), Some(ours)) => version(cached).is_some_and(|c| ours > c),
+            (_, None) => false,
+        };
+        if newer {
+            return Some(ours.clone());
+        }
+        written.remove(name);
+        cached
+    }
+
+    /// This process wrote `lb` (and its answer is `lb`).
+    fn wrote_lb(&self, lb: &LoadBalancer) {
+        if let Some(name) = &lb.metadata.name {
+            lock(&self.written).insert(name.clone(), Arc::new(lb.clone()));
+        }
+    }
+
+    /// The LoadBalancer watch delivered `lb` to the cache: a write of ours it has caught up with
+    /// is forgotten.
+    pub(super) fn lb_delivered(&self, lb: &LoadBalancer) {
+        let Some(name) = &lb.metadata.name else {
+            return;
+        };
+        let mut written = lock(&self.written);
+        if let Some(ours) = written.get(name)
+            && version(ours).is_none_or(|ours| version(lb).is_none_or(|seen| seen >= ours))
+        {
+            written.remove(name);
+        }
+    }
+
+    /// The LoadBalancer watch delivered the deletion of `name`, or (`None`) a new list: the cache
+    /// is the one view of it (of all) again.
+    pub(super) fn lbs_relisted(&self, deleted: Option<&str>) {
+        let mut written = lock(&self.written);
+        match deleted {
+            Some(name) => {
+                written.remove(name);
+            }
+            None => written.clear(),
+        }
+    }
+
     async fn delete_lb(
         &self,
         name: &str,
         preconditions: &crate::store::Preconditions,
     ) -> Result<bool, SyncError> {
+        lock(&self.written).remove(name);
         match self
             .lbs
             .delete(self.lb_namespace(), name, preconditions)

@@ -9,7 +9,7 @@ use super::{
     Action, Ctx, SyncError, WAIT_RECHECK, missing, reason, report_address, retain, write_back,
 };
 use crate::{
-    controller::{Target, events::EventType, modify},
+    controller::{Modified, Target, events::EventType, modify},
     crd::{LoadBalancer, keys},
     store::{Preconditions, StoreError},
     {
@@ -147,9 +147,7 @@ async fn ensure_slot(
 ) -> Result<Result<(LoadBalancer, LbPlan, String), Action>, SyncError> {
     let lb_name = mapping::slot_lb_name(&ctx.cluster.cluster, svc, index, slot.family);
     let lb_key = ctx.lb_ref(&lb_name);
-    let cached = ctx
-        .lb_cache
-        .get(&ObjectRef::new(&lb_name).within(ctx.lb_namespace()));
+    let cached = ctx.lb_as_known(&lb_name);
     if cached
         .as_ref()
         .is_some_and(|lb| lb.metadata.deletion_timestamp.is_some())
@@ -224,7 +222,10 @@ pub(super) async fn write_lb(
         None => match ctx.lbs.create(&new_lb(plan)).await {
             Ok(lb) => {
                 info!(service = %key, lb = %lb_key, ipam = %plan.ipam, "created load balancer");
-                Some(lb)
+                Some(Modified {
+                    object: lb,
+                    written: true,
+                })
             }
             Err(e) if e.is_already_exists() => {
                 // Made by an earlier pass the cache does not show yet: update it instead.
@@ -236,8 +237,7 @@ pub(super) async fn write_lb(
                 match fresh {
                     Some(fresh) => modify(&ctx.lbs, &fresh, Target::Object, |l| update_lb(l, plan))
                         .await
-                        .map_err(write_failed)?
-                        .map(|m| m.object),
+                        .map_err(write_failed)?,
                     None => None,
                 }
             }
@@ -247,7 +247,7 @@ pub(super) async fn write_lb(
             Err(e) => return Err(write_failed(e)),
         },
         Some(lb) => match modify(&ctx.lbs, lb, Target::Object, |l| update_lb(l, plan)).await {
-            Ok(lb) => lb.map(|m| m.object),
+            Ok(lb) => lb,
             Err(source @ (StoreError::Invalid { .. } | StoreError::Refused { .. })) => {
                 return Ok(Err(ctx.refuse(svc, key, write_failed(source).to_string())));
             }
@@ -255,9 +255,18 @@ pub(super) async fn write_lb(
         },
     };
     match lb {
-        Some(lb) => Ok(Ok(lb)),
+        Some(Modified { object, written }) => {
+            // Only a version this call wrote is one the watch has still to deliver.
+            if written {
+                ctx.wrote_lb(&object);
+            }
+            Ok(Ok(object))
+        }
         // Deleted meanwhile: its Delete event brings this Service back.
-        None => Ok(Err(Action::requeue(WAIT_RECHECK))),
+        None => {
+            ctx.lbs_relisted(Some(lb_name));
+            Ok(Err(Action::requeue(WAIT_RECHECK)))
+        }
     }
 }
 

@@ -4,9 +4,9 @@
 //! controller over the reconcile steps of [`super`], and the garbage collector of left-over
 //! LoadBalancers.
 //!
-//! The wake-ups are hand-made trigger streams (`reconcile_on`) rather than kube-runtime's declared
-//! watches (`watches_stream`): the controller must not start before the LoadBalancer cache is
-//! filled too (decisions read it), and a declared watch is polled only by a running controller;
+//! The wake-ups are hand-made trigger streams (`reconcile_on`) rather than declared watches
+//! (`watches_stream`): the controller must not start before the LoadBalancer cache is filled too
+//! (decisions read it), and a declared watch is polled only by a running controller;
 //! the share index must tell a Service's deletion from a change, which a watch's mapper cannot.
 
 use std::{sync::Arc, time::Duration};
@@ -232,6 +232,16 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
                 std::future::ready(scoped)
             }),
         )
+        // After the cache has the change: what this process wrote and the cache now shows.
+        .inspect({
+            let ctx = ctx.clone();
+            move |e| match e {
+                Ok(WatchEvent::Apply(lb)) => ctx.lb_delivered(lb),
+                Ok(WatchEvent::Delete(lb)) => ctx.lbs_relisted(lb.metadata.name.as_deref()),
+                Ok(WatchEvent::InitDone) => ctx.lbs_relisted(None),
+                _ => {}
+            }
+        })
         .take_until(stop.clone().cancelled_owned())
         .touched_objects()
         .for_each(move |r| {
