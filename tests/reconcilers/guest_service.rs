@@ -161,6 +161,18 @@ async fn a_service_back_before_the_watch_shows_its_load_balancer_does_not_create
     w.allocate(&lb, "192.168.0.10").await;
     assert_eq!(w.reconcile("default", "web").await, Action::await_change());
     assert_eq!(ingress(&w.svc("default", "web").await), ["192.168.0.10"]);
+    // The cache is the one view again: once settled (the pass after the write-back adds the
+    // address family the Service now reads), a pass writes nothing on Harvester.
+    w.reconcile("default", "web").await;
+    for _ in 0..2 {
+        let writes = w.harvester_writes();
+        assert_eq!(w.reconcile("default", "web").await, Action::await_change());
+        assert_eq!(
+            w.harvester_writes(),
+            writes,
+            "nothing written once the cache shows it"
+        );
+    }
 }
 
 #[tokio::test]

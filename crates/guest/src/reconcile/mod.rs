@@ -287,7 +287,9 @@ impl Ctx {
             .lb_cache
             .get(&ObjectRef::new(name).within(self.lb_namespace()));
         let mut written = lock(&self.written);
-        let ours = written.get(name)?;
+        let Some(ours) = written.get(name) else {
+            return cached;
+        };
         let newer = match (&cached, version(ours)) {
             (None, Some(_)) => true,
             (Some(cached), Some(ours)) => version(cached).is_some_and(|c| ours > c),
