@@ -140,6 +140,33 @@ async fn a_load_balancer_service_gets_the_finalizer_and_a_load_balancer_and_wait
     assert_eq!(w.events(), []);
 }
 
+/// A LoadBalancer made by a pass and deleted behind the reconciler's back before its cache ever
+/// showed it: once the watch delivers the deletion, the next pass makes it again instead of
+/// waiting on one that is gone.
+#[tokio::test]
+async fn a_load_balancer_deleted_before_the_cache_showed_it_is_made_again() {
+    let mut w = GuestWorld::new().await;
+    w.add(mk_svc("web", &[80], &[])).await;
+    assert_eq!(w.reconcile("default", "web").await, requeue(30));
+    let lb = w.lb_of("default", "web").await;
+    let name = lb.metadata.name.clone().unwrap();
+    // Gone for good (the world's load balancer controller releases it as it is deleted); the
+    // watch delivers a deletion once it is done.
+    w.lbs()
+        .delete(NS, &name, &Default::default())
+        .await
+        .expect("deletes");
+    assert!(w.try_lb(&name).await.is_none());
+    w.deliver_lb_deletion(&lb);
+
+    assert_eq!(
+        w.reconcile_before_the_lb_watch("default", "web").await,
+        requeue(30)
+    );
+    let again = w.lb_of("default", "web").await;
+    assert_ne!(again.metadata.uid, lb.metadata.uid, "made again");
+}
+
 /// Its finalizer's own change brings a Service back at once, often before the LoadBalancer watch
 /// shows the LoadBalancer the first pass made: it is found as written, not created again into an
 /// AlreadyExists and a read. Once the cache is newer (the address allocated), the cache is read.
@@ -157,9 +184,36 @@ async fn a_service_back_before_the_watch_shows_its_load_balancer_does_not_create
     );
     assert_eq!(w.harvester_writes(), made, "nothing written again");
 
+    // Versions are compared as numbers: the allocation's has one digit more than the creation's.
     let lb = w.lb_of("default", "web").await;
+    let created: u64 = lb
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    for i in 0..(10 - created.min(10)) {
+        w.add(mk_svc(&format!("filler-{i}"), &[80], &[])).await;
+    }
     w.allocate(&lb, "192.168.0.10").await;
-    assert_eq!(w.reconcile("default", "web").await, Action::await_change());
+    let allocated = w.lb_of("default", "web").await;
+    assert!(
+        created < 10
+            && allocated
+                .metadata
+                .resource_version
+                .as_deref()
+                .unwrap()
+                .len()
+                > 1
+    );
+    // The watch delivers the allocated version (not a new list): the copy it supersedes goes.
+    w.deliver_lbs().await;
+    assert_eq!(
+        w.reconcile_before_the_lb_watch("default", "web").await,
+        Action::await_change()
+    );
     assert_eq!(ingress(&w.svc("default", "web").await), ["192.168.0.10"]);
     // The cache is the one view again: once settled (the pass after the write-back adds the
     // address family the Service now reads), a pass writes nothing on Harvester.

@@ -443,8 +443,34 @@ impl GuestWorld {
             .expect("lists load balancers")
             .into_iter()
             .filter(|lb| in_scope(&self.cluster, lb))
-            .collect();
-        relist(&mut self.lb_cache, lbs);
+            .collect::<Vec<_>>();
+        relist(&mut self.lb_cache, lbs.clone());
+        // The reconciler's LoadBalancer watch hands each event to the context after the cache.
+        self.ctx.lb_event(&watcher::Event::Init);
+        for lb in lbs {
+            self.ctx.lb_event(&watcher::Event::InitApply(lb));
+        }
+        self.ctx.lb_event(&watcher::Event::InitDone);
+    }
+
+    /// The LoadBalancer watch delivers each of this cluster's LoadBalancers as it is now (an
+    /// Apply each, not a new list).
+    pub async fn deliver_lbs(&mut self) {
+        let lbs = self
+            .lbs()
+            .list(Some(NS), &LabelSelector::everything())
+            .await
+            .expect("lists load balancers");
+        for lb in lbs.into_iter().filter(|lb| in_scope(&self.cluster, lb)) {
+            let event = watcher::Event::Apply(lb);
+            self.lb_cache.apply_watcher_event(&event);
+            self.ctx.lb_event(&event);
+        }
+    }
+
+    /// The LoadBalancer watch delivers the deletion of `name` (the cache never showed it).
+    pub fn deliver_lb_deletion(&self, lb: &LoadBalancer) {
+        self.ctx.lb_event(&watcher::Event::Delete(lb.clone()));
     }
 
     /// Stores a Service in the guest cluster; returns it as stored.

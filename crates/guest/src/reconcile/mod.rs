@@ -54,7 +54,10 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{
+    reflector::{ObjectRef, Store},
+    watcher::Event as WatchEvent,
+};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -74,7 +77,7 @@ use crate::{
         finalizer_when, modify,
     },
     crd::{LoadBalancer, keys, lb_api},
-    store::{Api, ObjectStore, Preconditions, StoreError},
+    store::{Api, ObjectStore, Preconditions, StoreError, watcher::strip_for_cache},
     sync::lock,
 };
 
@@ -210,9 +213,11 @@ pub struct Ctx {
     /// The Services this process admitted to a sharing group (key → the group's LoadBalancer and
     /// the Service's UID), whose record the cache may not show yet.
     members: Mutex<HashMap<String, (String, Option<String>)>>,
-    /// The LoadBalancers this process wrote (by name), each as the write answered, until the
-    /// LoadBalancer watch delivers that version ([`Ctx::lb_as_known`]).
+    /// The LoadBalancers this process wrote or read (by name), each as the store answered, until
+    /// the LoadBalancer watch delivers that version ([`Ctx::lb_as_known`]).
     written: Mutex<HashMap<String, Arc<LoadBalancer>>>,
+    /// The highest resourceVersion the LoadBalancer watch has delivered.
+    delivered: AtomicU64,
     /// Share-IP checks of one primary's secondaries run one at a time.
     share_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     status_forbidden: AtomicBool,
@@ -247,6 +252,7 @@ impl Ctx {
             group_index: Mutex::new(GroupIndex::default()),
             members: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
+            delivered: AtomicU64::new(0),
             share_locks: Mutex::new(HashMap::new()),
             status_forbidden: AtomicBool::new(false),
             backoff: Backoff::default(),
@@ -274,14 +280,13 @@ impl Ctx {
         format!("{}/{name}", self.lb_namespace())
     }
 
-    /// Deletes the LoadBalancer `name` of the guest cluster's namespace: true when this call
-    /// deleted it, false when it was already gone.
-    /// LoadBalancer `name` as this process last wrote it while the cache shows an older version
-    /// (or none), else as the cache shows it. A Service reconciled again soon after it made its
-    /// LoadBalancer (its finalizer's own change brings it back at once) so finds it, instead of
-    /// creating it again into a 409 and a read. Versions are compared as the integers both backends
-    /// give (etcd's revisions, the embedded store's counter); one that is not an integer leaves the
-    /// cache as the one view.
+    /// LoadBalancer `name` as this process last wrote or read it while the cache shows an older
+    /// version (or none, and the LoadBalancer watch has not passed that version), else as the cache
+    /// shows it. A Service reconciled again soon after it made its LoadBalancer (its finalizer's own
+    /// change brings it back at once) so finds it, instead of creating it again into a 409 and a
+    /// read. Kubernetes calls resourceVersions opaque; they are compared here as the integers both
+    /// backends give (etcd's revisions, the embedded store's counter; the store's Kubernetes backend
+    /// already reads them so), and one that is not an integer leaves the cache as the one view.
     fn lb_as_known(&self, name: &str) -> Option<Arc<LoadBalancer>> {
         let cached = self
             .lb_cache
@@ -291,7 +296,9 @@ impl Ctx {
             return cached;
         };
         let newer = match (&cached, version(ours)) {
-            (None, Some(_)) => true,
+            // Not in the cache: not yet delivered, unless the watch has passed its version (then it
+            // was deleted since).
+            (None, Some(ours)) => ours > self.delivered.load(Ordering::Relaxed),
             (Some(cached), Some(ours)) => version(cached).is_some_and(|c| ours > c),
             (_, None) => false,
         };
@@ -302,45 +309,64 @@ impl Ctx {
         cached
     }
 
-    /// This process wrote `lb` (and its answer is `lb`).
-    fn wrote_lb(&self, lb: &LoadBalancer) {
-        if let Some(name) = &lb.metadata.name {
-            lock(&self.written).insert(name.clone(), Arc::new(lb.clone()));
-        }
-    }
-
-    /// The LoadBalancer watch delivered `lb` to the cache: a write of ours it has caught up with
-    /// is forgotten.
-    pub(super) fn lb_delivered(&self, lb: &LoadBalancer) {
-        let Some(name) = &lb.metadata.name else {
+    /// This process wrote `lb` (the write's answer), or read it from the store: newer than the
+    /// cache may be, unless the watch has passed its version already.
+    fn knows_lb(&self, mut lb: LoadBalancer) {
+        let Some(name) = lb.metadata.name.clone() else {
             return;
         };
         let mut written = lock(&self.written);
-        if let Some(ours) = written.get(name)
-            && version(ours).is_none_or(|ours| version(lb).is_none_or(|seen| seen >= ours))
-        {
+        // Under the lock that `lb_event` takes too: a delivery is seen before or after, whole.
+        if version(&lb).is_none_or(|v| v <= self.delivered.load(Ordering::Relaxed)) {
+            return;
+        }
+        strip_for_cache(&mut lb);
+        written.insert(name, Arc::new(lb));
+    }
+
+    /// Forgets what this process knows of LoadBalancer `name` (it deletes it).
+    fn forget_lb(&self, name: &str) {
+        lock(&self.written).remove(name);
+    }
+
+    /// An event of the LoadBalancer watch, after the cache has it: a write of ours that the cache
+    /// now shows (or that the watch passed) is forgotten, a deletion forgets its LoadBalancer, and
+    /// a new list all of them.
+    pub fn lb_event(&self, event: &WatchEvent<LoadBalancer>) {
+        let mut written = lock(&self.written);
+        let lb = match event {
+            WatchEvent::Apply(lb) | WatchEvent::InitApply(lb) | WatchEvent::Delete(lb) => lb,
+            WatchEvent::InitDone => {
+                written.clear();
+                return;
+            }
+            WatchEvent::Init => return,
+        };
+        if let Some(v) = version(lb) {
+            self.delivered.fetch_max(v, Ordering::Relaxed);
+        }
+        let Some(name) = &lb.metadata.name else {
+            return;
+        };
+        let forget = match event {
+            WatchEvent::Delete(_) => true,
+            _ => written.get(name).is_some_and(|ours| {
+                version(ours).is_none_or(|ours| version(lb).is_none_or(|seen| seen >= ours))
+            }),
+        };
+        if forget {
             written.remove(name);
         }
     }
 
-    /// The LoadBalancer watch delivered the deletion of `name`, or (`None`) a new list: the cache
-    /// is the one view of it (of all) again.
-    pub(super) fn lbs_relisted(&self, deleted: Option<&str>) {
-        let mut written = lock(&self.written);
-        match deleted {
-            Some(name) => {
-                written.remove(name);
-            }
-            None => written.clear(),
-        }
-    }
-
+    /// Deletes the LoadBalancer `name` of the guest cluster's namespace: true when this call
+    /// deleted it, false when it was already gone.
     async fn delete_lb(
         &self,
         name: &str,
         preconditions: &crate::store::Preconditions,
     ) -> Result<bool, SyncError> {
-        lock(&self.written).remove(name);
+        self.forget_lb(name);
         match self
             .lbs
             .delete(self.lb_namespace(), name, preconditions)
@@ -759,6 +785,7 @@ async fn cleanup(
             }
             continue;
         }
+        ctx.forget_lb(&lb_name);
         match ctx
             .lbs
             .delete(ctx.lb_namespace(), &lb_name, &Preconditions::default())

@@ -9,7 +9,7 @@ use super::{
     Action, Ctx, SyncError, WAIT_RECHECK, missing, reason, report_address, retain, write_back,
 };
 use crate::{
-    controller::{Modified, Target, events::EventType, modify},
+    controller::{Target, events::EventType, modify},
     crd::{LoadBalancer, keys},
     store::{Preconditions, StoreError},
     {
@@ -218,17 +218,16 @@ pub(super) async fn write_lb(
         lb: lb_key.clone(),
         source,
     };
+    // The LoadBalancer as the store answered, and whether it is newer than the cache may be.
     let lb = match cached {
         None => match ctx.lbs.create(&new_lb(plan)).await {
             Ok(lb) => {
                 info!(service = %key, lb = %lb_key, ipam = %plan.ipam, "created load balancer");
-                Some(Modified {
-                    object: lb,
-                    written: true,
-                })
+                Some((lb, true))
             }
             Err(e) if e.is_already_exists() => {
-                // Made by an earlier pass the cache does not show yet: update it instead.
+                // Made by an earlier pass the cache does not show yet: update it instead. What
+                // is read here is newer than the cache too.
                 let fresh = ctx
                     .lbs
                     .get(ctx.lb_namespace(), lb_name)
@@ -237,7 +236,8 @@ pub(super) async fn write_lb(
                 match fresh {
                     Some(fresh) => modify(&ctx.lbs, &fresh, Target::Object, |l| update_lb(l, plan))
                         .await
-                        .map_err(write_failed)?,
+                        .map_err(write_failed)?
+                        .map(|m| (m.object, true)),
                     None => None,
                 }
             }
@@ -247,7 +247,8 @@ pub(super) async fn write_lb(
             Err(e) => return Err(write_failed(e)),
         },
         Some(lb) => match modify(&ctx.lbs, lb, Target::Object, |l| update_lb(l, plan)).await {
-            Ok(lb) => lb,
+            // Only a version this call wrote is one the watch may not have delivered yet.
+            Ok(lb) => lb.map(|m| (m.object, m.written)),
             Err(source @ (StoreError::Invalid { .. } | StoreError::Refused { .. })) => {
                 return Ok(Err(ctx.refuse(svc, key, write_failed(source).to_string())));
             }
@@ -255,16 +256,15 @@ pub(super) async fn write_lb(
         },
     };
     match lb {
-        Some(Modified { object, written }) => {
-            // Only a version this call wrote is one the watch has still to deliver.
-            if written {
-                ctx.wrote_lb(&object);
+        Some((lb, fresh)) => {
+            if fresh {
+                ctx.knows_lb(lb.clone());
             }
-            Ok(Ok(object))
+            Ok(Ok(lb))
         }
         // Deleted meanwhile: its Delete event brings this Service back.
         None => {
-            ctx.lbs_relisted(Some(lb_name));
+            ctx.forget_lb(lb_name);
             Ok(Err(Action::requeue(WAIT_RECHECK)))
         }
     }

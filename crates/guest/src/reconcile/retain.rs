@@ -166,6 +166,7 @@ pub(super) async fn release(
             uid: lb.metadata.uid.clone(),
             resource_version: None,
         };
+        ctx.forget_lb(name);
         match ctx
             .lbs
             .delete(ctx.lb_namespace(), name, &preconditions)

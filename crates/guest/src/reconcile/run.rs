@@ -235,11 +235,10 @@ pub async fn run(ports: Ports, cluster: GuestContext, settings: Settings, stop: 
         // After the cache has the change: what this process wrote and the cache now shows.
         .inspect({
             let ctx = ctx.clone();
-            move |e| match e {
-                Ok(WatchEvent::Apply(lb)) => ctx.lb_delivered(lb),
-                Ok(WatchEvent::Delete(lb)) => ctx.lbs_relisted(lb.metadata.name.as_deref()),
-                Ok(WatchEvent::InitDone) => ctx.lbs_relisted(None),
-                _ => {}
+            move |e| {
+                if let Ok(e) = e {
+                    ctx.lb_event(e);
+                }
             }
         })
         .take_until(stop.clone().cancelled_owned())
