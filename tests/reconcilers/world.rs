@@ -430,12 +430,7 @@ impl GuestWorld {
     /// LoadBalancers, as its watch keeps them).
     pub async fn sync(&mut self) {
         self.release_deleted().await;
-        let services = self
-            .services()
-            .list(None, &LabelSelector::everything())
-            .await
-            .expect("lists services");
-        relist(&mut self.svc_cache, services);
+        self.sync_services().await;
         let lbs = self
             .lbs()
             .list(Some(NS), &LabelSelector::everything())
@@ -451,6 +446,16 @@ impl GuestWorld {
             self.ctx.lb_event(&watcher::Event::InitApply(lb));
         }
         self.ctx.lb_event(&watcher::Event::InitDone);
+    }
+
+    /// The Service cache as the reconciler's watch would have it now.
+    async fn sync_services(&mut self) {
+        let services = self
+            .services()
+            .list(None, &LabelSelector::everything())
+            .await
+            .expect("lists services");
+        relist(&mut self.svc_cache, services);
     }
 
     /// The LoadBalancer watch delivers each of this cluster's LoadBalancers as it is now (an
@@ -622,12 +627,7 @@ impl GuestWorld {
     /// One reconcile of the stored Service with the LoadBalancer cache left as it was, as when the
     /// LoadBalancer watch lags behind the reconciler's own writes.
     pub async fn reconcile_before_the_lb_watch(&mut self, ns: &str, name: &str) -> Action {
-        let services = self
-            .services()
-            .list(None, &LabelSelector::everything())
-            .await
-            .expect("lists services");
-        relist(&mut self.svc_cache, services);
+        self.sync_services().await;
         let svc = self.svc(ns, name).await;
         guest_reconcile::reconcile(Arc::new(svc), self.ctx.clone())
             .await

@@ -566,6 +566,14 @@ mod tests {
             self.log.lock().unwrap().started.clone()
         }
 
+        /// Each start, with the whole seconds since the test began.
+        fn starts_in_seconds(&self) -> Vec<(String, u64)> {
+            self.starts()
+                .into_iter()
+                .map(|(n, t)| (n, t.as_secs()))
+                .collect()
+        }
+
         fn names_started(&self) -> Vec<String> {
             self.starts().into_iter().map(|(n, _)| n).collect()
         }
@@ -654,11 +662,7 @@ mod tests {
         // b's change comes before its requeue: it runs now, and not again at 10 s.
         w.trigger("b");
         sleep(Duration::from_secs(20)).await;
-        let starts: Vec<(String, u64)> = w
-            .starts()
-            .into_iter()
-            .map(|(n, t)| (n, t.as_secs()))
-            .collect();
+        let starts = w.starts_in_seconds();
         assert_eq!(
             starts,
             [
@@ -705,11 +709,7 @@ mod tests {
         sleep(Duration::from_secs(1)).await;
         w.trigger("b");
         sleep(Duration::from_secs(10)).await;
-        let starts: Vec<(String, u64)> = w
-            .starts()
-            .into_iter()
-            .map(|(n, t)| (n, t.as_secs()))
-            .collect();
+        let starts = w.starts_in_seconds();
         assert_eq!(
             starts,
             [
@@ -795,11 +795,7 @@ mod tests {
         w.trigger("a");
         w.trigger("b");
         sleep(Duration::from_secs(10)).await;
-        let starts: Vec<(String, u64)> = w
-            .starts()
-            .into_iter()
-            .map(|(n, t)| (n, t.as_secs()))
-            .collect();
+        let starts = w.starts_in_seconds();
         assert_eq!(starts, [("a".into(), 0), ("b".into(), 0), ("a".into(), 5)]);
         w.stop().await;
     }
