@@ -416,7 +416,6 @@ pub trait ObjectStore: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), StoreError>;
 }
 
-/// Whether merging `patch` (RFC 7386) into `target` changes it; looks only at what the patch names.
 /// [`ObjectStore::create_each`] one [`ObjectStore::create_buffered`] after another: for a store
 /// that cannot write them as one, or objects it must write one by one.
 pub async fn create_in_turn<S: ObjectStore + ?Sized>(
@@ -431,6 +430,7 @@ pub async fn create_in_turn<S: ObjectStore + ?Sized>(
     out
 }
 
+/// Whether merging `patch` (RFC 7386) into `target` changes it; looks only at what the patch names.
 pub fn merge_changes(target: &Value, patch: &Value) -> bool {
     let Some(entries) = patch.as_object() else {
         return target != patch;
